@@ -1,0 +1,2 @@
+//! Tool benchmarks against rg, fd and bash (being built).
+fn main() {}

@@ -1,0 +1,38 @@
+//! podhost: a sandboxed agent harness.
+//!
+//! # Architecture
+//!
+//! podhost runs an agent's loop — call the model, run tools, report what happened — and executes
+//! six workspace tools in a confined workspace. Three fronts share one core:
+//!
+//! * **Nylorun pod host** (`podhost pod`, [`nylorun`]): joins core, holds the Harness API
+//!   WebSocket, leases runs, journals every effect, serves core's `workspace.*` requests.
+//! * **Oumi BYOH endpoint** (`podhost serve`, [`byoh`]): four HTTP routes over a durable store,
+//!   calling an OpenAI-compatible model.
+//! * **Local** (`podhost tool`, `podhost run`): one tool, or one agent task, from a shell.
+//!
+//! Below the fronts:
+//!
+//! * [`agent`] is the one loop; it talks to a model port and a journal port and knows nothing of
+//!   WebSockets or HTTP.
+//! * [`tools`] are functions of (workspace, input) → outcome; a tool that ran and failed returns
+//!   an outcome, never `Err`.
+//! * [`exec`] is the only place that starts processes (process groups, capture, timeouts, limits,
+//!   environment, confinement). All `unsafe` lives there.
+//!
+//! # Who owns what
+//!
+//! One root cancellation token per process, with a child per connection, run and tool call. Every
+//! spawned task is tracked. Shutdown order: stop accepting work → cancel tokens → kill process
+//! groups → release leases / flush writers → wait for tasks with a deadline.
+//!
+//! # Trust boundary
+//!
+//! Commands run by the tools are untrusted. They get a clean environment (no tokens, no
+//! `NYLORUN_*`), start in their own session under a supervisor that kills their whole tree, and
+//! never see the host token, join token, run tokens or model API keys.
+
+pub mod config;
+pub mod error;
+pub mod exec;
+pub mod tools;

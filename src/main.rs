@@ -1,0 +1,105 @@
+//! The `podhost` binary: parse the command line, set up logging, run one front, map the result to
+//! an exit code.
+
+use std::io::Read;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use podhost::config::{Cli, Command, ToolArgs, local_toolbox};
+use podhost::error::exit;
+use podhost::tools::{CallContext, ToolName, ToolOutcome, codes};
+use tokio_util::sync::CancellationToken;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("podhost: could not start the async runtime: {e}");
+            return ExitCode::from(exit::FAILURE as u8);
+        }
+    };
+    let code = match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("podhost: {e:#}");
+            exit::FAILURE
+        }
+    };
+    ExitCode::from(code as u8)
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+async fn run(cli: Cli) -> anyhow::Result<i32> {
+    match cli.command {
+        Command::Tool(args) => tool(args).await,
+    }
+}
+
+/// `podhost tool NAME --input JSON`: exit 0 when the tool ran (its outcome may be a failure),
+/// 2 when the input was refused before it could run.
+async fn tool(args: ToolArgs) -> anyhow::Result<i32> {
+    let name: ToolName = match args.name.parse() {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("podhost tool: {e}");
+            return Ok(exit::USAGE);
+        }
+    };
+    let raw = if args.input == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .context("reading the input from stdin")?;
+        s
+    } else {
+        args.input.clone()
+    };
+    let input: serde_json::Value = match serde_json::from_str(&raw) {
+        Ok(v @ serde_json::Value::Object(_)) => v,
+        Ok(_) => {
+            eprintln!("podhost tool: --input must be a JSON object");
+            return Ok(exit::USAGE);
+        }
+        Err(e) => {
+            eprintln!("podhost tool: --input is not valid JSON: {e}");
+            return Ok(exit::USAGE);
+        }
+    };
+    let toolbox = match local_toolbox(&args.workspace, &args.exec) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("podhost tool: {e}");
+            return Ok(exit::USAGE);
+        }
+    };
+    let cancel = CancellationToken::new();
+    let on_signal = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            on_signal.cancel();
+        }
+    });
+    let outcome = toolbox.run(name, &input, &CallContext::new(cancel)).await?;
+    println!("{}", serde_json::to_string(&outcome)?);
+    Ok(match &outcome {
+        ToolOutcome::Failed { code, message, .. } if code == codes::INVALID_INPUT => {
+            eprintln!("podhost tool: {message}");
+            exit::USAGE
+        }
+        _ => exit::OK,
+    })
+}

@@ -1,0 +1,1 @@
+//! The directory walk shared by grep and glob (being built).
