@@ -1,2 +1,0 @@
-//! Tool benchmarks against rg, fd and bash (being built).
-fn main() {}

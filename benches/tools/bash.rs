@@ -1,0 +1,2 @@
+//! bash tool vs bare `bash -c true` (being built).
+pub fn main() {}

@@ -1,0 +1,19 @@
+//! Tool benchmarks, each against a baseline measured in the same run: the grep tool vs `rg`, the
+//! glob tool vs `fd`, the bash tool vs a bare `bash -c true`. Reports medians and their ratios.
+//!
+//! Run with `cargo bench --bench tools` (needs `rg` and `fd`/`fdfind` on PATH).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod bash;
+mod search;
+
+fn main() {
+    let filter = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
+    let wants = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));
+    if wants("bash") {
+        bash::main();
+    }
+    if wants("grep") || wants("glob") || wants("search") {
+        search::main();
+    }
+}

@@ -1,0 +1,2 @@
+//! grep tool vs rg, glob tool vs fd (being built).
+pub fn main() {}

@@ -1,0 +1,1 @@
+//! bash tool tests (being built).

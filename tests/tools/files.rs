@@ -1,0 +1,1 @@
+//! files tool tests (being built).

@@ -1,0 +1,9 @@
+//! Integration tests of the six tools and `podhost tool`, one module per area.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod bash;
+mod files;
+mod search;

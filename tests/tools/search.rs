@@ -1,0 +1,1 @@
+//! search tool tests (being built).
