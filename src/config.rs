@@ -28,6 +28,8 @@ pub struct Cli {
 pub enum Command {
     /// Run one workspace tool and print its outcome as JSON.
     Tool(ToolArgs),
+    /// Be a Nylorun pod's harness: join core, serve the Harness API, lease runs.
+    Pod(Box<crate::nylorun::settings::PodArgs>),
 }
 
 #[derive(Debug, Args)]

@@ -35,4 +35,5 @@
 pub mod config;
 pub mod error;
 pub mod exec;
+pub mod nylorun;
 pub mod tools;

@@ -15,6 +15,7 @@
 //!
 //! All `unsafe` in podhost lives in this module, each block with a `// SAFETY:` comment.
 
+pub mod egress;
 pub mod env;
 
 use std::path::PathBuf;
