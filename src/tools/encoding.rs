@@ -15,9 +15,9 @@
 //!   UTF-8 file with one stray Latin-1 line readable everywhere else.
 //!
 //! Invariants:
-//! * [`decode`] followed by [`Decoded::encode`] gives back the original bytes exactly: UTF-8 and
-//!   valid UTF-16 are bijective, and windows-1252 round-trips all 256 bytes (tested below). A
-//!   UTF-16 file that is not valid UTF-16 cannot round-trip and is refused.
+//! * [`decode`], then [`encode_into`] of each of its spans, gives back the original bytes exactly:
+//!   UTF-8 and valid UTF-16 are bijective, and windows-1252 round-trips all 256 bytes (tested
+//!   below). A UTF-16 file that is not valid UTF-16 cannot round-trip and is refused.
 //! * Text is never written with U+FFFD standing in for a byte: a character the stored encoding
 //!   cannot hold is an [`EncodingError`], not a replacement.
 //!

@@ -352,6 +352,8 @@ impl LineBuf {
         if !self.cut {
             bytes = bytes.strip_suffix(b"\r").unwrap_or(bytes);
         }
+        // A line that is not UTF-8 (a Latin-1 or CP1252 file) is decoded as windows-1252, which
+        // maps every byte: `é` shows as `é`, never as U+FFFD.
         let decoded = encoding::decode_line(bytes, self.utf8.is_valid());
         let clipped = text::clip_line(&decoded);
         // A NUL past the sniffed head is shown as U+FFFD: the answer must stay valid text
