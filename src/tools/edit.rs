@@ -7,8 +7,8 @@
 //! * The file is decoded with [`encoding::decode`] — the rule `read` shows lines by — and written
 //!   back in kind: byte-order mark, line endings, and every byte outside the replaced text stay
 //!   as they were. Text the stored encoding cannot hold is refused (`sandbox.encoding`); U+FFFD is
-//!   never written in place of a character. Before anything is written the new bytes are decoded
-//!   again and must read as the intended text.
+//!   never written in place of a character. In a file with windows-1252 lines the new bytes are
+//!   decoded again before anything is written, and must read as the intended text.
 //! * A `\n` in `old_string` matches `\n` or `\r\n` in the file, line by line, so an LF string
 //!   matches in CRLF and mixed files. The newlines of the replacement take the endings of the
 //!   text they replace (the k-th newline the k-th ending; without any, the ending of the line the
@@ -96,6 +96,7 @@ fn edit_locked(resolved: &Resolved, input: &EditInput, cancel: &CancellationToke
         Err(EncodingError::Binary) => return read::binary(display, "edit changes text files only"),
         Err(e) => return encoding_failed(display, &e),
     };
+    drop(bytes);
 
     let old = fold_crlf(&input.old_string);
     let new = fold_crlf(&input.new_string);
@@ -127,13 +128,19 @@ fn edit_locked(resolved: &Resolved, input: &EditInput, cancel: &CancellationToke
         _ => {}
     }
 
-    let (new_bytes, new_text) = match splice(&decoded, &matches, &new) {
-        Ok(r) => r,
+    // The new bytes must read back as the intended text. UTF-8 and UTF-16 hold any text
+    // exactly; only a file with windows-1252 lines can fail, when an edit puts a UTF-8 line's
+    // text and windows-1252 bytes on one line, which then decodes differently.
+    let mut new_text = decoded
+        .has_legacy_lines()
+        .then(|| String::with_capacity(decoded.text.len() + new.len()));
+    let new_bytes = match splice(&decoded, &matches, &new, new_text.as_mut()) {
+        Ok(b) => b,
         Err(e) => return encoding_failed(display, &e),
     };
-    // The bytes must read back as the intended text. Only a file mixing UTF-8 and windows-1252
-    // lines can fail this: an edit that joins such lines changes how the joined line decodes.
-    if encoding::decode(&new_bytes).map(|d| d.text).as_ref() != Ok(&new_text) {
+    if let Some(new_text) = new_text
+        && encoding::decode(&new_bytes).map(|d| d.text).as_ref() != Ok(&new_text)
+    {
         return ToolOutcome::failed(
             codes::ENCODING,
             format!(
@@ -235,33 +242,36 @@ impl<'a> Folded<'a> {
     }
 }
 
-/// The new file: the decoded text with `matches` replaced by `new`, as bytes in the file's own
-/// encodings and as text.
+/// The new file's bytes: the decoded text with `matches` replaced by `new`, each stretch in the
+/// encoding it is stored in. The new text is also collected into `text_out` when given.
 fn splice(
     decoded: &encoding::Decoded,
     matches: &[Range<usize>],
     new: &str,
-) -> Result<(Vec<u8>, String), EncodingError> {
+    mut text_out: Option<&mut String>,
+) -> Result<Vec<u8>, EncodingError> {
     let text = &decoded.text;
     let mut bytes = Vec::with_capacity(decoded.bom.len() + text.len() + new.len());
     bytes.extend_from_slice(decoded.bom);
-    let mut out = String::with_capacity(text.len() + new.len());
-    let keep = |bytes: &mut Vec<u8>, out: &mut String, range: Range<usize>| {
-        out.push_str(&text[range.clone()]);
-        decoded
-            .pieces(range)
-            .try_for_each(|(piece, kind)| encoding::encode_into(bytes, &text[piece], kind))
+    let mut push = |bytes: &mut Vec<u8>, piece: &str, stored| {
+        if let Some(out) = text_out.as_deref_mut() {
+            out.push_str(piece);
+        }
+        encoding::encode_into(bytes, piece, stored)
     };
     let mut cursor = 0;
     for m in matches {
-        keep(&mut bytes, &mut out, cursor..m.start)?;
+        for (piece, stored) in decoded.pieces(cursor..m.start) {
+            push(&mut bytes, &text[piece], stored)?;
+        }
         let replacement = with_endings(new, text, m.clone());
-        encoding::encode_into(&mut bytes, &replacement, decoded.stored_in(m.clone()))?;
-        out.push_str(&replacement);
+        push(&mut bytes, &replacement, decoded.stored_in(m.clone()))?;
         cursor = m.end;
     }
-    keep(&mut bytes, &mut out, cursor..text.len())?;
-    Ok((bytes, out))
+    for (piece, stored) in decoded.pieces(cursor..text.len()) {
+        push(&mut bytes, &text[piece], stored)?;
+    }
+    Ok(bytes)
 }
 
 /// `new` (newlines folded to `\n`) with each newline given the ending of the text it replaces,
@@ -318,7 +328,8 @@ mod tests {
             .match_indices(old.as_ref())
             .map(|(i, _)| folded.original(i)..folded.original(i + old.len()))
             .collect();
-        let (bytes, text) = splice(&decoded, &matches, &fold_crlf(new)).unwrap();
+        let mut text = String::new();
+        let bytes = splice(&decoded, &matches, &fold_crlf(new), Some(&mut text)).unwrap();
         assert_eq!(String::from_utf8(bytes).unwrap(), text);
         text
     }

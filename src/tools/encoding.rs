@@ -263,6 +263,13 @@ impl Decoded {
         }
     }
 
+    /// Whether some lines are stored as windows-1252 (a legacy file, or a mixed one).
+    pub fn has_legacy_lines(&self) -> bool {
+        self.spans
+            .iter()
+            .any(|&(_, kind)| kind == Stored::Windows1252)
+    }
+
     /// The spans of `text[range]`, each with how it is stored.
     pub fn pieces(&self, range: Range<usize>) -> impl Iterator<Item = (Range<usize>, Stored)> {
         let first = self.spans.partition_point(|&(end, _)| end <= range.start);
