@@ -85,22 +85,33 @@ async fn read_an_empty_file_and_an_offset_past_the_end() {
 async fn read_clips_lines_longer_than_2000_characters() {
     let ws = TestWorkspace::new();
     let wide = "é".repeat(2001);
-    put(
-        &ws,
-        "long.txt",
-        format!(
-            "{}\r\n{wide}\n{}\r\nshort",
-            "x".repeat(2500),
-            "y".repeat(2000)
-        ),
-    );
+    // Lines far longer than what is kept of them (8 KiB): one of 3-byte characters cut inside a
+    // character, one of 1 MiB, and a line that starts like UTF-8 but has a Latin-1 byte past the
+    // kept part: the whole line decides its decoding (windows-1252, as edit will see it).
+    let cjk = format!("a{}", "中".repeat(5000));
+    let huge = "z".repeat(1 << 20);
+    let mut latin1 = b"\xc3\xa9".to_vec();
+    latin1.extend_from_slice("b".repeat(9000).as_bytes());
+    latin1.extend_from_slice(b"\xe9\n");
+    let mut file = format!(
+        "{}\r\n{wide}\n{}\r\n{cjk}\n{huge}\r\n",
+        "x".repeat(2500),
+        "y".repeat(2000)
+    )
+    .into_bytes();
+    file.extend_from_slice(&latin1);
+    file.extend_from_slice(b"short");
+    put(&ws, "long.txt", file);
     assert_eq!(
         read(&ws, json!({"path": "long.txt"})).await,
         completed(format!(
-            "1\t{}…\n2\t{}…\n3\t{}\n4\tshort",
+            "1\t{}…\n2\t{}…\n3\t{}\n4\ta{}…\n5\t{}…\n6\t{}…\n7\tshort",
             "x".repeat(2000),
             "é".repeat(2000),
-            "y".repeat(2000)
+            "y".repeat(2000),
+            "中".repeat(1999),
+            "z".repeat(2000),
+            "Ã©".to_owned() + &"b".repeat(1998),
         ))
     );
 }
