@@ -15,7 +15,7 @@
 //!   match sits on).
 //! * Read, match and write happen under the file's lock, so concurrent edits and writes to one
 //!   file all land. The write is atomic and keeps the file's permission bits
-//!   ([`super::write::replace_file`]).
+//!   (`write::replace_file`).
 //! * Files over [`MAX_EDIT_BYTES`] are refused before they are read.
 //!
 //! Non-goals: fuzzy matching (whitespace- or indentation-insensitive), a staleness check against

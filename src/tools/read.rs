@@ -9,7 +9,7 @@
 //! * Bytes are decoded by [`encoding`]'s rule, the same one `edit` matches against: what the
 //!   model reads is what it can edit.
 //! * Memory stays bounded whatever the file: it is streamed through a fixed buffer, only the
-//!   requested window is kept, each kept line holds at most [`LINE_BYTES_KEPT`] bytes, and the
+//!   requested window is kept, each kept line holds at most `LINE_BYTES_KEPT` bytes, and the
 //!   whole answer at most [`MAX_OUTPUT_BYTES`]. Lines before and after the window are only
 //!   counted.
 //! * A FIFO, device or directory is refused without reading from it (`paths::open_regular`).

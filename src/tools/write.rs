@@ -1,6 +1,6 @@
 //! `write`: create or replace a whole file.
 //!
-//! Owns: the atomic replacement of a file that `write` and `edit` share ([`replace_file`]).
+//! Owns: the atomic replacement of a file that `write` and `edit` share (`replace_file`).
 //!
 //! Invariants:
 //! * A reader sees the old file or the new one, never a mix: the bytes go to a temporary file in
