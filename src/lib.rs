@@ -32,6 +32,7 @@
 //! `NYLORUN_*`), start in their own session under a supervisor that kills their whole tree, and
 //! never see the host token, join token, run tokens or model API keys.
 
+pub mod agent;
 pub mod config;
 pub mod error;
 pub mod exec;

@@ -1,0 +1,397 @@
+//! The agent loop: ask the model, run the tools it calls, repeat until it answers.
+//!
+//! Owns: the order of effects in a turn, the end states, and the normalisation every front needs
+//! (unique tool-call ids, malformed arguments answered to the model, model failures ending the
+//! turn). It knows nothing of WebSockets, HTTP or storage: a front plugs in through [`TurnHost`],
+//! which journals each effect before running it (or replays it) and keeps the transcript.
+//!
+//! Invariants:
+//! * Effects are addressed by `(step, call id)` only. Steps count model calls within this run of
+//!   the loop and call ids come from the (replayed) model answer, so a replay of the same
+//!   segment asks for the same effects in the same order.
+//! * Every tool call of an answer gets exactly one result, or the turn ends waiting/suspended
+//!   with that call named.
+//! * Cancellation is checked between effects; a host passes the token into each effect.
+
+use std::collections::HashSet;
+
+use tokio_util::sync::CancellationToken;
+
+use super::model::{Candidate, ModelAnswer, ResultOutcome, ToolCallBlock, ToolResult};
+
+/// Where a model effect stands after the host journaled (and maybe ran) it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Effect<T> {
+    /// The effect has its value: it ran now, or its recorded outcome was replayed.
+    Done(T),
+    /// The effect waits on something outside the loop (an outcome core does not know yet): the
+    /// segment ends waiting on this effect id.
+    Wait(String),
+}
+
+/// Where a tool effect stands after the host journaled (and maybe ran) it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ToolEffect {
+    /// The call has its result: it ran now, or its recorded outcome was replayed.
+    Done(ResultOutcome),
+    /// The call waits on something outside the loop (a person's approval): the segment ends
+    /// waiting on this effect id.
+    Wait(String),
+    /// The call is a question for the user: the turn ends asking for input, this call unanswered.
+    Ask,
+}
+
+/// How a turn (or a segment of one) ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TurnEnd {
+    /// The model answered without calling tools.
+    Completed { candidate: Candidate },
+    /// The model asked the user; `calls` are the unanswered questions.
+    InputRequired { calls: Vec<ToolCallBlock> },
+    /// Effects wait on something outside the loop.
+    Waiting { effect_ids: Vec<String> },
+    /// The host asked to continue in a new segment.
+    Yielded,
+    /// The model call failed (`model.<code>`).
+    Failed { code: String, message: String },
+    /// The cancellation token fired.
+    Cancelled,
+}
+
+/// A front's side of the loop.
+#[allow(async_fn_in_trait)]
+pub trait TurnHost {
+    /// A fault of the harness (connection lost, store failed, effect drift): the loop stops.
+    type Error;
+
+    /// Whether to end the segment before asking the model for step `step` (budgets of steps or
+    /// time). Never asked before the first step, so every segment makes progress.
+    fn should_yield(&self, step: u32) -> bool;
+
+    /// Runs or replays step `step`'s model call over the transcript so far.
+    async fn model(
+        &mut self,
+        step: u32,
+        cancel: &CancellationToken,
+    ) -> Result<Effect<ModelAnswer>, Self::Error>;
+
+    /// Adjusts an answer before it is recorded and acted on — e.g. makes tool-call ids unique
+    /// across a whole session. It must depend only on the answer and the transcript, so that a
+    /// replayed answer is adjusted the same way.
+    fn prepare(&mut self, _step: u32, _candidate: &mut Candidate) {}
+
+    /// Records the model's answer of `step` in the transcript.
+    async fn answered(&mut self, step: u32, candidate: &Candidate) -> Result<(), Self::Error>;
+
+    /// Runs or replays one tool call of `step`.
+    async fn tool(
+        &mut self,
+        step: u32,
+        call: &ToolCallBlock,
+        cancel: &CancellationToken,
+    ) -> Result<ToolEffect, Self::Error>;
+
+    /// Records `step`'s tool results (one per call that has one) in the transcript.
+    async fn results(&mut self, step: u32, results: &[ToolResult]) -> Result<(), Self::Error>;
+}
+
+/// Runs the loop from step `first` until the turn ends.
+pub async fn run<H: TurnHost>(
+    host: &mut H,
+    first: u32,
+    cancel: &CancellationToken,
+) -> Result<TurnEnd, H::Error> {
+    let mut step = first;
+    loop {
+        if cancel.is_cancelled() {
+            return Ok(TurnEnd::Cancelled);
+        }
+        if step > first && host.should_yield(step) {
+            return Ok(TurnEnd::Yielded);
+        }
+        let answer = match host.model(step, cancel).await? {
+            Effect::Done(a) => a,
+            Effect::Wait(id) => {
+                return Ok(TurnEnd::Waiting {
+                    effect_ids: vec![id],
+                });
+            }
+        };
+        let mut candidate = match answer {
+            ModelAnswer::Candidate(c) => c,
+            ModelAnswer::Failed(f) => {
+                return Ok(TurnEnd::Failed {
+                    code: format!("model.{}", f.code),
+                    message: f.message,
+                });
+            }
+        };
+        if cancel.is_cancelled() {
+            return Ok(TurnEnd::Cancelled);
+        }
+        unique_call_ids(&mut candidate, step);
+        host.prepare(step, &mut candidate);
+        host.answered(step, &candidate).await?;
+
+        let calls: Vec<ToolCallBlock> = candidate.tool_calls().cloned().collect();
+        if calls.is_empty() {
+            return Ok(TurnEnd::Completed { candidate });
+        }
+
+        let mut results = Vec::with_capacity(calls.len());
+        let mut waits = Vec::new();
+        let mut asks = Vec::new();
+        for call in &calls {
+            if cancel.is_cancelled() {
+                return Ok(TurnEnd::Cancelled);
+            }
+            let outcome = match call.argument_error() {
+                Some(message) => {
+                    ToolEffect::Done(ResultOutcome::failed("tool.invalid_input", message))
+                }
+                None => host.tool(step, call, cancel).await?,
+            };
+            match outcome {
+                ToolEffect::Done(outcome) => results.push(ToolResult {
+                    call_id: call.id.clone(),
+                    tool_name: call.name.clone(),
+                    outcome,
+                }),
+                ToolEffect::Wait(id) => waits.push(id),
+                ToolEffect::Ask => asks.push(call.clone()),
+            }
+        }
+        if !waits.is_empty() {
+            return Ok(TurnEnd::Waiting { effect_ids: waits });
+        }
+        if cancel.is_cancelled() {
+            return Ok(TurnEnd::Cancelled);
+        }
+        host.results(step, &results).await?;
+        if !asks.is_empty() {
+            return Ok(TurnEnd::InputRequired { calls: asks });
+        }
+        step += 1;
+    }
+}
+
+/// Gives every tool call of `candidate` a non-empty id unique within the answer. Depends only on
+/// the answer and the step, so a replayed answer gets the same ids.
+fn unique_call_ids(candidate: &mut Candidate, step: u32) {
+    let mut seen = HashSet::new();
+    let mut index = 0usize;
+    for block in &mut candidate.output {
+        let super::model::Block::ToolCall(call) = block else {
+            continue;
+        };
+        index += 1;
+        if call.id.trim().is_empty() {
+            call.id = format!("call_{step}_{index}");
+        }
+        let mut id = call.id.clone();
+        let mut n = 1;
+        while !seen.insert(id.clone()) {
+            n += 1;
+            id = format!("{}_{n}", call.id);
+        }
+        call.id = id;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::model::Block;
+    use pretty_assertions::assert_eq;
+    use serde_json::json;
+
+    /// A host that answers from a script and records what the loop did.
+    #[derive(Default)]
+    struct Scripted {
+        answers: Vec<ModelAnswer>,
+        tool_effects: Vec<(String, ToolEffect)>,
+        log: Vec<String>,
+        yield_at: Option<u32>,
+    }
+
+    impl TurnHost for Scripted {
+        type Error = String;
+        fn should_yield(&self, step: u32) -> bool {
+            self.yield_at == Some(step)
+        }
+        async fn model(
+            &mut self,
+            step: u32,
+            _: &CancellationToken,
+        ) -> Result<Effect<ModelAnswer>, String> {
+            self.log.push(format!("model {step}"));
+            if self.answers.is_empty() {
+                return Err("script ran out".into());
+            }
+            Ok(Effect::Done(self.answers.remove(0)))
+        }
+        async fn answered(&mut self, step: u32, c: &Candidate) -> Result<(), String> {
+            let ids: Vec<_> = c.tool_calls().map(|c| c.id.clone()).collect();
+            self.log.push(format!("answered {step} {ids:?}"));
+            Ok(())
+        }
+        async fn tool(
+            &mut self,
+            step: u32,
+            call: &ToolCallBlock,
+            _: &CancellationToken,
+        ) -> Result<ToolEffect, String> {
+            self.log.push(format!("tool {step} {}", call.id));
+            let i = self
+                .tool_effects
+                .iter()
+                .position(|(name, _)| *name == call.name);
+            Ok(match i {
+                Some(i) => self.tool_effects.remove(i).1,
+                None => ToolEffect::Done(ResultOutcome::Completed {
+                    output: json!("ok"),
+                    files: None,
+                }),
+            })
+        }
+        async fn results(&mut self, step: u32, r: &[ToolResult]) -> Result<(), String> {
+            let ids: Vec<_> = r.iter().map(|r| r.call_id.clone()).collect();
+            self.log.push(format!("results {step} {ids:?}"));
+            Ok(())
+        }
+    }
+
+    fn calls(calls: &[(&str, &str, &str)]) -> ModelAnswer {
+        ModelAnswer::Candidate(Candidate {
+            output: calls
+                .iter()
+                .map(|(id, name, args)| {
+                    Block::ToolCall(ToolCallBlock::from_json_arguments(
+                        id.to_string(),
+                        name.to_string(),
+                        args,
+                    ))
+                })
+                .collect(),
+            ..Candidate::default()
+        })
+    }
+
+    async fn run_script(host: &mut Scripted) -> TurnEnd {
+        run(host, 0, &CancellationToken::new()).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn tools_then_an_answer_completes() {
+        let mut host = Scripted {
+            answers: vec![
+                calls(&[("a", "bash", "{}"), ("a", "read", "{}"), ("", "glob", "{}")]),
+                ModelAnswer::Candidate(Candidate::text("done")),
+            ],
+            ..Scripted::default()
+        };
+        let end = run_script(&mut host).await;
+        assert_eq!(
+            end,
+            TurnEnd::Completed {
+                candidate: Candidate::text("done")
+            }
+        );
+        assert_eq!(
+            host.log,
+            [
+                "model 0",
+                r#"answered 0 ["a", "a_2", "call_0_3"]"#,
+                "tool 0 a",
+                "tool 0 a_2",
+                "tool 0 call_0_3",
+                r#"results 0 ["a", "a_2", "call_0_3"]"#,
+                "model 1",
+                "answered 1 []",
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn malformed_arguments_are_answered_without_running() {
+        let mut host = Scripted {
+            answers: vec![
+                calls(&[("x", "bash", "{oops")]),
+                ModelAnswer::Candidate(Candidate::text("k")),
+            ],
+            ..Scripted::default()
+        };
+        run_script(&mut host).await;
+        assert!(
+            !host.log.iter().any(|l| l.starts_with("tool")),
+            "{:?}",
+            host.log
+        );
+    }
+
+    #[tokio::test]
+    async fn model_failures_waits_asks_and_yields_end_the_turn() {
+        let mut failed = Scripted {
+            answers: vec![ModelAnswer::Failed(crate::agent::model::ModelFailure::new(
+                "auth", "no", false,
+            ))],
+            ..Scripted::default()
+        };
+        assert_eq!(
+            run_script(&mut failed).await,
+            TurnEnd::Failed {
+                code: "model.auth".into(),
+                message: "no".into()
+            }
+        );
+
+        let mut waiting = Scripted {
+            answers: vec![calls(&[("1", "held", "{}"), ("2", "bash", "{}")])],
+            tool_effects: vec![("held".into(), ToolEffect::Wait("t:0:tool:1".into()))],
+            ..Scripted::default()
+        };
+        assert_eq!(
+            run_script(&mut waiting).await,
+            TurnEnd::Waiting {
+                effect_ids: vec!["t:0:tool:1".into()]
+            }
+        );
+        assert!(!waiting.log.iter().any(|l| l.starts_with("results")));
+
+        let mut asking = Scripted {
+            answers: vec![calls(&[("1", "ask_user", "{}"), ("2", "bash", "{}")])],
+            tool_effects: vec![("ask_user".into(), ToolEffect::Ask)],
+            ..Scripted::default()
+        };
+        let TurnEnd::InputRequired { calls: asked } = run_script(&mut asking).await else {
+            panic!()
+        };
+        assert_eq!(
+            asked.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(),
+            ["1"]
+        );
+        assert_eq!(asking.log.last().unwrap(), r#"results 0 ["2"]"#);
+
+        let mut yielding = Scripted {
+            answers: vec![calls(&[("1", "bash", "{}")]), calls(&[("2", "bash", "{}")])],
+            yield_at: Some(1),
+            ..Scripted::default()
+        };
+        assert_eq!(run_script(&mut yielding).await, TurnEnd::Yielded);
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_token_stops_before_the_next_effect() {
+        let mut host = Scripted {
+            answers: vec![calls(&[("1", "bash", "{}")])],
+            ..Scripted::default()
+        };
+        let cancel = CancellationToken::new();
+        cancel.cancel();
+        assert_eq!(
+            run(&mut host, 0, &cancel).await.unwrap(),
+            TurnEnd::Cancelled
+        );
+        assert!(host.log.is_empty());
+    }
+}
