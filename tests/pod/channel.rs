@@ -21,7 +21,9 @@ fn upgrades(core: &FakeCore) -> Vec<u16> {
 /// The answer frame podhost sent for core's request `id` on `conn`.
 async fn answer_to(core: &FakeCore, conn: u64, id: u64) -> Value {
     core.wait(&format!("the answer to {id}"), |e| match e {
-        Event::FromPod { conn: c, frame } if *c == conn && frame["t"] == "res" && frame["id"] == id => {
+        Event::FromPod { conn: c, frame }
+            if *c == conn && frame["t"] == "res" && frame["id"] == id =>
+        {
             Some(frame.clone())
         }
         _ => None,
@@ -37,9 +39,18 @@ async fn upgrade_refusals_are_reported_and_retried() {
     let pod = PodProcess::spawn(&pod_env(&core, &dirs));
     core.wait_request(0, "hello").await;
     assert_eq!(upgrades(&core), vec![404, 426, 503, 101]);
-    pod.wait_log(&["HTTP 404", "wrong path: NYLORUN_HARNESS_URL may not point at core's harness listener"]).await;
-    pod.wait_log(&["HTTP 426", "core wants another transport version (Nylorun-Harness-Api)"]).await;
-    pod.wait_log(&["HTTP 503", "the Tenant is closed or core is stopping"]).await;
+    pod.wait_log(&[
+        "HTTP 404",
+        "wrong path: NYLORUN_HARNESS_URL may not point at core's harness listener",
+    ])
+    .await;
+    pod.wait_log(&[
+        "HTTP 426",
+        "core wants another transport version (Nylorun-Harness-Api)",
+    ])
+    .await;
+    pod.wait_log(&["HTTP 503", "the Tenant is closed or core is stopping"])
+        .await;
 }
 
 #[tokio::test]
@@ -55,18 +66,31 @@ async fn an_upgrade_refused_401_joins_again() {
         .iter()
         .filter(|e| matches!(e, Event::Join { status: 200, .. }))
         .count();
-    assert_eq!(joins, 2, "a refused host token is dropped and the pod joins again");
-    pod.wait_log(&["HTTP 401", "the host token was refused; joining again"]).await;
+    assert_eq!(
+        joins, 2,
+        "a refused host token is dropped and the pod joins again"
+    );
+    pod.wait_log(&["HTTP 401", "the host token was refused; joining again"])
+        .await;
 }
 
 #[tokio::test]
 async fn malformed_requests_get_invalid_and_the_connection_stays_up() {
     let (core, _dirs, _pod, conn) = start_pod(CoreOptions::default(), |_| {}).await;
-    core.send_text(conn, r#"{"t":"req","id":41,"m":"workspace.report","p":{},"extra":1}"#);
+    core.send_text(
+        conn,
+        r#"{"t":"req","id":41,"m":"workspace.report","p":{},"extra":1}"#,
+    );
     let res = answer_to(&core, conn, 41).await;
-    assert_eq!((res["ok"].clone(), res["e"]["code"].clone()), (json!(false), json!("invalid")));
+    assert_eq!(
+        (res["ok"].clone(), res["e"]["code"].clone()),
+        (json!(false), json!("invalid"))
+    );
     let message = res["e"]["message"].as_str().unwrap();
-    assert!(message.starts_with("Invalid frame: unknown field `extra`"), "{message}");
+    assert!(
+        message.starts_with("Invalid frame: unknown field `extra`"),
+        "{message}"
+    );
 
     core.send_text(conn, r#"{"t":"req","id":42,"m":"workspace.report","p":{}}"#);
     let ok = answer_to(&core, conn, 42).await;
@@ -82,7 +106,10 @@ async fn malformed_requests_get_invalid_and_the_connection_stays_up() {
     let report = core.request(conn, "workspace.report", json!({})).await;
     assert_eq!(report["ok"], true);
     assert!(
-        !core.events().iter().any(|e| matches!(e, Event::Closed { .. })),
+        !core
+            .events()
+            .iter()
+            .any(|e| matches!(e, Event::Closed { .. })),
         "the connection closed"
     );
 }
@@ -127,7 +154,9 @@ async fn a_silent_core_is_dropped_and_the_pod_reconnects() {
     let mark = core.mark();
     let (_, reason) = core
         .wait_from(mark, "podhost dropping the connection", |e| match e {
-            Event::Closed { conn: c, reason, .. } if *c == conn => Some(reason.clone()),
+            Event::Closed {
+                conn: c, reason, ..
+            } if *c == conn => Some(reason.clone()),
             _ => None,
         })
         .await;
@@ -158,7 +187,10 @@ async fn pings_keep_a_quiet_connection_up() {
         from = i + 1;
     }
     assert!(
-        !core.events().iter().any(|e| matches!(e, Event::Closed { .. })),
+        !core
+            .events()
+            .iter()
+            .any(|e| matches!(e, Event::Closed { .. })),
         "a pinged connection was dropped"
     );
 }

@@ -25,7 +25,10 @@ async fn join_sends_the_body_and_keeps_one_volume_id() {
     core.wait_request(0, "hello").await;
 
     let volume_file = dirs.root.join("volume-id");
-    let volume = std::fs::read_to_string(&volume_file).unwrap().trim().to_owned();
+    let volume = std::fs::read_to_string(&volume_file)
+        .unwrap()
+        .trim()
+        .to_owned();
     assert_eq!(mode_of(&volume_file), 0o600);
     assert_eq!(
         joins(&core),
@@ -76,7 +79,10 @@ async fn a_refused_join_is_reported_and_the_next_attempt_reads_a_new_token() {
     assert_eq!(all[0].0["joinToken"], "join-token-1");
     assert_eq!(all[0].1, 401);
     let last = all.last().unwrap();
-    assert_eq!((last.0["joinToken"].as_str(), last.1), (Some("join-token-2"), 200));
+    assert_eq!(
+        (last.0["joinToken"].as_str(), last.1),
+        (Some("join-token-2"), 200)
+    );
     assert!(
         pod.logs().iter().all(|l| !l.contains("join-token")),
         "a token in the logs"
@@ -115,7 +121,8 @@ async fn a_refused_renewal_joins_again() {
     core.wait_from(first + 1, "a second join", joined).await;
     let statuses: Vec<u16> = joins(&core).into_iter().map(|(_, s)| s).collect();
     assert_eq!(&statuses[..2], &[200, 200]);
-    pod.wait_log(&["the renewal was refused; joining again"]).await;
+    pod.wait_log(&["the renewal was refused; joining again"])
+        .await;
     // Renewals then go on with the new token.
     core.wait("an accepted renewal", |e| match e {
         Event::Renew {

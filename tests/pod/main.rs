@@ -65,7 +65,10 @@ pub fn pod_env(core: &FakeCore, dirs: &PodDirs) -> Vec<(String, String)> {
     [
         ("NYLORUN_SANDBOX_ID", o.sandbox_id.clone()),
         ("NYLORUN_POD_UID", o.pod_uid.clone()),
-        ("NYLORUN_SANDBOX_JOIN_FILE", dirs.join_file.display().to_string()),
+        (
+            "NYLORUN_SANDBOX_JOIN_FILE",
+            dirs.join_file.display().to_string(),
+        ),
         ("NYLORUN_HARNESS_URL", core.url()),
         ("NYLORUN_GATES_URL", "http://127.0.0.1:9".to_owned()),
         ("NYLORUN_EGRESS_PROXY", "http://egress.test:4200".to_owned()),

@@ -36,7 +36,8 @@ use tokio_util::sync::CancellationToken;
 pub const HARNESS_PATH: &str = "/nylorun/harness/v1";
 pub const JOIN_PATH: &str = "/nylorun/harness/v1/host/join";
 pub const RENEW_PATH: &str = "/nylorun/harness/v1/host/renew";
-pub const CA_PEM: &str = "-----BEGIN CERTIFICATE-----\nRkFLRS1DT1JFLUNB\n-----END CERTIFICATE-----\n";
+pub const CA_PEM: &str =
+    "-----BEGIN CERTIFICATE-----\nRkFLRS1DT1JFLUNB\n-----END CERTIFICATE-----\n";
 const WAIT: Duration = Duration::from_secs(15);
 
 /// What the fake core expects and answers.
@@ -70,17 +71,40 @@ impl Default for CoreOptions {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     /// A join request and the status it got.
-    Join { body: Value, status: u16 },
-    Renew { bearer: Option<String>, status: u16 },
+    Join {
+        body: Value,
+        status: u16,
+    },
+    Renew {
+        bearer: Option<String>,
+        status: u16,
+    },
     /// An upgrade attempt and its answer (101 when accepted).
-    Upgrade { path: String, status: u16 },
-    Connected { conn: u64 },
+    Upgrade {
+        path: String,
+        status: u16,
+    },
+    Connected {
+        conn: u64,
+    },
     /// A frame podhost sent (text parsed as JSON; anything else as `{"raw": …}`).
-    FromPod { conn: u64, frame: Value },
+    FromPod {
+        conn: u64,
+        frame: Value,
+    },
     /// A frame the fake sent.
-    ToPod { conn: u64, frame: Value },
-    Pong { conn: u64 },
-    Closed { conn: u64, code: Option<u16>, reason: String },
+    ToPod {
+        conn: u64,
+        frame: Value,
+    },
+    Pong {
+        conn: u64,
+    },
+    Closed {
+        conn: u64,
+        code: Option<u16>,
+        reason: String,
+    },
 }
 
 /// A refusal the test scripts for the next join or renew.
@@ -235,7 +259,9 @@ impl FakeCore {
             "token": token,
             "tokenExpiresAt": "2030-01-01T00:00:00.000Z",
         });
-        self.grant_value(json!({"run": run.clone(), "input": {"type": "turn.start", "engine": "agent"}}));
+        self.grant_value(
+            json!({"run": run.clone(), "input": {"type": "turn.start", "engine": "agent"}}),
+        );
         run
     }
 
@@ -257,12 +283,19 @@ impl FakeCore {
     }
 
     fn conn(&self, conn: u64) -> Arc<Conn> {
-        self.state.conns.lock().unwrap().get(&conn).cloned().expect("no such connection")
+        self.state
+            .conns
+            .lock()
+            .unwrap()
+            .get(&conn)
+            .cloned()
+            .expect("no such connection")
     }
 
     /// Sends a one-way message.
     pub fn send_msg(&self, conn: u64, m: &str, p: Value) {
-        self.state.send(&self.conn(conn), conn, json!({"t": "msg", "m": m, "p": p}));
+        self.state
+            .send(&self.conn(conn), conn, json!({"t": "msg", "m": m, "p": p}));
     }
 
     /// Sends a text frame as is.
@@ -294,13 +327,15 @@ impl FakeCore {
         let id = c.next_id.fetch_add(1, Ordering::SeqCst);
         let (tx, rx) = oneshot::channel();
         c.pending.lock().unwrap().insert(id, tx);
-        self.state.send(&c, conn, json!({"t": "req", "id": id, "m": m, "p": p}));
+        self.state
+            .send(&c, conn, json!({"t": "req", "id": id, "m": m, "p": p}));
         (id, rx)
     }
 
     /// Sends `abort` for core's own request `id`.
     pub fn abort(&self, conn: u64, id: u64) {
-        self.state.send(&self.conn(conn), conn, json!({"t": "abort", "id": id}));
+        self.state
+            .send(&self.conn(conn), conn, json!({"t": "abort", "id": id}));
     }
 
     pub fn close_conn(&self, conn: u64) {
@@ -340,7 +375,10 @@ impl FakeCore {
         .await;
         match found {
             Ok(f) => f,
-            Err(_) => panic!("timed out waiting for {what}; events:\n{:#?}", self.events()),
+            Err(_) => panic!(
+                "timed out waiting for {what}; events:\n{:#?}",
+                self.events()
+            ),
         }
     }
 
@@ -415,10 +453,19 @@ async fn read_head(stream: &mut TcpStream) -> Option<Head> {
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
         .collect();
-    Some(Head { method, path, headers })
+    Some(Head {
+        method,
+        path,
+        headers,
+    })
 }
 
-async fn respond(stream: &mut TcpStream, status: u16, extra: &[(&str, &str)], body: Option<&Value>) {
+async fn respond(
+    stream: &mut TcpStream,
+    status: u16,
+    extra: &[(&str, &str)],
+    body: Option<&Value>,
+) {
     let reason = match status {
         200 => "OK",
         400 => "Bad Request",
@@ -461,8 +508,14 @@ fn refusal_body(r: Refusal) -> (u16, Value) {
             401,
             json!({"error": {"code": "unauthorized", "message": "The join was refused"}}),
         ),
-        Refusal::Unavailable => (503, json!({"error": {"code": "unavailable", "message": "Try again"}})),
-        Refusal::Invalid => (400, json!({"error": {"code": "invalid", "message": "Malformed request"}})),
+        Refusal::Unavailable => (
+            503,
+            json!({"error": {"code": "unavailable", "message": "Try again"}}),
+        ),
+        Refusal::Invalid => (
+            400,
+            json!({"error": {"code": "invalid", "message": "Malformed request"}}),
+        ),
     }
 }
 
@@ -477,18 +530,27 @@ impl CoreState {
     }
 
     fn send(&self, c: &Conn, conn: u64, frame: Value) {
-        self.record(Event::ToPod { conn, frame: frame.clone() });
+        self.record(Event::ToPod {
+            conn,
+            frame: frame.clone(),
+        });
         let _ = c.out.send(Message::text(frame.to_string()));
     }
 
     async fn http(self: Arc<Self>, mut stream: TcpStream, stop: CancellationToken) {
-        let Some(head) = read_head(&mut stream).await else { return };
+        let Some(head) = read_head(&mut stream).await else {
+            return;
+        };
         let is_host_path = head.path == JOIN_PATH || head.path == RENEW_PATH;
         if is_host_path && head.method != "POST" {
             return respond(&mut stream, 405, &[], None).await;
         }
         if head.path == JOIN_PATH {
-            let len: usize = head.headers.get("content-length").and_then(|l| l.parse().ok()).unwrap_or(0);
+            let len: usize = head
+                .headers
+                .get("content-length")
+                .and_then(|l| l.parse().ok())
+                .unwrap_or(0);
             if len > 8 * 1024 {
                 let (s, b) = refusal_body(Refusal::Invalid);
                 return respond(&mut stream, s, &[], Some(&b)).await;
@@ -498,9 +560,17 @@ impl CoreState {
                 return;
             }
             let (status, answer) = self.join(&body);
-            let body_json = serde_json::from_slice(&body).unwrap_or_else(|_| json!({"raw": String::from_utf8_lossy(&body)}));
-            self.record(Event::Join { body: body_json, status });
-            let extra: &[(&str, &str)] = if status == 401 { &[("www-authenticate", "Bearer")] } else { &[] };
+            let body_json = serde_json::from_slice(&body)
+                .unwrap_or_else(|_| json!({"raw": String::from_utf8_lossy(&body)}));
+            self.record(Event::Join {
+                body: body_json,
+                status,
+            });
+            let extra: &[(&str, &str)] = if status == 401 {
+                &[("www-authenticate", "Bearer")]
+            } else {
+                &[]
+            };
             return respond(&mut stream, status, extra, Some(&answer)).await;
         }
         if head.path == RENEW_PATH {
@@ -511,7 +581,11 @@ impl CoreState {
                 .map(str::to_owned);
             let (status, answer) = self.renew(bearer.as_deref());
             self.record(Event::Renew { bearer, status });
-            let extra: &[(&str, &str)] = if status == 401 { &[("www-authenticate", "Bearer")] } else { &[] };
+            let extra: &[(&str, &str)] = if status == 401 {
+                &[("www-authenticate", "Bearer")]
+            } else {
+                &[]
+            };
             return respond(&mut stream, status, extra, Some(&answer)).await;
         }
         let is_upgrade = head
@@ -530,19 +604,28 @@ impl CoreState {
             404
         } else if !bearer_ok {
             401
-        } else if head.headers.get("nylorun-harness-api").map(String::as_str) != Some("1") || !is_upgrade {
+        } else if head.headers.get("nylorun-harness-api").map(String::as_str) != Some("1")
+            || !is_upgrade
+        {
             426
         } else {
             101
         };
-        self.record(Event::Upgrade { path: head.path.clone(), status });
+        self.record(Event::Upgrade {
+            path: head.path.clone(),
+            status,
+        });
         match status {
             101 => {}
             401 => return respond(&mut stream, 401, &[("www-authenticate", "Bearer")], None).await,
             426 => return respond(&mut stream, 426, &[("nylorun-harness-api", "1")], None).await,
             s => return respond(&mut stream, s, &[], None).await,
         }
-        let key = head.headers.get("sec-websocket-key").cloned().unwrap_or_default();
+        let key = head
+            .headers
+            .get("sec-websocket-key")
+            .cloned()
+            .unwrap_or_default();
         let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
         let resp = format!(
             "HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-accept: {accept}\r\n\r\n"
@@ -560,7 +643,12 @@ impl CoreState {
     fn join(&self, body: &[u8]) -> (u16, Value) {
         let parsed: JoinBody = match serde_json::from_slice(body) {
             Ok(b) => b,
-            Err(e) => return (400, json!({"error": {"code": "invalid", "message": e.to_string()}})),
+            Err(e) => {
+                return (
+                    400,
+                    json!({"error": {"code": "invalid", "message": e.to_string()}}),
+                );
+            }
         };
         if let Some(r) = self.join_script.lock().unwrap().pop_front() {
             return refusal_body(r);
@@ -619,7 +707,10 @@ impl CoreState {
         if let Some(r) = self.renew_script.lock().unwrap().pop_front() {
             return refusal_body(r);
         }
-        (200, self.host_answer(token, self.epoch.load(Ordering::SeqCst)))
+        (
+            200,
+            self.host_answer(token, self.epoch.load(Ordering::SeqCst)),
+        )
     }
 
     async fn connection(self: Arc<Self>, ws: WebSocketStream<TcpStream>, stop: CancellationToken) {
@@ -673,7 +764,10 @@ impl CoreState {
                     let frame: Value = match serde_json::from_str(t.as_str()) {
                         Ok(v) => v,
                         Err(_) => {
-                            self.record(Event::FromPod { conn: id, frame: json!({"raw": t.as_str()}) });
+                            self.record(Event::FromPod {
+                                conn: id,
+                                frame: json!({"raw": t.as_str()}),
+                            });
                             let _ = conn.out.send(Message::Close(Some(CloseFrame {
                                 code: CloseCode::Invalid,
                                 reason: "Harness API frames are JSON text".into(),
@@ -681,13 +775,19 @@ impl CoreState {
                             break (Some(1007), "non-JSON text".to_owned());
                         }
                     };
-                    self.record(Event::FromPod { conn: id, frame: frame.clone() });
+                    self.record(Event::FromPod {
+                        conn: id,
+                        frame: frame.clone(),
+                    });
                     if !self.silent.lock().unwrap().contains(&id) {
                         self.on_frame(&conn, id, frame);
                     }
                 }
                 Some(Ok(Message::Binary(_))) => {
-                    self.record(Event::FromPod { conn: id, frame: json!({"raw": "binary"}) });
+                    self.record(Event::FromPod {
+                        conn: id,
+                        frame: json!({"raw": "binary"}),
+                    });
                     let _ = conn.out.send(Message::Close(Some(CloseFrame {
                         code: CloseCode::Invalid,
                         reason: "Harness API frames are JSON text".into(),
@@ -696,7 +796,10 @@ impl CoreState {
                 }
                 Some(Ok(Message::Pong(_))) => self.record(Event::Pong { conn: id }),
                 Some(Ok(Message::Close(f))) => {
-                    break (f.as_ref().map(|f| u16::from(f.code)), f.map(|f| f.reason.to_string()).unwrap_or_default())
+                    break (
+                        f.as_ref().map(|f| u16::from(f.code)),
+                        f.map(|f| f.reason.to_string()).unwrap_or_default(),
+                    );
                 }
                 Some(Ok(_)) => {}
             }
@@ -706,12 +809,19 @@ impl CoreState {
         self.conns.lock().unwrap().remove(&id);
         self.waiting.lock().unwrap().retain(|(c, _)| *c != id);
         self.held.lock().unwrap().retain(|_, c| *c != id);
-        self.record(Event::Closed { conn: id, code, reason });
+        self.record(Event::Closed {
+            conn: id,
+            code,
+            reason,
+        });
     }
 
     fn on_frame(&self, conn: &Arc<Conn>, id: u64, frame: Value) {
         let t = frame.get("t").and_then(Value::as_str).unwrap_or("");
-        let keys: HashSet<&str> = frame.as_object().map(|o| o.keys().map(String::as_str).collect()).unwrap_or_default();
+        let keys: HashSet<&str> = frame
+            .as_object()
+            .map(|o| o.keys().map(String::as_str).collect())
+            .unwrap_or_default();
         let req_id = frame.get("id").and_then(Value::as_u64).filter(|i| *i > 0);
         let allowed: &[&str] = match t {
             "req" => &["t", "id", "m", "p"],
@@ -761,9 +871,25 @@ impl CoreState {
     }
 
     /// Answers podhost's request: `None` for a lease that waits.
-    fn answer(&self, conn: u64, rid: u64, m: &str, p: Value) -> Option<Result<Value, (String, String)>> {
-        let invalid = |e: String| Some(Err(("invalid".to_owned(), format!("Invalid {m} request: {e}"))));
-        let not_held = |run: &str| Some(Err(("run_not_held".to_owned(), format!("Run {run} is not held by this harness"))));
+    fn answer(
+        &self,
+        conn: u64,
+        rid: u64,
+        m: &str,
+        p: Value,
+    ) -> Option<Result<Value, (String, String)>> {
+        let invalid = |e: String| {
+            Some(Err((
+                "invalid".to_owned(),
+                format!("Invalid {m} request: {e}"),
+            )))
+        };
+        let not_held = |run: &str| {
+            Some(Err((
+                "run_not_held".to_owned(),
+                format!("Run {run} is not held by this harness"),
+            )))
+        };
         match m {
             "hello" => {
                 #[derive(Deserialize)]
@@ -813,7 +939,8 @@ impl CoreState {
                 self.serve_waiting();
                 None
             }
-            "lease.renew" | "lease.release" | "turn.completed" | "turn.failed" | "turn.waiting" | "turn.paused" | "checkpoint" => {
+            "lease.renew" | "lease.release" | "turn.completed" | "turn.failed" | "turn.waiting"
+            | "turn.paused" | "checkpoint" => {
                 let run_id = match self.check_run_params(m, &p) {
                     Ok(r) => r,
                     Err(e) => return invalid(e),
@@ -878,7 +1005,11 @@ impl CoreState {
         }
         let p = p.clone();
         let run_id = match m {
-            "lease.renew" => serde_json::from_value::<Renew>(p).map_err(|e| e.to_string())?.run_id,
+            "lease.renew" => {
+                serde_json::from_value::<Renew>(p)
+                    .map_err(|e| e.to_string())?
+                    .run_id
+            }
             "lease.release" => {
                 let r: Release = serde_json::from_value(p).map_err(|e| e.to_string())?;
                 if !["shutdown", "ownership.lost", "connection.lost"].contains(&r.reason.as_str()) {
@@ -886,7 +1017,11 @@ impl CoreState {
                 }
                 r.run_id
             }
-            _ => serde_json::from_value::<Output>(p).map_err(|e| e.to_string())?.run_id,
+            _ => {
+                serde_json::from_value::<Output>(p)
+                    .map_err(|e| e.to_string())?
+                    .run_id
+            }
         };
         if run_id.is_empty() {
             return Err("runId is empty".to_owned());
@@ -914,7 +1049,11 @@ impl CoreState {
             if let Some(run_id) = grant["run"]["runId"].as_str() {
                 self.held.lock().unwrap().insert(run_id.to_owned(), conn);
             }
-            self.send(&c, conn, json!({"t": "res", "id": rid, "ok": true, "r": grant}));
+            self.send(
+                &c,
+                conn,
+                json!({"t": "res", "id": rid, "ok": true, "r": grant}),
+            );
         }
     }
 }
