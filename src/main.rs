@@ -40,6 +40,7 @@ fn init_tracing() {
     // JSON lines in pods (`PODHOST_LOG_FORMAT=json`), text elsewhere.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     if std::env::var("PODHOST_LOG_FORMAT").is_ok_and(|f| f == "json") {
         builder.json().init();

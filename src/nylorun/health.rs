@@ -44,6 +44,9 @@ async fn health(State(connected): State<Arc<AtomicBool>>) -> (StatusCode, Json<V
 /// Serves until `cancel`.
 pub async fn serve(listener: TcpListener, connected: Arc<AtomicBool>, cancel: CancellationToken) {
     let app = router(connected);
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "health endpoint listening");
+    }
     if let Err(e) = axum::serve(listener, app)
         .with_graceful_shutdown(cancel.cancelled_owned())
         .await

@@ -71,9 +71,9 @@ pub async fn run(
 ) -> Result<(), PodError> {
     // Both reqwest and tungstenite use rustls; a second install (tests) is harmless.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    // Orphaned descendants of podhost's commands should reparent to podhost, not to init: the
-    // exec layer provides the call that marks podhost a child subreaper; it goes here once it
-    // lands (src/exec).
+    // podhost must be a child subreaper so that orphans of its commands re-parent to it, not
+    // to init. The binary does that for every front before it gets here (exec's reaper, called
+    // from main); it is not done here because tests run this task inside the test process.
 
     let volume = volume_id(&config.harness_root)?;
     let toolbox = pod_toolbox(&config, supervisor)?;

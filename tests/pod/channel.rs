@@ -194,3 +194,101 @@ async fn pings_keep_a_quiet_connection_up() {
         "a pinged connection was dropped"
     );
 }
+
+#[tokio::test]
+async fn a_refused_hello_is_reported_and_retried() {
+    let core = FakeCore::start(CoreOptions::default()).await;
+    core.refuse_hello("invalid", "podhost is not the credential's harness");
+    let dirs = PodDirs::new(&core);
+    let pod = PodProcess::spawn(&pod_env(&core, &dirs));
+    pod.wait_log(&[
+        "core refused hello",
+        "core answered hello with invalid: podhost is not the credential's harness",
+    ])
+    .await;
+    core.wait_request(0, "lease").await;
+    let connections = core
+        .events()
+        .iter()
+        .filter(|e| matches!(e, Event::Connected { .. }))
+        .count();
+    assert_eq!(connections, 2);
+}
+
+#[tokio::test]
+async fn a_frame_past_64_mib_drops_the_connection() {
+    let (core, _dirs, pod, conn) = start_pod(CoreOptions::default(), |_| {}).await;
+    let mark = core.mark();
+    let big = format!(
+        r#"{{"t":"msg","m":"cancel","p":{{"pad":"{}"}}}}"#,
+        "x".repeat(64 << 20)
+    );
+    core.send_text(conn, &big);
+    core.wait_from(mark, "the drop", |e| {
+        matches!(e, Event::Closed { conn: c, .. } if *c == conn).then_some(())
+    })
+    .await;
+    core.wait_request(mark, "hello").await;
+    pod.wait_log(&["the Harness API connection ended", "Message too long"])
+        .await;
+}
+
+#[tokio::test]
+async fn an_answer_past_64_mib_is_refused_as_limit_exceeded() {
+    let (core, dirs, _pod, conn) = start_pod(CoreOptions::default(), |_| {}).await;
+    let size: usize = 49 << 20;
+    std::fs::write(dirs.workspace.join("big.bin"), vec![0u8; size]).unwrap();
+    let res = core
+        .request(
+            conn,
+            "workspace.read",
+            json!({"session": {"ownerId": "s", "activeTurnId": null}, "bytes": {"path": "big.bin", "maxBytes": 50 << 20}}),
+        )
+        .await;
+    let id = res["id"].as_u64().unwrap();
+    let b64 = size.div_ceil(3) * 4;
+    let frame_len = format!(
+        r#"{{"t":"res","id":{id},"ok":true,"r":{{"base64":"","kind":"read","path":"big.bin"}}}}"#
+    )
+    .len()
+        + b64;
+    assert_eq!(
+        res,
+        json!({"t": "res", "id": id, "ok": false, "e": {
+            "code": "limit_exceeded",
+            "message": format!("The answer to workspace.read is {frame_len} bytes, past the 67108864-byte frame limit"),
+        }})
+    );
+}
+
+#[tokio::test]
+async fn no_token_reaches_a_log_line() {
+    let (core, _dirs, pod, _conn) = start_pod(CoreOptions::default(), |env| {
+        set_env(env, "RUST_LOG", "debug");
+        set_env(env, "PODHOST_POD_RENEW_INTERVAL_MS", "100");
+    })
+    .await;
+    core.grant("run-x", "run-token-secret");
+    core.wait_request(0, "lease.release").await;
+    let mark = core.mark();
+    core.wait_from(mark, "a renewal", |e| {
+        matches!(e, Event::Renew { status: 200, .. }).then_some(())
+    })
+    .await;
+    let logs = pod.logs();
+    assert!(
+        logs.len() > 5,
+        "too few log lines to mean anything: {logs:?}"
+    );
+    for line in &logs {
+        for secret in [
+            "host-token",
+            "egress-token",
+            "join-token",
+            "run-token-secret",
+        ] {
+            assert!(!line.contains(secret), "{secret} in a log line: {line}");
+        }
+    }
+    let _: Option<Value> = None;
+}

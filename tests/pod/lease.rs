@@ -272,3 +272,32 @@ async fn sigterm_with_a_lease_in_flight_aborts_it_and_exits_0() {
     assert_eq!(frames.last(), Some(&json!({"t": "abort", "id": lease_id})));
     pod.wait_log(&["SIGTERM: shutting down"]).await;
 }
+
+#[tokio::test]
+async fn losing_the_connection_stops_its_runs_without_a_release() {
+    let (core, _dirs, shutdown, task, mut runs, mut stops, conn) =
+        in_process(CoreOptions::default(), |_| {}).await;
+    core.grant("run-l", "tok");
+    let held = recv(&mut runs, "the run").await;
+    let mark = core.mark();
+    core.close_conn(conn);
+    assert_eq!(
+        recv(&mut stops, "the stop").await,
+        ("run-l".to_owned(), StopReason::ConnectionLost)
+    );
+    assert!(held.cancelled.is_cancelled());
+    // The pod reconnects and leases again; nothing about run-l was sent on either connection.
+    core.wait_request(mark, "lease").await;
+    let about_run = core
+        .events()
+        .iter()
+        .filter(|e| matches!(e, Event::FromPod { frame, .. } if frame["p"]["runId"] == "run-l"))
+        .count();
+    assert_eq!(about_run, 0);
+    shutdown.cancel();
+    tokio::time::timeout(crate::WAIT, task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}

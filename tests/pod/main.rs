@@ -13,8 +13,10 @@ mod fake_core;
 
 mod channel;
 mod config;
+mod health;
 mod join;
 mod lease;
+mod setup;
 mod workspace;
 
 use std::path::{Path, PathBuf};

@@ -143,6 +143,8 @@ pub struct CoreState {
     held: Mutex<HashMap<String, u64>>,
     renew_replies: Mutex<HashMap<String, VecDeque<Value>>>,
     silent: Mutex<HashSet<u64>>,
+    /// Upgrades answered 503 while set (a closed Tenant).
+    closed_tenant: std::sync::atomic::AtomicBool,
 }
 
 /// The fake core; dropped, it stops listening and closes its connections.
@@ -183,6 +185,7 @@ impl FakeCore {
             held: Mutex::default(),
             renew_replies: Mutex::default(),
             silent: Mutex::default(),
+            closed_tenant: std::sync::atomic::AtomicBool::new(false),
         });
         let stop = CancellationToken::new();
         let (s, st) = (state.clone(), stop.clone());
@@ -228,6 +231,11 @@ impl FakeCore {
     /// The next upgrades get these statuses (401 with `WWW-Authenticate: Bearer`).
     pub fn refuse_upgrades(&self, statuses: &[u16]) {
         self.state.upgrade_script.lock().unwrap().extend(statuses);
+    }
+
+    /// While set, every upgrade is answered 503 (the Tenant is closed).
+    pub fn set_tenant_closed(&self, closed: bool) {
+        self.state.closed_tenant.store(closed, Ordering::SeqCst);
     }
 
     /// The next hello is answered with this error.
@@ -600,6 +608,8 @@ impl CoreState {
             .is_some_and(|t| self.host_tokens.lock().unwrap().contains(t));
         let status = if let Some(s) = scripted {
             s
+        } else if self.closed_tenant.load(Ordering::SeqCst) {
+            503
         } else if head.path != HARNESS_PATH {
             404
         } else if !bearer_ok {
