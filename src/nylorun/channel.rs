@@ -49,6 +49,8 @@ pub type WsStream = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 /// Frames queued for the writer; senders wait when it is full.
 const OUTBOX: usize = 256;
+/// How long an aborted handler may take to end after its token is cancelled.
+const HANDLER_WIND_DOWN: Duration = Duration::from_secs(2);
 
 /// Timing of one connection.
 #[derive(Clone, Debug)]
@@ -767,9 +769,15 @@ async fn serve(
     }
     let task_shared = shared.clone();
     shared.tracker.spawn(async move {
+        tokio::pin!(fut);
         let result = tokio::select! {
-            r = fut => Some(r),
-            _ = cancel.cancelled() => None,
+            r = &mut fut => Some(r),
+            _ = cancel.cancelled() => {
+                // Let the handler see its token and end in order (a command is killed and
+                // reaped by the exec layer), but bounded: its answer is not wanted any more.
+                let _ = tokio::time::timeout(HANDLER_WIND_DOWN, &mut fut).await;
+                None
+            }
         };
         task_shared
             .serving

@@ -133,7 +133,15 @@ pub async fn run(
         connected,
         shutdown: shutdown.clone(),
     };
-    host.main_loop(&tasks).await;
+    let deadline = host.config.shutdown_deadline;
+    // Whatever hangs, the pod is gone within its deadline of a shutdown (v2 notes §6.2).
+    tokio::select! {
+        () = host.main_loop(&tasks) => {}
+        () = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(deadline).await;
+        } => tracing::warn!(?deadline, "the shutdown deadline passed; stopping now"),
+    }
 
     tasks.close();
     let _ = tokio::time::timeout(Duration::from_secs(1), tasks.wait()).await;

@@ -268,8 +268,10 @@ impl WorkspaceServer {
             .unwrap_or_else(PoisonError::into_inner);
         let record = match guard.take() {
             Some(mut r) if r.key == key => {
+                // Only in memory: a restart keeps `createdAt`, which is what tells a new disk.
                 r.updated_at = now;
-                r
+                *guard = Some(r);
+                return;
             }
             _ => WorkspaceRecord {
                 key,

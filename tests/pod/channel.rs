@@ -213,6 +213,31 @@ async fn a_refused_hello_is_reported_and_retried() {
         .filter(|e| matches!(e, Event::Connected { .. }))
         .count();
     assert_eq!(connections, 2);
+    // Request ids are per connection, from 1: each connection's hello is request 1.
+    let hello_ids: Vec<Value> = core
+        .events()
+        .iter()
+        .filter_map(|e| match e {
+            Event::FromPod { frame, .. } if frame["m"] == "hello" => Some(frame["id"].clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(hello_ids, vec![json!(1), json!(1)]);
+}
+
+#[tokio::test]
+async fn logs_are_json_lines_when_asked() {
+    let (_core, _dirs, pod, _conn) = start_pod(CoreOptions::default(), |env| {
+        set_env(env, "PODHOST_LOG_FORMAT", "json");
+    })
+    .await;
+    let line = pod.wait_log(&["joined core"]).await;
+    let v: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(v["fields"]["message"], "joined core");
+    assert_eq!(v["fields"]["sandbox"], "sbx_test");
+    for l in pod.logs() {
+        assert!(serde_json::from_str::<Value>(&l).is_ok(), "not JSON: {l}");
+    }
 }
 
 #[tokio::test]

@@ -16,6 +16,7 @@ mod config;
 mod health;
 mod join;
 mod lease;
+mod measure;
 mod setup;
 mod workspace;
 

@@ -391,3 +391,107 @@ async fn commands_get_the_egress_environment_and_nothing_of_podhost() {
         "{renewed}"
     );
 }
+
+/// Whether a process whose command line contains `marker` is alive.
+fn running(marker: &str) -> bool {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(Result::ok)
+        .any(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .map(|c| {
+                    String::from_utf8_lossy(&c)
+                        .replace('\0', " ")
+                        .contains(marker)
+                })
+                .unwrap_or(false)
+        })
+}
+
+/// Waits (bounded) until no process carries `marker`.
+async fn gone(marker: &str) -> bool {
+    for _ in 0..100 {
+        if !running(marker) {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn core_requests_run_concurrently_and_an_abort_kills_the_command_without_an_answer() {
+    let (core, dirs, _pod, conn) = start_pod(CoreOptions::default(), |_| {}).await;
+    std::fs::write(dirs.workspace.join("a.txt"), "a\n").unwrap();
+    let marker = "sleep 29.4711";
+    let (slow, mut slow_answer) = core.start_request(
+        conn,
+        "workspace.exec",
+        json!({"session": session(), "tool": "bash", "input": {"command": marker}}),
+    );
+    // Wait until the command runs, then a read is served while it does.
+    for _ in 0..200 {
+        if running(marker) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert!(running(marker), "the command never started");
+    let read = ask(
+        &core,
+        conn,
+        "workspace.read",
+        json!({"session": session(), "tool": "read", "input": {"path": "a.txt"}}),
+    )
+    .await;
+    assert_eq!(read, json!({"kind": "completed", "output": "1\ta"}));
+    core.abort(conn, slow);
+    assert!(gone(marker).await, "the aborted command is still running");
+    // The next command runs (the workspace's command lock was let go); the aborted request
+    // never got an answer.
+    let out = ask(
+        &core,
+        conn,
+        "workspace.exec",
+        json!({"session": session(), "tool": "bash", "input": {"command": "echo next"}}),
+    )
+    .await;
+    assert_eq!(out["output"]["stdout"], "next\n");
+    assert!(
+        slow_answer.try_recv().is_err(),
+        "an aborted request was answered"
+    );
+    assert!(
+        !core
+            .frames_from_pod(conn)
+            .iter()
+            .any(|f| f["t"] == "res" && f["id"] == slow),
+        "an aborted request was answered"
+    );
+}
+
+#[tokio::test]
+async fn sigterm_kills_running_commands_and_exits_0() {
+    let (core, _dirs, mut pod, conn) = start_pod(CoreOptions::default(), |_| {}).await;
+    let marker = "sleep 29.4712";
+    let _pending = core.start_request(
+        conn,
+        "workspace.exec",
+        json!({"session": session(), "tool": "bash", "input": {"command": marker}}),
+    );
+    for _ in 0..200 {
+        if running(marker) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert!(running(marker), "the command never started");
+    pod.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(
+        pod.wait_exit(std::time::Duration::from_secs(5))
+            .await
+            .code(),
+        Some(0)
+    );
+    assert!(gone(marker).await, "a command outlived podhost");
+}
