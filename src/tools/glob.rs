@@ -1,8 +1,31 @@
-//! `glob`: (being built).
+//! `glob`: find files by glob pattern, newest first, over the parallel, ignore-aware walk of
+//! [`super::walk`].
+//!
+//! Owns: the glob input's handling, the per-thread collection of the newest matches, and the
+//! output text.
+//!
+//! Invariants:
+//! * The walk is never sorted: each thread keeps its own [`MAX_FILES`] newest matches (a bounded
+//!   heap, so memory does not grow with the tree), and the heaps are merged and sorted once at the
+//!   end. The result is exactly the newest [`MAX_FILES`] matches of the whole tree, ordered by
+//!   modification time, newest first, ties broken by path — the same for every thread schedule.
+//! * Only regular files are listed (no directories, no symlinks, see `walk`), by the absolute
+//!   path the model knows (`/workspace/src/a.rs`).
+//! * More than [`MAX_FILES`] matches are counted and said, never silently dropped.
+//!
+//! Non-goals: listing directories; following symlinks.
 
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use ignore::DirEntry;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
+use super::paths::{self, Access};
+use super::walk::{Ended, FileVisitor, Flow, PathGlob, Walk};
 use super::{ToolOutcome, Toolbox, codes};
 
 #[derive(Debug, Deserialize)]
@@ -14,6 +37,174 @@ pub struct GlobInput {
     pub include_ignored: bool,
 }
 
-pub fn run(_tb: &Toolbox, _input: GlobInput, _cancel: &CancellationToken) -> ToolOutcome {
-    ToolOutcome::failed(codes::ERROR, "glob is not built yet")
+/// The most paths one call returns.
+pub const MAX_FILES: usize = 500;
+/// Appended (after a newline) when more than [`MAX_FILES`] files matched.
+pub const MORE_HINT: &str = "… more files omitted; narrow the pattern.";
+/// The whole output when nothing matched.
+pub const NO_FILES: &str = "No files matched.";
+
+pub fn run(tb: &Toolbox, input: GlobInput, cancel: &CancellationToken) -> ToolOutcome {
+    let ws = tb.workspace();
+    let invalid = |m: String| ToolOutcome::failed(codes::INVALID_INPUT, m);
+    if input.pattern.is_empty() {
+        return invalid("pattern must not be empty.".to_owned());
+    }
+    let path = input
+        .path
+        .clone()
+        .unwrap_or_else(|| paths::lossy(ws.display_root()));
+    let resolved = match ws.resolve(&path, Access::Read) {
+        Ok(r) => r,
+        Err(e) => return e.into(),
+    };
+    let glob = match PathGlob::new(&input.pattern, &resolved.display) {
+        Ok(g) => g,
+        Err(e) => return invalid(e.to_string()),
+    };
+    let meta = match std::fs::metadata(&resolved.host) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return ToolOutcome::failed(
+                codes::NOT_FOUND,
+                format!("No file or directory at {}.", resolved.display),
+            );
+        }
+        Err(e) => {
+            return ToolOutcome::failed(
+                codes::ERROR,
+                format!("{} could not be read: {e}", resolved.display),
+            );
+        }
+    };
+    if !meta.is_dir() {
+        return invalid(format!(
+            "path must be a directory; {} is {}.",
+            resolved.display,
+            paths::file_kind(&meta.file_type())
+        ));
+    }
+    let Some(base) = ws.root_of(&resolved.host) else {
+        return ToolOutcome::failed(codes::PATH_DENIED, format!("{path} is outside the roots."));
+    };
+    let walk = Walk {
+        base: &base.host,
+        target: &resolved.host,
+        include_ignored: input.include_ignored,
+    };
+    let (ended, visitors) = walk.run(cancel, || Newest {
+        glob: &glob,
+        root: &resolved.host,
+        matched: 0,
+        kept: BinaryHeap::new(),
+    });
+    if ended == Ended::Cancelled || cancel.is_cancelled() {
+        return ToolOutcome::failed(codes::CANCELLED, "The file search was cancelled.");
+    }
+
+    let mut matched = 0usize;
+    let mut all = Vec::new();
+    for v in visitors {
+        matched += v.matched;
+        all.extend(v.kept.into_vec());
+    }
+    // `Ranked`'s order puts the newest first.
+    all.sort_unstable();
+    all.truncate(MAX_FILES);
+    if all.is_empty() {
+        return ToolOutcome::completed(NO_FILES);
+    }
+    let mut out = all
+        .iter()
+        .map(|r| ws.display_of(&r.path))
+        .collect::<Vec<_>>()
+        .join("\n");
+    if matched > MAX_FILES {
+        out.push('\n');
+        out.push_str(MORE_HINT);
+    }
+    ToolOutcome::completed(out)
+}
+
+/// A matching file, ordered best first: newer, then by path.
+#[derive(Debug, PartialEq, Eq)]
+struct Ranked {
+    modified: SystemTime,
+    path: PathBuf,
+}
+
+impl Ord for Ranked {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .modified
+            .cmp(&self.modified)
+            .then_with(|| self.path.cmp(&other.path))
+    }
+}
+
+impl PartialOrd for Ranked {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// One walk thread's matches: how many, and the newest [`MAX_FILES`] of them.
+struct Newest<'a> {
+    glob: &'a PathGlob,
+    root: &'a Path,
+    matched: usize,
+    /// A max-heap by `Ranked`, so its top is the *worst* kept file, the one to drop.
+    kept: BinaryHeap<Ranked>,
+}
+
+impl FileVisitor for Newest<'_> {
+    fn file(&mut self, entry: &DirEntry) -> Flow {
+        let path = entry.path();
+        if !self.glob.is_match(self.root, path) {
+            return Flow::Continue;
+        }
+        // Gone since it was listed: not a match any more.
+        let Some(modified) = entry.metadata().ok().and_then(|m| m.modified().ok()) else {
+            return Flow::Continue;
+        };
+        self.matched += 1;
+        if self.kept.len() == MAX_FILES {
+            let Some(worst) = self.kept.peek() else {
+                return Flow::Continue;
+            };
+            // Cheap test first: most files lose on time alone, without copying their path.
+            if modified < worst.modified || (modified == worst.modified && path >= &*worst.path) {
+                return Flow::Continue;
+            }
+            self.kept.pop();
+        }
+        self.kept.push(Ranked {
+            modified,
+            path: path.to_path_buf(),
+        });
+        Flow::Continue
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn ranked_sorts_newest_first_then_by_path() {
+        let t = SystemTime::UNIX_EPOCH;
+        let r = |s: u64, p: &str| Ranked {
+            modified: t + Duration::from_secs(s),
+            path: PathBuf::from(p),
+        };
+        let mut v = [r(1, "/a"), r(3, "/b"), r(3, "/a"), r(2, "/c")];
+        v.sort();
+        let order: Vec<_> = v
+            .iter()
+            .map(|r| r.path.to_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(order, ["/a", "/b", "/c", "/a"]);
+        assert_eq!(v[0].modified, t + Duration::from_secs(3));
+    }
 }
