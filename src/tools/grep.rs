@@ -31,7 +31,7 @@ use ignore::DirEntry;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
-use super::paths::{self, Access, OpenError};
+use super::paths::{self, Access};
 use super::walk::{Ended, FileVisitor, Flow, PathGlob, Walk};
 use super::{ToolOutcome, Toolbox, codes, text};
 
@@ -156,7 +156,8 @@ impl Plan {
 
         let mut searcher = SearcherBuilder::new();
         searcher
-            .line_number(true)
+            // Counting lines costs a pass over every buffer; only content output shows them.
+            .line_number(mode == Mode::Content)
             .multi_line(input.multiline)
             .before_context(context as usize)
             .after_context(context as usize)
@@ -374,11 +375,11 @@ impl<'a> Searching<'a> {
 
     /// Searches one file, keeping its results if it had any.
     fn search(&mut self, path: &Path) {
-        let file = match paths::open_regular(path) {
+        let file = match open_listed(path) {
             Ok(f) => f,
-            // Gone, or swapped for a symlink or something else since the walk listed it.
-            Err(OpenError::NotFound | OpenError::Symlink | OpenError::NotAFile(_)) => return,
-            Err(OpenError::Io(e)) => return self.failures.add(path, &e),
+            // Gone, or swapped for a symlink, since the walk listed it.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ELOOP)) => return,
+            Err(e) => return self.failures.add(path, &e),
         };
         self.searched += 1;
         let mut sink = FileSink {
@@ -572,6 +573,19 @@ impl Sink for FileSink<'_> {
         self.binary = true;
         Ok(false)
     }
+}
+
+/// Opens a file the walk (or `run`) saw as a regular file. Unlike [`paths::open_regular`] it
+/// does not `fstat` again — that costs a syscall per file, and rg does without. A file swapped
+/// since it was listed cannot lead elsewhere (`O_NOFOLLOW`) or block (`O_NONBLOCK`); a directory
+/// fails to read, and a device put in its place would be cut short by binary detection and the
+/// heap limit.
+fn open_listed(path: &Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
 }
 
 /// A file reader that fails once the search is stopping, so that a long file does not keep a
