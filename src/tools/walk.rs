@@ -331,6 +331,88 @@ impl PathGlob {
 mod tests {
     use super::*;
 
+    /// Records the files it sees; `on_first` runs at the first one.
+    struct Seen<'a> {
+        files: Vec<PathBuf>,
+        on_first: &'a (dyn Fn() -> Flow + Sync),
+    }
+
+    impl FileVisitor for Seen<'_> {
+        fn file(&mut self, entry: &DirEntry) -> Flow {
+            self.files.push(entry.path().to_path_buf());
+            if self.files.len() == 1 {
+                (self.on_first)()
+            } else {
+                Flow::Continue
+            }
+        }
+    }
+
+    fn tree(files: usize) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..files {
+            let d = dir.path().join(format!("d{}", i % 10));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join(format!("f{i}")), "x").unwrap();
+        }
+        dir
+    }
+
+    fn walk(
+        dir: &Path,
+        cancel: &CancellationToken,
+        on_first: &(dyn Fn() -> Flow + Sync),
+    ) -> (Ended, Vec<PathBuf>) {
+        let w = Walk {
+            base: dir,
+            target: dir,
+            include_ignored: false,
+        };
+        let (ended, visitors) = w.run(cancel, || Seen {
+            files: Vec::new(),
+            on_first,
+        });
+        let mut files: Vec<PathBuf> = visitors.into_iter().flat_map(|v| v.files).collect();
+        files.sort();
+        (ended, files)
+    }
+
+    #[test]
+    fn every_regular_file_reaches_one_visitor_and_nothing_else_does() {
+        let dir = tree(300);
+        std::fs::create_dir(dir.path().join("empty")).unwrap();
+        std::os::unix::fs::symlink("d0/f0", dir.path().join("link")).unwrap();
+        nix::unistd::mkfifo(&dir.path().join("fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let (ended, files) = walk(dir.path(), &CancellationToken::new(), &|| Flow::Continue);
+        assert_eq!(ended, Ended::Finished);
+        let mut want: Vec<PathBuf> = (0..300)
+            .map(|i| dir.path().join(format!("d{}/f{i}", i % 10)))
+            .collect();
+        want.sort();
+        assert_eq!(files, want);
+    }
+
+    #[test]
+    fn a_quit_stops_every_thread() {
+        let dir = tree(3000);
+        let (ended, files) = walk(dir.path(), &CancellationToken::new(), &|| Flow::Quit);
+        assert_eq!(ended, Ended::Quit);
+        // Each thread may finish the entry in hand; none goes on walking.
+        assert!(files.len() < 100, "{} files after a quit", files.len());
+    }
+
+    #[test]
+    fn a_cancel_during_the_walk_stops_it() {
+        let dir = tree(3000);
+        let cancel = CancellationToken::new();
+        let (ended, files) = walk(dir.path(), &cancel, &|| {
+            cancel.cancel();
+            Flow::Continue
+        });
+        assert_eq!(ended, Ended::Cancelled);
+        assert!(files.len() < 100, "{} files after a cancel", files.len());
+    }
+
     #[test]
     fn name_patterns_match_the_file_name_anywhere() {
         let g = PathGlob::new("*.rs", "/workspace").unwrap();

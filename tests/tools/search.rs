@@ -402,6 +402,26 @@ async fn grep_says_which_files_it_could_not_search() {
 }
 
 #[tokio::test]
+async fn fifos_are_never_opened() {
+    let ws = TestWorkspace::new();
+    put(ws.root(), "a.txt", "needle\n");
+    nix::unistd::mkfifo(&ws.root().join("pipe"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+    // A walk skips it (opening it would block until a writer came).
+    assert_eq!(
+        grep(&ws, json!({"pattern": "needle"})).await,
+        "a.txt:1:needle"
+    );
+    assert_eq!(glob(&ws, json!({"pattern": "*"})).await, "/workspace/a.txt");
+    assert_eq!(
+        failure(&ws, ToolName::Grep, json!({"pattern": "x", "path": "pipe"})).await,
+        failed(
+            codes::NOT_A_FILE,
+            "/workspace/pipe is a FIFO, not a file or directory."
+        )
+    );
+}
+
+#[tokio::test]
 async fn grep_hidden_files_are_searched() {
     let ws = TestWorkspace::new();
     put(ws.root(), ".config/tool.toml", "needle\n");
