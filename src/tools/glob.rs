@@ -24,8 +24,8 @@ use ignore::DirEntry;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
-use super::paths::{self, Access};
-use super::walk::{Ended, FileVisitor, Flow, PathGlob, Walk};
+use super::paths;
+use super::walk::{Ended, FileVisitor, Flow, PathGlob, SearchRoot};
 use super::{ToolOutcome, Toolbox, codes};
 
 #[derive(Debug, Deserialize)]
@@ -45,61 +45,43 @@ pub const MORE_HINT: &str = "… more files omitted; narrow the pattern.";
 pub const NO_FILES: &str = "No files matched.";
 
 pub fn run(tb: &Toolbox, input: GlobInput, cancel: &CancellationToken) -> ToolOutcome {
+    match find(tb, &input, cancel) {
+        Ok(out) => ToolOutcome::completed(out),
+        Err(outcome) => outcome,
+    }
+}
+
+/// The output text, or why the call could not run.
+fn find(
+    tb: &Toolbox,
+    input: &GlobInput,
+    cancel: &CancellationToken,
+) -> Result<String, ToolOutcome> {
     let ws = tb.workspace();
     let invalid = |m: String| ToolOutcome::failed(codes::INVALID_INPUT, m);
     if input.pattern.is_empty() {
-        return invalid("pattern must not be empty.".to_owned());
+        return Err(invalid("pattern must not be empty.".to_owned()));
     }
-    let path = input
-        .path
-        .clone()
-        .unwrap_or_else(|| paths::lossy(ws.display_root()));
-    let resolved = match ws.resolve(&path, Access::Read) {
-        Ok(r) => r,
-        Err(e) => return e.into(),
-    };
-    let glob = match PathGlob::new(&input.pattern, &resolved.display) {
-        Ok(g) => g,
-        Err(e) => return invalid(e.to_string()),
-    };
-    let meta = match std::fs::metadata(&resolved.host) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return ToolOutcome::failed(
-                codes::NOT_FOUND,
-                format!("No file or directory at {}.", resolved.display),
-            );
-        }
-        Err(e) => {
-            return ToolOutcome::failed(
-                codes::ERROR,
-                format!("{} could not be read: {e}", resolved.display),
-            );
-        }
-    };
-    if !meta.is_dir() {
-        return invalid(format!(
+    let root = SearchRoot::resolve(ws, input.path.as_deref())?;
+    let glob = PathGlob::new(&input.pattern, &root.display).map_err(|e| invalid(e.to_string()))?;
+    if !root.meta.is_dir() {
+        return Err(invalid(format!(
             "path must be a directory; {} is {}.",
-            resolved.display,
-            paths::file_kind(&meta.file_type())
-        ));
+            root.display,
+            paths::file_kind(&root.meta.file_type())
+        )));
     }
-    let Some(base) = ws.root_of(&resolved.host) else {
-        return ToolOutcome::failed(codes::PATH_DENIED, format!("{path} is outside the roots."));
-    };
-    let walk = Walk {
-        base: &base.host,
-        target: &resolved.host,
-        include_ignored: input.include_ignored,
-    };
-    let (ended, visitors) = walk.run(cancel, || Newest {
+    let (ended, visitors) = root.walk(input.include_ignored).run(cancel, || Newest {
         glob: &glob,
-        root: &resolved.host,
+        root: &root.host,
         matched: 0,
         kept: BinaryHeap::new(),
     });
     if ended == Ended::Cancelled || cancel.is_cancelled() {
-        return ToolOutcome::failed(codes::CANCELLED, "The file search was cancelled.");
+        return Err(ToolOutcome::failed(
+            codes::CANCELLED,
+            "The file search was cancelled.",
+        ));
     }
 
     let mut matched = 0usize;
@@ -112,7 +94,7 @@ pub fn run(tb: &Toolbox, input: GlobInput, cancel: &CancellationToken) -> ToolOu
     all.sort_unstable();
     all.truncate(MAX_FILES);
     if all.is_empty() {
-        return ToolOutcome::completed(NO_FILES);
+        return Ok(NO_FILES.to_owned());
     }
     let mut out = all
         .iter()
@@ -123,7 +105,7 @@ pub fn run(tb: &Toolbox, input: GlobInput, cancel: &CancellationToken) -> ToolOu
         out.push('\n');
         out.push_str(MORE_HINT);
     }
-    ToolOutcome::completed(out)
+    Ok(out)
 }
 
 /// A matching file, ordered best first: newer, then by path.

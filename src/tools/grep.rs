@@ -31,8 +31,8 @@ use ignore::DirEntry;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
-use super::paths::{self, Access};
-use super::walk::{Ended, FileVisitor, Flow, PathGlob, Walk};
+use super::paths;
+use super::walk::{Ended, FileVisitor, Flow, PathGlob, SearchRoot};
 use super::{ToolOutcome, Toolbox, codes, text};
 
 #[derive(Debug, Deserialize)]
@@ -210,26 +210,8 @@ fn search(
     input: &GrepInput,
     cancel: &CancellationToken,
 ) -> Result<Found, ToolOutcome> {
-    let ws = tb.workspace();
-    let path = input
-        .path
-        .clone()
-        .unwrap_or_else(|| paths::lossy(ws.display_root()));
-    let resolved = ws.resolve(&path, Access::Read)?;
-    let plan = Plan::new(input, &resolved.display)?;
-    if !resolved.exists {
-        return Err(not_found(&resolved.display));
-    }
-    let meta = match std::fs::metadata(&resolved.host) {
-        Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(not_found(&resolved.display)),
-        Err(e) => {
-            return Err(ToolOutcome::failed(
-                codes::ERROR,
-                format!("{} could not be read: {e}", resolved.display),
-            ));
-        }
-    };
+    let root = SearchRoot::resolve(tb.workspace(), input.path.as_deref())?;
+    let plan = Plan::new(input, &root.display)?;
     let shared = Shared {
         plan: &plan,
         cancel,
@@ -237,35 +219,25 @@ fn search(
         over: AtomicBool::new(false),
     };
 
-    let visitors = if meta.is_dir() {
-        let Some(base) = ws.root_of(&resolved.host) else {
-            // `resolve` only returns paths inside a root.
-            return Err(ToolOutcome::failed(
-                codes::PATH_DENIED,
-                format!("{path} is outside the roots."),
-            ));
-        };
-        let walk = Walk {
-            base: &base.host,
-            target: &resolved.host,
-            include_ignored: input.include_ignored,
-        };
-        let (ended, visitors) = walk.run(cancel, || Searching::new(&shared, &resolved.host));
+    let visitors = if root.meta.is_dir() {
+        let (ended, visitors) = root
+            .walk(input.include_ignored)
+            .run(cancel, || Searching::new(&shared, &root.host));
         if ended == Ended::Cancelled {
             return Err(cancelled());
         }
         visitors
-    } else if meta.is_file() {
-        let mut one = Searching::new(&shared, &resolved.host);
-        one.search(&resolved.host);
+    } else if root.meta.is_file() {
+        let mut one = Searching::new(&shared, &root.host);
+        one.search(&root.host);
         vec![one]
     } else {
         return Err(ToolOutcome::failed(
             codes::NOT_A_FILE,
             format!(
                 "{} is {}, not a file or directory.",
-                resolved.display,
-                paths::file_kind(&meta.file_type())
+                root.display,
+                paths::file_kind(&root.meta.file_type())
             ),
         ));
     };
@@ -273,13 +245,6 @@ fn search(
         return Err(cancelled());
     }
     Ok(Found::merge(visitors, &shared))
-}
-
-fn not_found(display: &str) -> ToolOutcome {
-    ToolOutcome::failed(
-        codes::NOT_FOUND,
-        format!("No file or directory at {display}."),
-    )
 }
 
 fn cancelled() -> ToolOutcome {

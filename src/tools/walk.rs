@@ -1,7 +1,8 @@
 //! The directory walk shared by `grep` and `glob`, and the glob patterns both use to pick files.
 //!
-//! Owns: one ignore policy for both tools, the parallel walk (ripgrep's `ignore` crate, one
-//! visitor per thread, no sorting, a quit that stops every thread), and [`PathGlob`].
+//! Owns: the search root a call names ([`SearchRoot`]), one ignore policy for both tools, the
+//! parallel walk (ripgrep's `ignore` crate, one visitor per thread, no sorting, a quit that stops
+//! every thread), and [`PathGlob`].
 //!
 //! Invariants:
 //! * Ignore files are honoured from the allowed root down, never from above it: the workspace is
@@ -31,6 +32,74 @@ use std::sync::{Arc, Mutex, PoisonError};
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use ignore::{DirEntry, ParallelVisitor, ParallelVisitorBuilder, WalkBuilder, WalkState};
 use tokio_util::sync::CancellationToken;
+
+use super::paths::{self, Access, Workspace};
+use super::{ToolOutcome, codes};
+
+/// The file or directory a search starts from, as the call named it.
+#[derive(Debug)]
+pub struct SearchRoot {
+    /// Host path, every symlink resolved.
+    pub host: PathBuf,
+    /// The path as the model knows it (`/workspace/src`).
+    pub display: String,
+    /// The allowed root that holds it (host path): ignore files are read from here down.
+    pub base: PathBuf,
+    pub meta: std::fs::Metadata,
+}
+
+impl SearchRoot {
+    /// Resolves `path` (the workspace when `None`) for reading. Refused paths fail with the
+    /// [`paths::PathError`] text; a path that does not exist is `sandbox.not_found`.
+    pub fn resolve(ws: &Workspace, path: Option<&str>) -> Result<SearchRoot, ToolOutcome> {
+        let path = path.map_or_else(|| paths::lossy(ws.display_root()), str::to_owned);
+        let resolved = ws.resolve(&path, Access::Read)?;
+        let not_found = || {
+            ToolOutcome::failed(
+                codes::NOT_FOUND,
+                format!("No file or directory at {}.", resolved.display),
+            )
+        };
+        if !resolved.exists {
+            return Err(not_found());
+        }
+        let meta = match std::fs::metadata(&resolved.host) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(not_found()),
+            Err(e) => {
+                return Err(ToolOutcome::failed(
+                    codes::ERROR,
+                    format!("{} could not be read: {e}", resolved.display),
+                ));
+            }
+        };
+        // `resolve` only returns paths inside a root, so this always finds one.
+        let base = ws
+            .root_of(&resolved.host)
+            .map(|r| r.host.clone())
+            .ok_or_else(|| {
+                ToolOutcome::failed(
+                    codes::PATH_DENIED,
+                    format!("{} is outside the allowed directories.", resolved.display),
+                )
+            })?;
+        Ok(SearchRoot {
+            host: resolved.host,
+            display: resolved.display,
+            base,
+            meta,
+        })
+    }
+
+    /// The walk of this root (a directory).
+    pub fn walk(&self, include_ignored: bool) -> Walk<'_> {
+        Walk {
+            base: &self.base,
+            target: &self.host,
+            include_ignored,
+        }
+    }
+}
 
 /// What a visitor wants after a file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
