@@ -38,13 +38,18 @@ async fn measure_start_to_hello_and_idle_rss() {
             .arg("pod")
             .env_clear()
             .envs(env)
-            .stderr(std::process::Stdio::null())
+            .stderr(match std::env::var("PODHOST_MEASURE_LOG") {
+                // Timestamped log lines of each run, to see where the start-up time goes.
+                Ok(path) => std::fs::File::create(path).unwrap().into(),
+                Err(_) => std::process::Stdio::null(),
+            })
             .kill_on_drop(true)
             .spawn()
             .unwrap();
         core.wait_request(0, "hello").await;
         times.push(start.elapsed().as_secs_f64() * 1000.0);
-        // Idle: connected, one lease waiting, nothing to do.
+        // Idle: connected, one lease waiting, nothing to do. The pause lets start-up allocations
+        // settle before RSS is read; it waits for no event.
         core.wait_request(0, "lease").await;
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         let pid = child.id().unwrap();
