@@ -7,7 +7,7 @@
 //!   connect → `hello` → lease slots, reconnecting with backoff; SIGTERM/SIGINT → shutdown.
 //! * [`join`] holds the host token (join, renew every 5 minutes, join again when refused) and
 //!   feeds the egress token and CA bundle to every command.
-//! * [`channel`] is one WebSocket: a reader task, a writer task, podhost's pending requests and
+//! * [`connect`] opens the WebSocket; [`channel`] is one connection: a reader task, a writer task, podhost's pending requests and
 //!   core's requests in flight.
 //! * [`lease`] keeps one `lease` waiting per free run slot and holds each granted run; the turn
 //!   code plugs in through [`lease::RunHandler`].
@@ -27,6 +27,7 @@
 
 pub mod canonical;
 pub mod channel;
+pub mod connect;
 pub mod health;
 pub mod join;
 pub mod lease;

@@ -7,7 +7,7 @@
 //!
 //! Decisions (v5 gives no more than "input files and setup commands"):
 //! * The shape is assumed and read leniently (see [`Setup`]).
-//! * Files are written by the write tool's path rules ([`Workspace::resolve`] for writing: no
+//! * Files are written by the write tool's path rules (`Workspace::resolve` for writing: no
 //!   escape from the workspace roots), atomically, with `mode` when given.
 //! * Commands run through the bash tool, in order, under the workspace's command lock; each gets
 //!   its `timeout` (seconds, at most the bash tool's 600), else 600: setup commands install

@@ -11,7 +11,7 @@
 //!   symlink. Nothing outside the workspace roots is read.
 //! * Commands on the workspace run one at a time (v2 notes §7.3), also the setup's.
 //! * Params are strict: an unknown field is `invalid` with the parse error, and a tool on the
-//!   wrong method is `invalid` "<method> does not run <tool>".
+//!   wrong method is `invalid` "\<method> does not run \<tool>".
 //! * A tool that ran and failed is an outcome (`{kind: "failed", …}`), not an error answer; an
 //!   error answer (`internal`) means podhost itself failed.
 //!
