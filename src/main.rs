@@ -8,10 +8,15 @@ use anyhow::Context;
 use clap::Parser;
 use podhost::config::{Cli, Command, ToolArgs, local_toolbox};
 use podhost::error::exit;
+use podhost::exec;
 use podhost::tools::{CallContext, ToolName, ToolOutcome, codes};
 use tokio_util::sync::CancellationToken;
 
 fn main() -> ExitCode {
+    // A command's supervisor: before clap, tracing or tokio, which it must not start.
+    if std::env::args_os().nth(1).as_deref() == Some(std::ffi::OsStr::new(exec::SUPERVISOR_ARG)) {
+        return exec::supervise::main();
+    }
     let cli = Cli::parse();
     init_tracing();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -44,6 +49,8 @@ fn init_tracing() {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<i32> {
+    // Orphans of commands whose supervisor died re-parent to podhost, which kills and reaps them.
+    exec::reaper::start().context("becoming a child subreaper")?;
     match cli.command {
         Command::Tool(args) => tool(args).await,
     }
