@@ -117,6 +117,14 @@ pub(super) async fn run(config: &ExecConfig, req: ExecRequest) -> Result<ExecOut
             c = &mut captures, if captured.is_none() => captured = Some(c),
         }
     };
+    if matches!(ended, Err(ExecError::Supervisor { .. })) {
+        // The supervisor died without killing the tree. If podhost is a subreaper, what it left
+        // is re-parented here: kill it now, not at the next SIGCHLD (a one-shot `podhost tool`
+        // would have exited by then, handing it to init).
+        if nix::sys::prctl::get_child_subreaper().unwrap_or(false) {
+            let _ = tokio::task::spawn_blocking(reaper::sweep).await;
+        }
+    }
     let (out, err) = match captured {
         Some(c) => c,
         None => match tokio::time::timeout(DRAIN_BOUND, &mut captures).await {

@@ -490,6 +490,32 @@ fn nothing_of_podhosts_environment_reaches_a_command_or_its_supervisor() {
     );
 }
 
+/// podhost is a child subreaper: when a supervisor is killed outright (here by its own command),
+/// what it left is re-parented to podhost, which kills it before answering.
+#[test]
+fn a_supervisor_killed_outright_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = marker();
+    let input = json!({ "command": format!("setsid sleep {m} & kill -KILL $PPID; wait") });
+    let out = Command::new(podhost_bin())
+        .args(["tool", "bash", "--workspace"])
+        .arg(dir.path())
+        .arg("--input")
+        .arg(input.to_string())
+        .output()
+        .unwrap();
+    assert_eq!(
+        (out.status.code(), String::from_utf8(out.stderr).unwrap()),
+        (
+            Some(1),
+            "podhost: bash could not run: the command supervisor failed: it ended (signal: 9 \
+             (SIGKILL)) without reporting how the command ended\n"
+                .to_owned()
+        )
+    );
+    assert_none_left(&m);
+}
+
 #[tokio::test]
 async fn resource_limits_apply_to_the_command() {
     let ws = workspace_with(|c| {
@@ -637,10 +663,17 @@ async fn a_supervisor_that_reports_nothing_is_a_harness_fault() {
         ),
         "{err:?}"
     );
+    let source = std::error::Error::source(&err).map(ToString::to_string);
     assert_eq!(
-        err.to_string(),
-        "bash could not run: the command supervisor failed: it ended (exit status: 0) without \
-         reporting how the command ended"
+        (err.to_string(), source),
+        (
+            "bash could not run".to_owned(),
+            Some(
+                "the command supervisor failed: it ended (exit status: 0) without reporting how \
+                 the command ended"
+                    .to_owned()
+            )
+        )
     );
 }
 
