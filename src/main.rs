@@ -50,7 +50,9 @@ fn init_tracing() {
 
 async fn run(cli: Cli) -> anyhow::Result<i32> {
     // Orphans of commands whose supervisor died re-parent to podhost, which kills and reaps them.
-    exec::reaper::start().context("becoming a child subreaper")?;
+    if let Err(e) = exec::reaper::start() {
+        tracing::warn!("could not become a child subreaper: {e}");
+    }
     match cli.command {
         Command::Tool(args) => tool(args).await,
     }
@@ -95,8 +97,12 @@ async fn tool(args: ToolArgs) -> anyhow::Result<i32> {
     };
     let cancel = CancellationToken::new();
     let on_signal = cancel.clone();
+    // Registered before the tool starts (not when the task is first polled), so that a Ctrl-C at
+    // any point cancels the call instead of killing podhost outright.
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .context("listening for Ctrl-C")?;
     tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
+        if interrupt.recv().await.is_some() {
             on_signal.cancel();
         }
     });

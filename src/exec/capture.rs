@@ -127,10 +127,13 @@ impl StreamCapture {
         let tail_units = units(tail_region);
         let kept_head = head_units.len().min(head_chars);
         let kept_tail = tail_units.len().min(tail_chars);
-        let head_end: usize = head_units[..kept_head].iter().map(|u| u.len).sum();
+        let head_end: usize = head_units[..kept_head]
+            .iter()
+            .map(|u| usize::from(u.len))
+            .sum();
         let tail_start: usize = tail_units[..tail_units.len() - kept_tail]
             .iter()
-            .map(|u| u.len)
+            .map(|u| usize::from(u.len))
             .sum();
         let omitted = (head_units.len() - kept_head) as u64
             + u64::from(split_lead)
@@ -183,8 +186,11 @@ fn cut_whole(bytes: &[u8], head_chars: usize, tail_chars: usize) -> Captured {
         };
     }
     let omitted = (all.len() - head_chars - tail_chars) as u64;
-    let head_end: usize = all[..head_chars].iter().map(|u| u.len).sum();
-    let tail_start: usize = all[..all.len() - tail_chars].iter().map(|u| u.len).sum();
+    let head_end: usize = all[..head_chars].iter().map(|u| usize::from(u.len)).sum();
+    let tail_start: usize = all[..all.len() - tail_chars]
+        .iter()
+        .map(|u| usize::from(u.len))
+        .sum();
     Captured {
         text: join(&bytes[..head_end], omitted, &bytes[tail_start..]),
         omitted_chars: omitted,
@@ -205,7 +211,8 @@ fn join(head: &[u8], omitted: u64, tail: &[u8]) -> String {
 /// One character of the lossy text and the bytes it came from.
 #[derive(Clone, Copy, Debug)]
 struct Unit {
-    len: usize,
+    /// 1 to 4 bytes (an invalid sequence is at most 3).
+    len: u8,
     /// Became U+FFFD (a NUL, or an invalid sequence).
     replaced: bool,
 }
@@ -217,13 +224,13 @@ fn units(bytes: &[u8]) -> Vec<Unit> {
     for chunk in bytes.utf8_chunks() {
         for c in chunk.valid().chars() {
             out.push(Unit {
-                len: c.len_utf8(),
+                len: c.len_utf8() as u8,
                 replaced: c == '\0',
             });
         }
         if !chunk.invalid().is_empty() {
             out.push(Unit {
-                len: chunk.invalid().len(),
+                len: chunk.invalid().len() as u8,
                 replaced: true,
             });
         }
@@ -235,7 +242,7 @@ fn replaced_bytes(units: &[Unit]) -> u64 {
     units
         .iter()
         .filter(|u| u.replaced)
-        .map(|u| u.len as u64)
+        .map(|u| u64::from(u.len))
         .sum()
 }
 

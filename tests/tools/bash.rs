@@ -516,6 +516,65 @@ fn a_supervisor_killed_outright_leaves_nothing_behind() {
     assert_none_left(&m);
 }
 
+/// Starts `podhost tool bash` on `command` and waits (bounded) for the command to create
+/// `started` in the workspace.
+fn start_podhost_tool(workspace: &Path, command: &str) -> std::process::Child {
+    let child = Command::new(podhost_bin())
+        .args(["tool", "bash", "--workspace"])
+        .arg(workspace)
+        .arg("--input")
+        .arg(json!({ "command": command }).to_string())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !workspace.join("started").exists() {
+        assert!(Instant::now() < deadline, "the command never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child
+}
+
+/// The supervisor asked the kernel for SIGTERM when podhost dies: podhost killed outright still
+/// takes its commands with it.
+#[test]
+fn commands_die_with_podhost() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (marker(), marker());
+    let mut podhost = start_podhost_tool(
+        dir.path(),
+        &format!("setsid sleep {a} & touch started; sleep {b}"),
+    );
+    podhost.kill().unwrap();
+    podhost.wait().unwrap();
+    assert_none_left(&a);
+    assert_none_left(&b);
+}
+
+/// Ctrl-C on `podhost tool` cancels the call: the outcome is still printed, exit code 130.
+#[test]
+fn interrupting_podhost_tool_cancels_the_command() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let dir = tempfile::tempdir().unwrap();
+    let m = marker();
+    let podhost = start_podhost_tool(dir.path(), &format!("echo hi; touch started; sleep {m}"));
+    kill(Pid::from_raw(podhost.id() as i32), Signal::SIGINT).unwrap();
+    let out = podhost.wait_with_output().unwrap();
+    let outcome: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (out.status.code(), outcome),
+        (
+            Some(0),
+            json!({"kind": "completed", "output": {
+                "exitCode": 130, "stdout": "hi\n", "stderr": "Command was cancelled and killed."
+            }})
+        )
+    );
+    assert_none_left(&m);
+}
+
 #[tokio::test]
 async fn resource_limits_apply_to_the_command() {
     let ws = workspace_with(|c| {
