@@ -133,6 +133,9 @@ impl Executor {
     /// Runs one command to its end: it exited, timed out or was cancelled, and every process it
     /// started is gone (or, if the supervisor itself failed, was killed from here). A command
     /// that ran and failed is an `Ok` with its exit code; `Err` is a fault of the executor.
+    ///
+    /// Await it from an async task, not inside `spawn_blocking`: the supervisor's parent-death
+    /// signal is tied to the thread that spawns it, and blocking-pool threads exit when idle.
     pub async fn run(&self, req: ExecRequest) -> Result<ExecOutput, ExecError> {
         spawn::run(&self.config, req).await
     }
