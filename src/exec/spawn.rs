@@ -79,6 +79,10 @@ pub(super) async fn run(config: &ExecConfig, req: ExecRequest) -> Result<ExecOut
 
     let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
     ours.set_nonblocking(true)?;
+    // Queue the request before the supervisor exists, so that it can read it at once instead of
+    // waiting for podhost to be scheduled again (under load, each such wait costs milliseconds).
+    // A request larger than the socket buffer is finished after the spawn.
+    let sent = prefill(&ours, &request)?;
     let ctl = UnixStream::from_std(ours)?;
     let mut cmd = Command::new(&config.supervisor);
     cmd.arg(SUPERVISOR_ARG)
@@ -108,7 +112,7 @@ pub(super) async fn run(config: &ExecConfig, req: ExecRequest) -> Result<ExecOut
         )
     };
     tokio::pin!(captures);
-    let control = control(&mut sup, ctl, request, req.timeout, &req.cancel);
+    let control = control(&mut sup, ctl, &request[sent..], req.timeout, &req.cancel);
     tokio::pin!(control);
     let mut captured = None;
     let ended = loop {
@@ -155,13 +159,15 @@ pub(super) async fn run(config: &ExecConfig, req: ExecRequest) -> Result<ExecOut
 async fn control(
     sup: &mut Supervised,
     mut ctl: UnixStream,
-    request: Vec<u8>,
+    unsent: &[u8],
     timeout: Duration,
     cancel: &CancellationToken,
 ) -> Result<Ended, ExecError> {
     let finished = async {
         // A supervisor that died at once fails this write; its missing status says so below.
-        let _ = ctl.write_all(&request).await;
+        if !unsent.is_empty() {
+            let _ = ctl.write_all(unsent).await;
+        }
         let _ = ctl.shutdown().await;
         let mut line = Vec::new();
         let _ = (&mut ctl)
@@ -178,6 +184,22 @@ async fn control(
     };
     sup.terminate().await?;
     Ok(how)
+}
+
+/// Writes as much of `request` as the (non-blocking) socket takes now; returns how much.
+fn prefill(sock: &std::os::unix::net::UnixStream, request: &[u8]) -> io::Result<usize> {
+    use std::io::Write;
+    let mut sent = 0;
+    while sent < request.len() {
+        match (&*sock).write(&request[sent..]) {
+            Ok(0) => break,
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(sent)
 }
 
 /// The command's end from the supervisor's status line and exit status.

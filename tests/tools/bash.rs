@@ -464,6 +464,27 @@ async fn the_environment_is_the_clean_base_plus_the_call_env() {
     );
 }
 
+/// A request larger than the control socket's buffer (1 MB of call variables) still arrives
+/// whole.
+#[tokio::test]
+async fn a_large_call_environment_arrives_whole() {
+    let ws = TestWorkspace::new();
+    let ctx = CallContext {
+        env: (0..10)
+            .map(|i| (format!("V{i}"), i.to_string().repeat(100_000)))
+            .collect(),
+        ..CallContext::default()
+    };
+    let command = "echo ${#V0} ${#V9} ${V9:0:3}";
+    let out = ws
+        .run_with(ToolName::Bash, json!({ "command": command }), ctx)
+        .await;
+    assert_eq!(
+        output(out),
+        json!({"exitCode": 0, "stdout": "100000 100000 999\n", "stderr": ""})
+    );
+}
+
 #[test]
 fn nothing_of_podhosts_environment_reaches_a_command_or_its_supervisor() {
     let dir = tempfile::tempdir().unwrap();
