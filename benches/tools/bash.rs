@@ -7,7 +7,13 @@
 //! unlike wall time does not grow when other work competes for the CPUs.
 //!
 //! The supervisor is the podhost binary cargo builds for this bench (`CARGO_BIN_EXE_podhost`,
-//! release profile under `cargo bench`), so no separate build step is needed.
+//! release profile under `cargo bench`), so no separate build step is needed:
+//! `cargo bench --bench tools bash`.
+//!
+//! On a machine shared with other CPU-bound work, wall times measure the run queue more than the
+//! tool: each call hands off between three processes (podhost, supervisor, shell), and each
+//! hand-off can wait for a time slice. Run the bench binary under `chrt -f 10` there to see the
+//! tool's own latency; the CPU figures are meaningful either way.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
