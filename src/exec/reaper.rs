@@ -73,13 +73,11 @@ pub fn become_subreaper() -> io::Result<()> {
 pub fn start() -> io::Result<JoinHandle<()>> {
     become_subreaper()?;
     let mut sigchld = signal(SignalKind::child())?;
+    // Nothing is adopted before a child has died, so the first sweep waits for a SIGCHLD.
     Ok(tokio::spawn(async move {
-        loop {
+        while sigchld.recv().await.is_some() {
             // A sweep reads /proc: keep it off the async workers.
             if tokio::task::spawn_blocking(sweep).await.is_err() {
-                break;
-            }
-            if sigchld.recv().await.is_none() {
                 break;
             }
         }

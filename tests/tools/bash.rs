@@ -485,6 +485,43 @@ async fn a_large_call_environment_arrives_whole() {
     );
 }
 
+/// An environment past the kernel's limit for `execve` (or past the supervisor's request limit)
+/// is a start failure that says why.
+#[tokio::test]
+async fn an_environment_too_large_to_exec_is_a_start_failure() {
+    let ws = TestWorkspace::new();
+    let cases = [
+        // 7 MB of variables: past the kernel's limit for arguments and environment together
+        // (a quarter of the stack limit, and never more than 6 MiB).
+        (
+            70,
+            "The command could not be started: could not start /bin/bash -c …: Argument list \
+              too long (os error 7)",
+        ),
+        // 9 MB: past what a supervisor reads.
+        (
+            90,
+            "The command could not be started: bad request: larger than 8388608 bytes",
+        ),
+    ];
+    for (vars, message) in cases {
+        let ctx = CallContext {
+            env: (0..vars)
+                .map(|i| (format!("V{i}"), "x".repeat(100_000)))
+                .collect(),
+            ..CallContext::default()
+        };
+        let out = ws
+            .run_with(ToolName::Bash, json!({"command": "true"}), ctx)
+            .await;
+        assert_eq!(
+            out,
+            failed("sandbox.start_failed", message),
+            "{vars} variables"
+        );
+    }
+}
+
 #[test]
 fn nothing_of_podhosts_environment_reaches_a_command_or_its_supervisor() {
     let dir = tempfile::tempdir().unwrap();
