@@ -87,7 +87,7 @@ async fn pod(args: Box<podhost::nylorun::settings::PodArgs>) -> anyhow::Result<i
         }
         on_signal.cancel();
     });
-    let handler = std::sync::Arc::new(podhost::nylorun::lease::ReleaseEveryRun);
+    let handler = podhost::nylorun::pod::Handler::Turns;
     podhost::nylorun::pod::run(config, supervisor, handler, shutdown).await?;
     Ok(exit::OK)
 }

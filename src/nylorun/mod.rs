@@ -25,16 +25,26 @@
 //! Stop leasing (abort the waiting leases) → stop runs → release them → close the connection →
 //! cancel everything left (commands are killed) → exit 0, all within the shutdown deadline.
 
+pub mod artifacts;
 pub mod canonical;
 pub mod channel;
 pub mod connect;
+pub mod effects;
+pub mod export;
+pub mod gates;
 pub mod health;
+pub mod instructions;
 pub mod join;
 pub mod lease;
 pub mod pod;
 pub mod protocol;
+pub mod run;
 pub mod settings;
 pub mod setup;
+pub mod skills;
+pub mod spill;
+pub mod transcript;
+pub mod turn_start;
 pub mod workspace;
 
 /// Now as ISO 8601 UTC with milliseconds (`2026-01-02T03:04:05.678Z`), as JavaScript's

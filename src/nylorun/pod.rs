@@ -9,7 +9,7 @@
 //! leases → stop the runs and release them (`shutdown`) → close the connection → cancel
 //! everything left, which kills running commands → return, all within the shutdown deadline.
 //!
-//! Non-goals: turns (a [`RunHandler`] plugs in), signal handling (the binary maps signals to the
+//! Non-goals: turns (the [`TurnRunner`], or a test's [`RunHandler`], plugs in), signal handling (the binary maps signals to the
 //! root token, so tests can run the pod in-process).
 
 use std::path::{Path, PathBuf};
@@ -27,6 +27,7 @@ use super::channel::{self, Channel, ChannelConfig, ConnectError, Incoming, Remot
 use super::join::{Backoff, HostClient, HostKeeper, StateError, sleep_or_cancel, volume_id};
 use super::lease::{LeaseConfig, Leaser, RunHandler, Runs, StopReason};
 use super::protocol::{Features, HARNESS_API_VERSION, HelloAnswer, HelloParams, methods};
+use super::run::TurnRunner;
 use super::settings::PodConfig;
 use super::workspace::{TenantCell, WorkspaceServer};
 use super::{health, setup};
@@ -61,12 +62,26 @@ pub enum PodError {
     Http(String),
 }
 
+/// What runs the granted runs.
+pub enum Handler {
+    /// The turn runner ([`TurnRunner`]) on the pod's workspace: what `podhost pod` runs.
+    Turns,
+    /// Another handler (tests that hold runs).
+    Custom(Arc<dyn RunHandler>),
+}
+
+impl From<Arc<dyn RunHandler>> for Handler {
+    fn from(h: Arc<dyn RunHandler>) -> Self {
+        Handler::Custom(h)
+    }
+}
+
 /// Runs the pod host until `shutdown` is cancelled. `supervisor` is the podhost binary each
 /// command runs under.
 pub async fn run(
     config: PodConfig,
     supervisor: PathBuf,
-    handler: Arc<dyn RunHandler>,
+    handler: impl Into<Handler>,
     shutdown: CancellationToken,
 ) -> Result<(), PodError> {
     // Both reqwest and tungstenite use rustls; a second install (tests) is harmless.
@@ -92,6 +107,14 @@ pub async fn run(
         &config.harness_id,
         &config.harness_root,
     );
+    // Turns share the workspace's toolbox and its command lock with `workspace.*` serving.
+    let handler: Arc<dyn RunHandler> = match handler.into() {
+        Handler::Custom(h) => h,
+        Handler::Turns => Arc::new(
+            TurnRunner::new(toolbox.clone(), exec_lock.clone(), config.gates_url.clone())
+                .map_err(|e| PodError::Http(e.to_string()))?,
+        ),
+    };
 
     let tasks = TaskTracker::new();
     let connected = Arc::new(AtomicBool::new(false));

@@ -293,8 +293,13 @@ async fn no_token_reaches_a_log_line() {
         set_env(env, "PODHOST_POD_RENEW_INTERVAL_MS", "100");
     })
     .await;
-    core.grant("run-x", "run-token-secret");
-    core.wait_request(0, "lease.release").await;
+    // A turn whose model call fails at a gate that is not there: the run token was sent.
+    core.grant_turn(
+        "run-x",
+        "run-token-secret",
+        crate::turn::turn_start(serde_json::json!("hi")),
+    );
+    core.wait_request(0, "turn.failed").await;
     let mark = core.mark();
     core.wait_from(mark, "a renewal", |e| {
         matches!(e, Event::Renew { status: 200, .. }).then_some(())

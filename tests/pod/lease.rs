@@ -16,16 +16,21 @@ async fn next_params(core: &FakeCore, from: usize, m: &str) -> (usize, Value) {
 }
 
 #[tokio::test]
-async fn a_granted_run_is_released_until_turns_exist() {
+async fn a_granted_run_podhost_cannot_read_ends_in_turn_failed() {
     let (core, _dirs, pod, _conn) = start_pod(CoreOptions::default(), |_| {}).await;
+    // The fake's plain grant carries a TurnStart without a checkpoint.
     core.grant("run-1", "run-token-secret-1");
-    let (_, p) = next_params(&core, 0, "lease.release").await;
-    assert_eq!(p, json!({"runId": "run-1", "reason": "shutdown"}));
-    pod.wait_log(&["run released", "run-1", "shutdown"]).await;
+    let (at, _, f) = core.wait_request(0, "turn.failed").await;
+    assert_eq!(
+        f["p"],
+        json!({"runId": "run-1", "status": "failed", "state": {"v": 1},
+               "error": {"code": "turn_start.invalid",
+                         "message": "podhost cannot read this TurnStart: missing field `checkpoint`"}})
+    );
+    pod.wait_log(&["turn_start.invalid", "run-1"]).await;
+    // The slot leases again.
+    core.wait_request(at, "lease").await;
     assert_eq!(core.held(), Vec::<String>::new());
-    // The slot leases again, so core can offer the run anew.
-    let (release_at, _) = next_params(&core, 0, "lease.release").await;
-    core.wait_request(release_at, "lease").await;
     assert!(
         pod.logs().iter().all(|l| !l.contains("run-token-secret")),
         "a run token in the logs"

@@ -11,6 +11,12 @@ mod support;
 #[path = "../support/fake_core.rs"]
 mod fake_core;
 
+#[path = "../support/fake_journal.rs"]
+mod fake_journal;
+
+#[path = "../support/fake_gates.rs"]
+mod fake_gates;
+
 mod channel;
 mod config;
 mod health;
@@ -18,6 +24,7 @@ mod join;
 mod lease;
 mod measure;
 mod setup;
+mod turn;
 mod workspace;
 
 use std::path::{Path, PathBuf};

@@ -145,6 +145,8 @@ pub struct CoreState {
     silent: Mutex<HashSet<u64>>,
     /// Upgrades answered 503 while set (a closed Tenant).
     closed_tenant: std::sync::atomic::AtomicBool,
+    /// The turn side: effects, transcripts, outputs, run tokens (`fake_journal`).
+    pub journal: Arc<crate::fake_journal::Journal>,
 }
 
 /// The fake core; dropped, it stops listening and closes its connections.
@@ -186,6 +188,7 @@ impl FakeCore {
             renew_replies: Mutex::default(),
             silent: Mutex::default(),
             closed_tenant: std::sync::atomic::AtomicBool::new(false),
+            journal: Arc::default(),
         });
         let stop = CancellationToken::new();
         let (s, st) = (state.clone(), stop.clone());
@@ -969,18 +972,34 @@ impl CoreState {
                             .unwrap_or_else(|| json!({"ok": true}));
                         if reply["ok"] == false {
                             self.held.lock().unwrap().remove(&run_id);
+                            self.journal.run_over(&run_id);
+                        } else if let Some(token) = reply["token"].as_str() {
+                            self.journal.renewed(&run_id, token);
                         }
                         Some(Ok(reply))
                     }
                     "lease.release" => {
                         self.held.lock().unwrap().remove(&run_id);
+                        self.journal.run_over(&run_id);
                         Some(Ok(json!({})))
+                    }
+                    _ if self.journal.run(&run_id).is_some() => {
+                        let settled = self.journal.output(&run_id, m, &p);
+                        if settled.is_ok() {
+                            self.held.lock().unwrap().remove(&run_id);
+                        }
+                        Some(settled)
                     }
                     _ => {
                         self.held.lock().unwrap().remove(&run_id);
                         Some(Ok(json!({"cursor": 7})))
                     }
                 }
+            }
+            m if crate::fake_journal::METHODS.contains(&m) => {
+                Some(self.journal.answer(m, p, |run| {
+                    self.held.lock().unwrap().get(run) == Some(&conn)
+                }))
             }
             _ => Some(Err(("invalid".to_owned(), format!("Unknown request {m}")))),
         }

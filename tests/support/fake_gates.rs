@@ -1,0 +1,426 @@
+//! A fake Model Gate on 127.0.0.1:0 (what `NYLORUN_GATES_URL` names in the tests), as strict as
+//! the gate (v5 §5, v2 notes §4.3), with a fixture model.
+//!
+//! `POST /nylorun/v1/model-calls`:
+//! * the current run token as bearer (a token of a run that is over or was renewed away is
+//!   `409 run_stale`; any other is `401 gate_unauthorized`);
+//! * `Idempotency-Key` present (`400 key_required`), equal to the body's `effectId`, and that
+//!   effect journaled `invoking` for the token's session with the request hash of exactly this
+//!   call (else `409 effect_not_journaled`);
+//! * a strict body `{effectId, invocationId, call: {prompt[], tools[], executionId, …}}` within
+//!   the run's `modelCallBytes` (`400 invalid_request`);
+//! * the same key with another body is `409 gate_conflict`; with the same body it joins the call
+//!   (in flight or done) and gets the same answer.
+//!
+//! Calls are answered by a per-test script of [`Reply`]s, then by the v2 fixture model. A call
+//! scripted to hang outlives its client (as a gate's call does) until the test releases it or
+//! the cancel route `POST /nylorun/v1/model-calls/{key}/cancel` aborts it.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::fake_journal::{Journal, Status, TokenState};
+use podhost::nylorun::canonical::request_hash;
+
+/// How the gate answers one new call.
+#[derive(Clone, Debug)]
+pub enum Reply {
+    /// `200 {outcome}`.
+    Outcome(Value),
+    /// No answer until the test releases it or the call is cancelled.
+    Hang,
+    /// An error status and body.
+    Http(u16, Value),
+    /// The fixture model.
+    Fixture,
+}
+
+/// A candidate calling one tool.
+pub fn tool_call(id: &str, name: &str, args: Value) -> Reply {
+    Reply::Outcome(json!({
+        "output": [{"type": "tool-call", "id": id, "name": name, "args": args}],
+        "finishReason": "tool-calls",
+        "usage": {"inputTokens": 10, "outputTokens": 5},
+    }))
+}
+
+/// A candidate answering with text.
+pub fn text(t: &str) -> Reply {
+    Reply::Outcome(json!({
+        "output": [{"type": "text", "text": t}],
+        "finishReason": "stop",
+        "usage": {"inputTokens": 12, "outputTokens": 3},
+    }))
+}
+
+/// One call as the gate saw it.
+#[derive(Clone, Debug)]
+pub struct GateCall {
+    pub token: Option<String>,
+    pub key: Option<String>,
+    pub traceparent: Option<String>,
+    /// The body as sent (raw, to compare re-sends byte for byte).
+    pub raw: String,
+    pub body: Value,
+    /// The status answered (0 while in flight).
+    pub status: u16,
+    pub answer: Value,
+}
+
+struct Entry {
+    body: String,
+    answer: watch::Sender<Option<(u16, Value)>>,
+}
+
+#[derive(Default)]
+struct Gate {
+    calls: Vec<GateCall>,
+    entries: HashMap<String, Arc<Entry>>,
+    script: VecDeque<Reply>,
+    cancels: Vec<(String, Option<String>)>,
+    /// Calls the fixture model answered (not joins).
+    model_runs: usize,
+}
+
+pub struct GateState {
+    journal: Arc<Journal>,
+    gate: Mutex<Gate>,
+    changed: watch::Sender<u64>,
+}
+
+/// The fake gates; dropped, they stop listening.
+pub struct FakeGates {
+    pub addr: SocketAddr,
+    pub state: Arc<GateState>,
+    stop: CancellationToken,
+}
+
+impl Drop for FakeGates {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+const WAIT: Duration = Duration::from_secs(20);
+
+impl FakeGates {
+    pub async fn start(journal: Arc<Journal>) -> FakeGates {
+        let state = Arc::new(GateState {
+            journal,
+            gate: Mutex::default(),
+            changed: watch::Sender::new(0),
+        });
+        let app = Router::new()
+            .route("/nylorun/v1/model-calls", post(model_call))
+            .route("/nylorun/v1/model-calls/{key}/cancel", post(cancel))
+            .layer(DefaultBodyLimit::max(64 << 20))
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let s = stop.clone();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { s.cancelled().await })
+                .await;
+        });
+        FakeGates { addr, state, stop }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The next new calls are answered with these, in order; then the fixture model.
+    pub fn script(&self, replies: impl IntoIterator<Item = Reply>) {
+        self.state.gate.lock().unwrap().script.extend(replies);
+    }
+
+    pub fn calls(&self) -> Vec<GateCall> {
+        self.state.gate.lock().unwrap().calls.clone()
+    }
+
+    /// Cancel route calls: `(key, bearer)`.
+    pub fn cancels(&self) -> Vec<(String, Option<String>)> {
+        self.state.gate.lock().unwrap().cancels.clone()
+    }
+
+    /// New calls the model answered (re-sends that joined are not counted).
+    pub fn model_runs(&self) -> usize {
+        self.state.gate.lock().unwrap().model_runs
+    }
+
+    /// Waits until `pred` holds of the gate's records.
+    async fn wait_for<T>(&self, what: &str, pred: impl Fn(&Gate) -> Option<T>) -> T {
+        let mut rx = self.state.changed.subscribe();
+        let found = tokio::time::timeout(WAIT, async {
+            loop {
+                if let Some(t) = pred(&self.state.gate.lock().unwrap()) {
+                    return t;
+                }
+                rx.changed().await.unwrap();
+            }
+        })
+        .await;
+        found.unwrap_or_else(|_| panic!("timed out waiting for {what}; calls: {:#?}", self.calls()))
+    }
+
+    /// Waits for call number `n` (from 0) to arrive.
+    pub async fn wait_call(&self, n: usize) -> GateCall {
+        self.wait_for(&format!("gate call {n}"), |g| g.calls.get(n).cloned())
+            .await
+    }
+
+    /// Waits for a cancel of `key`.
+    pub async fn wait_cancel(&self, key: &str) -> Option<String> {
+        self.wait_for(&format!("a cancel of {key}"), |g| {
+            g.cancels
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, t)| t.clone())
+        })
+        .await
+    }
+
+    /// Answers the hung call of `key` with `outcome`.
+    pub fn release(&self, key: &str, outcome: Value) {
+        let entry = self.state.gate.lock().unwrap().entries.get(key).cloned();
+        entry
+            .expect("no call with that key")
+            .answer
+            .send_replace(Some((200, json!({"outcome": outcome}))));
+    }
+}
+
+fn error(status: u16, code: &str, message: &str) -> (u16, Value) {
+    (status, json!({"error": {"code": code, "message": message}}))
+}
+
+fn respond((status, body): (u16, Value)) -> Response {
+    (
+        StatusCode::from_u16(status).unwrap(),
+        [("content-type", "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn header(h: &HeaderMap, name: &str) -> Option<String> {
+    h.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned)
+}
+
+fn bearer(h: &HeaderMap) -> Option<String> {
+    header(h, "authorization").and_then(|a| a.strip_prefix("Bearer ").map(str::to_owned))
+}
+
+async fn model_call(State(st): State<Arc<GateState>>, headers: HeaderMap, body: Bytes) -> Response {
+    let raw = String::from_utf8_lossy(&body).into_owned();
+    let call = GateCall {
+        token: bearer(&headers),
+        key: header(&headers, "idempotency-key"),
+        traceparent: header(&headers, "traceparent"),
+        body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+        raw: raw.clone(),
+        status: 0,
+        answer: Value::Null,
+    };
+    let index = {
+        let mut g = st.gate.lock().unwrap();
+        g.calls.push(call.clone());
+        g.calls.len() - 1
+    };
+    st.changed.send_modify(|n| *n += 1);
+    let (status, answer) = st.answer(&call, raw).await;
+    st.gate.lock().unwrap().calls[index].status = status;
+    st.gate.lock().unwrap().calls[index].answer = answer.clone();
+    st.changed.send_modify(|n| *n += 1);
+    respond((status, answer))
+}
+
+impl GateState {
+    async fn answer(&self, call: &GateCall, raw: String) -> (u16, Value) {
+        let session = match call.token.as_deref().map(|t| self.journal.token_state(t)) {
+            Some(TokenState::Current { session_id, run_id }) => (session_id, run_id),
+            Some(TokenState::Stale) => return error(409, "run_stale", "The run is over"),
+            _ => return error(401, "gate_unauthorized", "Unknown run token"),
+        };
+        let Some(key) = call.key.clone() else {
+            return error(400, "key_required", "Idempotency-Key is required");
+        };
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields, rename_all = "camelCase")]
+        struct Body {
+            effect_id: String,
+            #[allow(unused)]
+            invocation_id: String,
+            call: Value,
+        }
+        let body: Body = match serde_json::from_value(call.body.clone()) {
+            Ok(b) => b,
+            Err(e) => return error(400, "invalid_request", &e.to_string()),
+        };
+        let limit = self.journal.run(&session.1).unwrap().model_call_bytes;
+        if raw.len() > limit {
+            return error(400, "invalid_request", "The body is past modelCallBytes");
+        }
+        let c = &body.call;
+        let tools_ok = c["tools"]
+            .as_array()
+            .is_some_and(|t| t.iter().all(|t| t["name"].is_string()));
+        if !c["prompt"].is_array() || !tools_ok || !c["executionId"].is_string() {
+            return error(
+                400,
+                "invalid_request",
+                "call needs prompt[], tools[{name}] and executionId",
+            );
+        }
+        if body.effect_id != key {
+            return error(
+                409,
+                "effect_not_journaled",
+                "Idempotency-Key is not the body's effectId",
+            );
+        }
+        let journaled = self.journal.row(&key).filter(|r| {
+            let mut intent = r.intent.clone();
+            intent["input"] = c.clone();
+            r.session_id == session.0 && r.kind == "model" && request_hash(&intent) == r.hash
+        });
+        let Some(row) = journaled else {
+            return error(
+                409,
+                "effect_not_journaled",
+                "The call is not journaled as this request",
+            );
+        };
+        let existing = self.gate.lock().unwrap().entries.get(&key).cloned();
+        let entry = match existing {
+            Some(e) if e.body != raw => {
+                return error(409, "gate_conflict", "Another request under this key");
+            }
+            Some(e) => e,
+            None => {
+                if row.status != Status::Invoking {
+                    return error(409, "effect_not_journaled", "The effect is not invoking");
+                }
+                let reply = {
+                    let mut g = self.gate.lock().unwrap();
+                    g.model_runs += 1;
+                    g.script.pop_front().unwrap_or(Reply::Fixture)
+                };
+                let entry = Arc::new(Entry {
+                    body: raw,
+                    answer: watch::Sender::new(None),
+                });
+                self.gate
+                    .lock()
+                    .unwrap()
+                    .entries
+                    .insert(key.clone(), entry.clone());
+                match reply {
+                    Reply::Outcome(o) => {
+                        entry
+                            .answer
+                            .send_replace(Some((200, json!({"outcome": o}))));
+                    }
+                    Reply::Http(s, b) => {
+                        entry.answer.send_replace(Some((s, b)));
+                    }
+                    Reply::Fixture => {
+                        entry
+                            .answer
+                            .send_replace(Some((200, json!({"outcome": fixture(c)}))));
+                    }
+                    Reply::Hang => {}
+                }
+                entry
+            }
+        };
+        let mut rx = entry.answer.subscribe();
+        let got = rx.wait_for(Option::is_some).await.unwrap().clone();
+        got.unwrap()
+    }
+}
+
+async fn cancel(
+    State(st): State<Arc<GateState>>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let token = bearer(&headers);
+    if token.as_deref().map(|t| st.journal.token_state(t)) == Some(TokenState::Unknown)
+        || token.is_none()
+    {
+        return respond(error(401, "gate_unauthorized", "Unknown run token"));
+    }
+    let entry = {
+        let mut g = st.gate.lock().unwrap();
+        g.cancels.push((key.clone(), token));
+        g.entries.get(&key).cloned()
+    };
+    if let Some(e) = entry
+        && e.answer.borrow().is_none()
+    {
+        e.answer.send_replace(Some((
+            200,
+            json!({"outcome": {"kind": "failed", "code": "transient", "message": "The call was cancelled", "retryable": true}}),
+        )));
+    }
+    st.changed.send_modify(|n| *n += 1);
+    StatusCode::NO_CONTENT.into_response()
+}
+
+/// The text of a prompt item's parts.
+fn text_of(item: &Value) -> String {
+    item["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["text"].as_str())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The v2 fixture model (`runtime/src/core/provider.ts`): a tool result last → "Order lookup
+/// complete: …"; more than one user message → "I remember: <first>"; no `lookup_order` tool →
+/// "Hello from the fixture model."; else a `lookup_order` call.
+pub fn fixture(call: &Value) -> Value {
+    let prompt = call["prompt"].as_array().cloned().unwrap_or_default();
+    let users: Vec<&Value> = prompt
+        .iter()
+        .filter(|i| i["kind"] == "message" && i["role"] == "user")
+        .collect();
+    let has_lookup = call["tools"]
+        .as_array()
+        .is_some_and(|t| t.iter().any(|t| t["name"] == "lookup_order"));
+    let text = match prompt.last() {
+        Some(last) if last["kind"] == "tool-result" => {
+            format!("Order lookup complete: {}", text_of(last))
+        }
+        _ if users.len() > 1 => format!("I remember: {}", text_of(users[0])),
+        _ if !has_lookup => "Hello from the fixture model.".to_owned(),
+        _ => {
+            return json!({
+                "output": [{"type": "tool-call", "id": "fixture_lookup", "name": "lookup_order",
+                            "args": {"orderId": "demo-123"}}],
+                "finishReason": "tool-calls",
+            });
+        }
+    };
+    json!({"output": [{"type": "text", "text": text}], "finishReason": "stop",
+           "usage": {"inputTokens": prompt.len() * 10, "outputTokens": 4}})
+}
