@@ -25,6 +25,9 @@ mod lease;
 mod measure;
 mod setup;
 mod turn;
+mod turn_replay;
+mod turn_segments;
+mod turn_stop;
 mod workspace;
 
 use std::path::{Path, PathBuf};

@@ -114,7 +114,11 @@ pub async fn wait_end(core: &FakeCore, run_id: &str) -> (String, Value) {
             _ => None,
         })
         .await;
-    assert_eq!(answer["ok"], true, "core refused {frame}: {answer}");
+    // After a renewal answered `{ok: false}` core no longer holds the run, so it may refuse
+    // the release that follows; an output it must take.
+    if frame["m"] != "lease.release" {
+        assert_eq!(answer["ok"], true, "core refused {frame}: {answer}");
+    }
     (frame["m"].as_str().unwrap().to_owned(), frame["p"].clone())
 }
 
@@ -170,7 +174,7 @@ pub fn tool_intent(segment: u32, step: u32, call_id: &str, tool: &str, input: Va
     })
 }
 
-fn candidate_of(reply: &Reply) -> Value {
+pub fn candidate_of(reply: &Reply) -> Value {
     match reply {
         Reply::Outcome(o) => o.clone(),
         other => panic!("{other:?}"),
