@@ -1,0 +1,195 @@
+//! Figures for the report, not assertions: the journal's cost per tool call, and the memory a
+//! held run takes. Run against a release build:
+//!
+//! ```text
+//! cargo build --release
+//! PODHOST_MEASURE_BIN=target/release/podhost cargo test --test pod -- --ignored --nocapture turn_measure
+//! ```
+
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+use tokio::io::AsyncBufReadExt;
+
+use crate::fake_core::{CoreOptions, FakeCore};
+use crate::fake_gates::{self, FakeGates, Reply};
+use crate::turn::{turn_start, wait_end};
+use crate::{PodDirs, pod_env, set_env};
+
+fn bin() -> std::path::PathBuf {
+    std::env::var("PODHOST_MEASURE_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| crate::support::podhost_bin().to_path_buf())
+}
+
+struct Pod {
+    child: tokio::process::Child,
+    lines: Arc<Mutex<Vec<Value>>>,
+}
+
+/// `podhost pod` with JSON logs collected, the gates at `gates`.
+async fn spawn(core: &FakeCore, gates: &FakeGates, dirs: &PodDirs, extra: &[(&str, &str)]) -> Pod {
+    let mut env = pod_env(core, dirs);
+    set_env(&mut env, "NYLORUN_GATES_URL", &gates.url());
+    set_env(&mut env, "PODHOST_LOG_FORMAT", "json");
+    for (k, v) in extra {
+        set_env(&mut env, k, v);
+    }
+    let mut child = tokio::process::Command::new(bin())
+        .arg("pod")
+        .env_clear()
+        .envs(env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let l = lines.clone();
+    let stderr = child.stderr.take().unwrap();
+    tokio::spawn(async move {
+        let mut r = tokio::io::BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = r.next_line().await {
+            if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                l.lock().unwrap().push(v);
+            }
+        }
+    });
+    core.wait_request(0, "hello").await;
+    Pod { child, lines }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap()
+}
+
+#[tokio::test]
+#[ignore = "a measurement; run it by hand against a release build"]
+async fn turn_measure_protocol_overhead_per_tool_call() {
+    const CALLS: usize = 60;
+    let core = FakeCore::start(CoreOptions::default()).await;
+    let gates = FakeGates::start(core.state.journal.clone()).await;
+    let dirs = PodDirs::new(&core);
+    let pod = spawn(
+        &core,
+        &gates,
+        &dirs,
+        &[(
+            "RUST_LOG",
+            "info,podhost::nylorun::effects=debug,podhost::nylorun::run=debug",
+        )],
+    )
+    .await;
+    let mut script: Vec<Reply> = (0..CALLS)
+        .map(|i| fake_gates::tool_call(&format!("c{i}"), "bash", json!({"command": "true"})))
+        .collect();
+    script.push(fake_gates::text("done"));
+    gates.script(script);
+    let mut ts = turn_start(json!("Run true many times."));
+    ts["loop"] = json!({"yieldAfter": {"steps": 1000}});
+    core.grant_turn("run-1", "tok", ts);
+    let (method, _) = wait_end(&core, "run-1").await;
+    assert_eq!(method, "turn.completed");
+
+    let lines = pod.lines.lock().unwrap().clone();
+    let field = |l: &Value, k: &str| l["fields"][k].clone();
+    let ms_of = |message: &str, method: Option<&str>| -> Vec<f64> {
+        lines
+            .iter()
+            .filter(|l| field(l, "message") == message)
+            .filter(|l| {
+                field(l, "what")
+                    .as_str()
+                    .is_some_and(|w| w.contains(":tool:"))
+            })
+            .filter(|l| method.is_none_or(|m| field(l, "method") == m))
+            .filter_map(|l| field(l, "ms").as_f64())
+            .collect()
+    };
+    let intent = ms_of("journal request answered", Some("effect.intent"));
+    let outcome = ms_of("journal request answered", Some("effect.outcome"));
+    let tool: Vec<f64> = lines
+        .iter()
+        .filter(|l| field(l, "message") == "tool ran")
+        .filter_map(|l| field(l, "ms").as_f64())
+        .collect();
+    // From core's side: an intent's arrival to its outcome's arrival.
+    let core_side: Vec<f64> = core
+        .journal()
+        .timings()
+        .iter()
+        .filter(|t| t.kind == "tool")
+        .filter_map(|t| {
+            t.outcome_at
+                .map(|o| (o - t.intent_at).as_secs_f64() * 1000.0)
+        })
+        .collect();
+    assert_eq!(
+        (intent.len(), outcome.len(), tool.len()),
+        (CALLS, CALLS, CALLS)
+    );
+    let (i, o, t) = (median(intent), median(outcome), median(tool));
+    println!(
+        "per tool call over {CALLS} `bash true` calls of {}: effect.intent round trip median {i:.3} ms, \
+         effect.outcome round trip median {o:.3} ms, the tool alone median {t:.3} ms; \
+         journal/tool = {:.3}; core sees intent→outcome median {:.3} ms",
+        bin().display(),
+        (i + o) / t,
+        median(core_side)
+    );
+}
+
+#[tokio::test]
+#[ignore = "a measurement; run it by hand against a release build"]
+async fn turn_measure_memory_per_held_run() {
+    for n in [1usize, 10, 50] {
+        let core = FakeCore::start(CoreOptions::default()).await;
+        let gates = FakeGates::start(core.state.journal.clone()).await;
+        let dirs = PodDirs::new(&core);
+        let mut pod = spawn(
+            &core,
+            &gates,
+            &dirs,
+            &[("PODHOST_POD_CONCURRENCY", &n.to_string())],
+        )
+        .await;
+        // Idle: every slot's lease waiting. The pause lets start-up settle; it waits for no event.
+        let mark = core.mark();
+        for _ in 0..n {
+            core.wait_request(mark, "lease").await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let pid = pod.child.id().unwrap();
+        let idle = kib(pid, "VmRSS:");
+        // Hold n runs, each with a model call in flight at the gate.
+        gates.script((0..n).map(|_| Reply::Hang));
+        for r in 0..n {
+            let mut ts = turn_start(json!("Wait at the gate."));
+            ts["checkpoint"]["sessionId"] = json!(format!("ses_{r}"));
+            ts["checkpoint"]["turnId"] = json!(format!("turn_{r}"));
+            core.grant_turn(&format!("run-{r}"), &format!("tok-{r}"), ts);
+        }
+        gates.wait_call(n - 1).await;
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let held = kib(pid, "VmRSS:");
+        println!(
+            "{n} runs held (model call in flight each): RSS {held} KiB vs {idle} KiB idle with {n} \
+             leases waiting: {:.1} KiB per run",
+            (held as f64 - idle as f64) / n as f64
+        );
+        pod.child.kill().await.unwrap();
+    }
+}
