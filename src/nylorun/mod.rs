@@ -1,5 +1,5 @@
-//! The Nylorun pod host (`podhost pod`): everything between a pod and Nylorun core except the
-//! turn itself.
+//! The Nylorun pod host (`podhost pod`): everything between a pod and Nylorun core, the turns
+//! it runs included.
 //!
 //! # Tasks and who owns what
 //!
@@ -11,6 +11,10 @@
 //!   core's requests in flight.
 //! * [`lease`] keeps one `lease` waiting per free run slot and holds each granted run; the turn
 //!   code plugs in through [`lease::RunHandler`].
+//! * [`run`] is that turn code: one segment per granted run, from its [`turn_start`] to its
+//!   output, driving the agent loop with every model and tool call journaled ([`effects`]),
+//!   model calls through the Model Gate ([`gates`]), the prompt and the transcript's edits from
+//!   [`transcript`], and what the model reads and may call from [`instructions`].
 //! * [`workspace`] serves core's `workspace.*` requests with the tools.
 //! * [`health`] is the loopback `GET /health`.
 //! * [`protocol`] and [`canonical`] are the wire types and the request hash.

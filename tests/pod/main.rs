@@ -25,6 +25,7 @@ mod lease;
 mod measure;
 mod setup;
 mod turn;
+mod turn_fakes;
 mod turn_measure;
 mod turn_replay;
 mod turn_segments;

@@ -190,3 +190,27 @@ async fn a_renewed_run_token_reaches_the_next_gate_call() {
     );
     let _: Option<Value> = None;
 }
+
+#[tokio::test]
+async fn shutdown_releases_the_run_and_leaves_its_gate_call_to_the_next_owner() {
+    let mut s = setup(CoreOptions::default()).await;
+    s.gates.script([Reply::Hang]);
+    s.core
+        .grant_turn("run-1", TOKEN, turn_start(json!("Think.")));
+    s.gates.wait_call(0).await;
+    s.pod.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(
+        wait_end(&s.core, "run-1").await,
+        (
+            "lease.release".to_owned(),
+            json!({"runId": "run-1", "reason": "shutdown"})
+        )
+    );
+    assert!(s.pod.wait_exit(crate::WAIT).await.success());
+    assert!(s.gates.cancels().is_empty());
+    let methods: Vec<String> = run_frames(&s.core, s.conn, "run-1")
+        .into_iter()
+        .map(|(m, _)| m)
+        .collect();
+    assert_eq!(methods, ["effect.intent", "lease.release"]);
+}

@@ -295,18 +295,6 @@ impl GateState {
                 "Idempotency-Key is not the body's effectId",
             );
         }
-        let journaled = self.journal.row(&key).filter(|r| {
-            let mut intent = r.intent.clone();
-            intent["input"] = c.clone();
-            r.session_id == session.0 && r.kind == "model" && request_hash(&intent) == r.hash
-        });
-        let Some(row) = journaled else {
-            return error(
-                409,
-                "effect_not_journaled",
-                "The call is not journaled as this request",
-            );
-        };
         let existing = self.gate.lock().unwrap().entries.get(&key).cloned();
         let entry = match existing {
             Some(e) if e.body != raw => {
@@ -314,8 +302,22 @@ impl GateState {
             }
             Some(e) => e,
             None => {
-                if row.status != Status::Invoking {
-                    return error(409, "effect_not_journaled", "The effect is not invoking");
+                // Stricter than the gate, which cannot see a model call's hash: the row must
+                // be this very call.
+                let journaled = self.journal.row(&key).filter(|r| {
+                    let mut intent = r.intent.clone();
+                    intent["input"] = c.clone();
+                    r.session_id == session.0
+                        && r.kind == "model"
+                        && r.status == Status::Invoking
+                        && request_hash(&intent) == r.hash
+                });
+                if journaled.is_none() {
+                    return error(
+                        409,
+                        "effect_not_journaled",
+                        "The call is not journaled invoking as this request",
+                    );
                 }
                 let reply = {
                     let mut g = self.gate.lock().unwrap();
