@@ -775,6 +775,33 @@ impl Segment {
         Ok(serde_json::to_value(edits).unwrap_or_else(|_| json!([])))
     }
 
+    /// Claims an event of the turn (`event {runId, sessionId, turnId, type, payload}`): what
+    /// the export says when it stored nothing. Best effort: a refusal is logged, never fails
+    /// the turn.
+    async fn claim(&self, kind: &str, payload: Value) {
+        let params = json!({
+            "runId": self.run_id,
+            "sessionId": self.ids.session_id,
+            "turnId": self.ids.turn_id,
+            "type": kind,
+            "payload": payload,
+        });
+        let sent = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            self.run
+                .channel()
+                .request::<_, serde::de::IgnoredAny>(methods::EVENT, &params),
+        )
+        .await;
+        match sent {
+            Ok(Ok(_)) => tracing::info!(run_id = %self.run_id, %kind, "event claimed"),
+            Ok(Err(e)) => {
+                tracing::warn!(run_id = %self.run_id, %kind, error = %e, "event not taken")
+            }
+            Err(_) => tracing::warn!(run_id = %self.run_id, %kind, "event got no answer in time"),
+        }
+    }
+
     /// The segment's output.
     async fn finish(mut self, end: Result<TurnEnd, Fault>) -> RunEnd {
         let run_id = self.run_id.clone();
@@ -803,6 +830,9 @@ impl Segment {
                     let outputs = self.shared.toolbox.workspace().root().join("outputs");
                     let report = export_outputs(&artifacts, &outputs, &self.ids.turn_id).await;
                     tracing::info!(%run_id, ?report, "outputs folder exported");
+                    for (kind, payload) in report.claims() {
+                        self.claim(kind, payload).await;
+                    }
                 }
                 RunEnd::Output {
                     method: methods::TURN_COMPLETED,

@@ -32,8 +32,14 @@ use tokio::sync::watch;
 use crate::fake_core::FakeCore;
 use podhost::nylorun::canonical::request_hash;
 
-/// The journal's requests (the output methods are dispatched separately).
-pub const METHODS: [&str; 3] = ["effect.intent", "effect.outcome", "transcript.read"];
+/// The journal's requests (the output methods are dispatched separately); `event` is a run's
+/// claim.
+pub const METHODS: [&str; 4] = [
+    "effect.intent",
+    "effect.outcome",
+    "transcript.read",
+    "event",
+];
 
 type Refusal = (String, String);
 
@@ -109,6 +115,8 @@ struct State {
     scripted: HashMap<String, VecDeque<Value>>,
     outputs: Vec<(String, String, Value)>,
     timings: Vec<Timing>,
+    /// Claimed events: `(run id, type, payload)`.
+    claims: Vec<(String, String, Value)>,
 }
 
 /// The journal; shared by the fake core and the fake gates.
@@ -262,6 +270,11 @@ impl Journal {
         self.state.lock().unwrap().outputs.clone()
     }
 
+    /// Events the runs claimed: `(run id, type, payload)`.
+    pub fn claims(&self) -> Vec<(String, String, Value)> {
+        self.state.lock().unwrap().claims.clone()
+    }
+
     pub fn timings(&self) -> Vec<Timing> {
         self.state.lock().unwrap().timings.clone()
     }
@@ -317,6 +330,7 @@ impl Journal {
             "effect.intent" => self.intent(&run_id, p).map_err(|e| e.or_invalid(m)),
             "effect.outcome" => self.outcome(&run_id, p).map_err(|e| e.or_invalid(m)),
             "transcript.read" => self.read(&run_id, p).map_err(|e| e.or_invalid(m)),
+            "event" => self.event(&run_id, p).map_err(|e| e.or_invalid(m)),
             _ => Err(refuse("invalid", format!("Unknown request {m}"))),
         };
         self.bump();
@@ -546,6 +560,54 @@ impl Journal {
         row.status = Status::Completed;
         row.value = Some(value.clone());
         Ok(json!({"status": "completed", "outcome": {"value": value}}))
+    }
+
+    /// A claim of the run's session: a known type, within `recordEntryBytes`.
+    fn event(&self, run_id: &str, p: Value) -> Result<Value, Why> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields, rename_all = "camelCase")]
+        #[allow(unused)]
+        struct Params {
+            run_id: String,
+            session_id: String,
+            turn_id: Option<String>,
+            #[serde(rename = "type")]
+            kind: String,
+            payload: Value,
+            record: Option<Value>,
+        }
+        let e: Params = serde_json::from_value(p).map_err(Why::parse)?;
+        let mut s = self.state.lock().unwrap();
+        let run = s.runs[run_id].clone();
+        if e.session_id != run.session_id || e.turn_id.as_deref() != Some(run.turn_id.as_str()) {
+            return Err(Why::invalid(
+                "The event is not of the run's session and turn",
+            ));
+        }
+        const TYPES: [&str; 4] = [
+            "artifact.export.skipped",
+            "artifact.export.failed",
+            "sandbox.state",
+            "sandbox.exec",
+        ];
+        if !TYPES.contains(&e.kind.as_str()) {
+            return Err(Why::invalid(format!(
+                "{} is not an event a harness claims",
+                e.kind
+            )));
+        }
+        let bytes = e.payload.to_string().len();
+        if bytes > run.record_entry_bytes {
+            return Err(Why::Code(refuse(
+                "limit_exceeded",
+                format!(
+                    "The event is {bytes} bytes, past recordEntryBytes ({} bytes)",
+                    run.record_entry_bytes
+                ),
+            )));
+        }
+        s.claims.push((run_id.to_owned(), e.kind, e.payload));
+        Ok(json!({}))
     }
 
     fn read(&self, run_id: &str, p: Value) -> Result<Value, Why> {
