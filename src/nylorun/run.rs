@@ -31,24 +31,27 @@ use std::time::Instant;
 
 use futures_util::future::BoxFuture;
 use reqwest::Url;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::artifacts::{Artifacts, read_for_model};
 use super::effects::{Decision, Intent, Journal, JournalError, Recorded, SegmentIds};
-use super::export::export_outputs;
 use super::gates::{Gates, GatesError, ModelRequest};
 use super::instructions::{Offer, Route};
 use super::lease::{RunEnd, RunHandle, RunHandler, StopReason};
-use super::protocol::{ReleaseReason, TurnLimits, methods};
+use super::protocol::TurnLimits;
 use super::skills::{MountedSkill, mount_skills};
 use super::spill::fit_outcome;
 use super::transcript::{self, MediaPolicy};
 use super::turn_start::{TurnInput, TurnStart, Unrunnable};
 use crate::agent::model::{Candidate, ModelAnswer, ResultOutcome, ToolCallBlock, ToolResult};
-use crate::agent::turn::{self as agent_turn, Effect, ToolEffect, TurnEnd, TurnHost};
+use crate::agent::turn::{self as agent_turn, Effect, ToolEffect, TurnHost};
 use crate::tools::{CallContext, ToolName, Toolbox};
+
+mod output;
+
+use output::{HarnessState, end_name, failed, stopped_or_thrown};
 
 /// The version of podhost's `state`.
 const STATE_VERSION: u32 = 1;
@@ -101,32 +104,6 @@ impl RunHandler for TurnRunner {
     fn run(&self, run: RunHandle) -> BoxFuture<'static, RunEnd> {
         let shared = self.shared.clone();
         Box::pin(async move { run_segment(shared, run).await })
-    }
-}
-
-/// podhost's `state` (v5 §7: "what you want back next segment").
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct HarnessState {
-    v: u32,
-    /// The turn a yielded or waiting segment belongs to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    turn_id: Option<String>,
-    /// A waiting segment's input, to run it again when an `approval.answer` comes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    input: Option<Value>,
-}
-
-impl HarnessState {
-    fn done() -> Self {
-        HarnessState {
-            v: STATE_VERSION,
-            ..HarnessState::default()
-        }
-    }
-
-    fn value(&self) -> Value {
-        serde_json::to_value(self).unwrap_or_else(|_| json!({"v": STATE_VERSION}))
     }
 }
 
@@ -187,33 +164,6 @@ async fn run_segment(shared: Arc<Shared>, run: RunHandle) -> RunEnd {
     let out = segment.finish(end).await;
     tracing::info!(%run_id, took_ms = started.elapsed().as_millis() as u64, end = %end_name(&out), "turn segment ended");
     out
-}
-
-fn end_name(end: &RunEnd) -> String {
-    match end {
-        RunEnd::Output { method, output } => match output.get("status").and_then(Value::as_str) {
-            Some(s) => format!("{method} {s}"),
-            None => (*method).to_owned(),
-        },
-        RunEnd::Release(r) => format!("release {}", r.as_str()),
-    }
-}
-
-/// `turn.failed {status: "failed", error}`.
-fn failed(run_id: &str, code: &str, message: &str, transcript: Option<Value>) -> RunEnd {
-    let mut output = json!({
-        "runId": run_id,
-        "status": "failed",
-        "error": {"code": code, "message": message},
-        "state": HarnessState::done().value(),
-    });
-    if let Some(t) = transcript {
-        output["transcript"] = t;
-    }
-    RunEnd::Output {
-        method: methods::TURN_FAILED,
-        output,
-    }
 }
 
 /// One segment of a turn, as the agent loop's host.
@@ -484,65 +434,6 @@ impl Segment {
     }
 }
 
-/// The end for a run that stopped, or an internal fault's `thrown`.
-fn stopped_or_thrown(run: &RunHandle, fault: Fault) -> RunEnd {
-    let run_id = &run.grant().run_id;
-    match fault {
-        Fault::Stopped => stopped_end(run, None),
-        Fault::Drift => failed(
-            run_id,
-            "effect_drift",
-            "Effect identity request drift",
-            None,
-        ),
-        Fault::Failed { code, message } => failed(run_id, code, &message, None),
-        Fault::Internal(message) => thrown(run_id, &message),
-    }
-}
-
-fn thrown(run_id: &str, message: &str) -> RunEnd {
-    tracing::error!(%run_id, %message, "the turn failed in podhost");
-    RunEnd::Output {
-        method: methods::TURN_FAILED,
-        output: json!({
-            "runId": run_id,
-            "status": "failed",
-            "state": HarnessState::done().value(),
-            "thrown": {"code": "internal", "message": message},
-        }),
-    }
-}
-
-/// A stopped run: `turn.failed` (cancelled) after `cancel`/`deadline` or core's
-/// `turn_cancelled`; a release otherwise (the lease sends it whatever this says).
-fn stopped_end(run: &RunHandle, transcript: Option<Value>) -> RunEnd {
-    let reason = run.stop_reason();
-    let message = match reason {
-        Some(StopReason::Shutdown) => return RunEnd::Release(ReleaseReason::Shutdown),
-        Some(StopReason::OwnershipLost) => return RunEnd::Release(ReleaseReason::OwnershipLost),
-        Some(StopReason::ConnectionLost) => return RunEnd::Release(ReleaseReason::ConnectionLost),
-        Some(StopReason::Deadline) => run
-            .stop_message()
-            .unwrap_or_else(|| "The advance ran past its deadline".to_owned()),
-        Some(StopReason::Cancel) | None => run
-            .stop_message()
-            .unwrap_or_else(|| "Turn cancelled".to_owned()),
-    };
-    let mut output = json!({
-        "runId": run.grant().run_id,
-        "status": "cancelled",
-        "error": {"code": "cancelled", "message": message},
-        "state": HarnessState::done().value(),
-    });
-    if let Some(t) = transcript {
-        output["transcript"] = t;
-    }
-    RunEnd::Output {
-        method: methods::TURN_FAILED,
-        output,
-    }
-}
-
 impl TurnHost for Segment {
     type Error = Fault;
 
@@ -767,151 +658,39 @@ fn result_outcome(value: Value) -> ResultOutcome {
     }
 }
 
-impl Segment {
-    /// The transcript's edits since the segment read it.
-    fn edits(&self) -> Result<Value, transcript::EntryTooLarge> {
-        let limit = usize::try_from(self.limits().record_entry_bytes).unwrap_or(usize::MAX);
-        let edits = transcript::updates(&self.before, &self.entries, limit)?;
-        Ok(serde_json::to_value(edits).unwrap_or_else(|_| json!([])))
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
 
-    /// Claims an event of the turn (`event {runId, sessionId, turnId, type, payload}`): what
-    /// the export says when it stored nothing. Best effort: a refusal is logged, never fails
-    /// the turn.
-    async fn claim(&self, kind: &str, payload: Value) {
-        let params = json!({
-            "runId": self.run_id,
-            "sessionId": self.ids.session_id,
-            "turnId": self.ids.turn_id,
-            "type": kind,
-            "payload": payload,
-        });
-        let sent = tokio::time::timeout(
-            std::time::Duration::from_secs(30),
-            self.run
-                .channel()
-                .request::<_, serde::de::IgnoredAny>(methods::EVENT, &params),
-        )
-        .await;
-        match sent {
-            Ok(Ok(_)) => tracing::info!(run_id = %self.run_id, %kind, "event claimed"),
-            Ok(Err(e)) => {
-                tracing::warn!(run_id = %self.run_id, %kind, error = %e, "event not taken")
+    #[test]
+    fn recorded_tool_outcomes_read_as_results() {
+        assert_eq!(
+            result_outcome(json!({"kind": "failed", "code": "tool.denied", "message": "no"})),
+            ResultOutcome::failed("tool.denied", "no")
+        );
+        assert_eq!(
+            result_outcome(json!({"kind": "denied", "reason": "policy"})),
+            ResultOutcome::Denied {
+                reason: "policy".into()
             }
-            Err(_) => tracing::warn!(run_id = %self.run_id, %kind, "event got no answer in time"),
-        }
-    }
-
-    /// The segment's output.
-    async fn finish(mut self, end: Result<TurnEnd, Fault>) -> RunEnd {
-        let run_id = self.run_id.clone();
-        let state = HarnessState::done();
-        match end {
-            Ok(TurnEnd::Completed { candidate }) => {
-                let output = Value::String(candidate.text_output());
-                let step_id = self.ids.step_id(self.last_step.unwrap_or(0));
-                self.entries.push(transcript::final_entry(
-                    &self.ids.turn_id,
-                    &step_id,
-                    &output,
-                ));
-                let edits = match self.edits() {
-                    Ok(e) => e,
-                    Err(e) => {
-                        return failed(&run_id, "transcript.entry_too_large", &e.to_string(), None);
-                    }
-                };
-                if self.ts.has_sandbox() {
-                    let artifacts = Artifacts::new(
-                        self.run.channel().clone(),
-                        run_id.clone(),
-                        self.limits().clone(),
-                    );
-                    let outputs = self.shared.toolbox.workspace().root().join("outputs");
-                    let report = export_outputs(&artifacts, &outputs, &self.ids.turn_id).await;
-                    tracing::info!(%run_id, ?report, "outputs folder exported");
-                    for (kind, payload) in report.claims() {
-                        self.claim(kind, payload).await;
-                    }
-                }
-                RunEnd::Output {
-                    method: methods::TURN_COMPLETED,
-                    output: json!({
-                        "runId": run_id,
-                        "status": "completed",
-                        "output": output,
-                        "state": state.value(),
-                        "transcript": edits,
-                    }),
-                }
+        );
+        // A spilled stub, or any plain value, is what the call produced.
+        let stub = json!({"truncated": true, "artifactId": "a1", "size": 9, "preview": "…"});
+        assert_eq!(
+            result_outcome(stub.clone()),
+            ResultOutcome::Completed {
+                output: stub,
+                files: None
             }
-            Ok(TurnEnd::Waiting { effect_ids }) => {
-                // The segment runs again once its effects are settled; it leaves no edits, and
-                // keeps its input for an `approval.answer`.
-                let mut waiting = HarnessState {
-                    v: STATE_VERSION,
-                    turn_id: Some(self.ids.turn_id.clone()),
-                    input: Some(self.input_raw.clone()),
-                };
-                let fits = |s: &HarnessState| {
-                    serde_json::to_string(s).map_or(0, |t| t.len() as u64)
-                        <= self.limits().harness_state_bytes
-                };
-                if !fits(&waiting) {
-                    tracing::warn!(%run_id, "the waiting segment's input is too large for the state; an approval cannot run it again");
-                    waiting.input = None;
-                }
-                RunEnd::Output {
-                    method: methods::TURN_WAITING,
-                    output: json!({
-                        "runId": run_id,
-                        "status": if self.uncertain { "uncertain" } else { "waiting" },
-                        "effectIds": effect_ids,
-                        "state": waiting.value(),
-                    }),
-                }
+        );
+        let odd = json!({"kind": "completed"});
+        assert_eq!(
+            result_outcome(odd.clone()),
+            ResultOutcome::Completed {
+                output: odd,
+                files: None
             }
-            Ok(TurnEnd::Yielded) => match self.edits() {
-                Ok(edits) => RunEnd::Output {
-                    method: methods::CHECKPOINT,
-                    output: json!({
-                        "runId": run_id,
-                        "status": "yielded",
-                        "state": HarnessState {
-                            v: STATE_VERSION,
-                            turn_id: Some(self.ids.turn_id.clone()),
-                            input: None,
-                        }
-                        .value(),
-                        "transcript": edits,
-                    }),
-                },
-                Err(e) => failed(&run_id, "transcript.entry_too_large", &e.to_string(), None),
-            },
-            Ok(TurnEnd::Failed { code, message }) => {
-                let edits = self.edits().ok();
-                let mut output = json!({
-                    "runId": run_id,
-                    "status": "failed",
-                    "error": {"code": code, "message": message},
-                    "state": state.value(),
-                });
-                if let Some(t) = edits {
-                    output["transcript"] = t;
-                }
-                RunEnd::Output {
-                    method: methods::TURN_FAILED,
-                    output,
-                }
-            }
-            Ok(TurnEnd::Cancelled) | Err(Fault::Stopped) => {
-                stopped_end(&self.run, self.edits().ok())
-            }
-            Ok(TurnEnd::InputRequired { .. }) => thrown(
-                &run_id,
-                "the loop asked the user a question podhost cannot ask",
-            ),
-            Err(fault) => stopped_or_thrown(&self.run, fault),
-        }
+        );
     }
 }
