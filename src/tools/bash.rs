@@ -61,6 +61,7 @@ pub async fn run(
         timeout: Duration::from_secs(timeout),
         cancel: ctx.cancel.clone(),
         stream_chars: STREAM_CHARS,
+        confine: tb.rules().command.clone(),
     };
     match tb.executor().run(req).await {
         Ok(out) => Ok(ToolOutcome::completed(output(out, timeout))),
