@@ -18,7 +18,26 @@ fn main() -> ExitCode {
         return exec::supervise::main();
     }
     let cli = Cli::parse();
+    // The configuration has been read: from here on, secrets live only in podhost's memory,
+    // which no process of the same user may read. Before any thread starts.
+    let hardened = exec::confine::harden_process();
     init_tracing();
+    if !hardened.non_dumpable {
+        tracing::warn!(
+            "could not make podhost non-dumpable: same-user processes can read its memory"
+        );
+    }
+    if let Some(exec) = cli.command.exec_args() {
+        let confinement = exec.confine.confinement();
+        if let Err(e) = exec::confine::report_startup(
+            &confinement,
+            exec.confine.require_confinement,
+            cli.command.is_long_running(),
+        ) {
+            eprintln!("podhost: {e}");
+            return ExitCode::from(exit::FAILURE as u8);
+        }
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

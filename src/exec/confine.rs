@@ -216,6 +216,44 @@ impl Level {
     }
 }
 
+/// The level this process reported at start-up ([`report_startup`]).
+static REPORTED: OnceLock<Level> = OnceLock::new();
+
+/// Logs the confinement level of a front starting up, remembers it for the health endpoints, and
+/// refuses (`Err`) when `require` is set and commands would not be confined. A missing Landlock
+/// is always a warning; a confined start is logged at `info` when `loud` (long-running fronts),
+/// else at `debug` (one-shot `podhost tool`).
+pub fn report_startup(
+    confinement: &Confinement,
+    require: bool,
+    loud: bool,
+) -> Result<Level, ConfineError> {
+    let level = confinement.level();
+    let _ = REPORTED.set(level.clone());
+    confinement.check_required(require)?;
+    if !level.is_confined() {
+        tracing::warn!(
+            confinement = %level.summary(),
+            "commands and file tools are NOT confined: they can read everything podhost's user \
+             can (set PODHOST_REQUIRE_CONFINEMENT to refuse to start instead)"
+        );
+    } else if loud {
+        tracing::info!(confinement = %level.summary(), "commands and file tools are confined");
+    } else {
+        tracing::debug!(confinement = %level.summary(), "commands and file tools are confined");
+    }
+    Ok(level)
+}
+
+/// The level reported at start-up; before that (tests that build fronts in-process), the
+/// default policy's.
+pub fn reported() -> Level {
+    REPORTED
+        .get()
+        .cloned()
+        .unwrap_or_else(|| Confinement::default().level())
+}
+
 /// The Landlock ABI of the running kernel (0 without Landlock), asked once.
 #[allow(unsafe_code)]
 pub fn kernel_abi() -> u8 {
@@ -246,6 +284,8 @@ pub struct Confinement {
     deny_network: bool,
     /// Canonical (the missing tail of a path that does not exist yet kept as given).
     hidden: Vec<PathBuf>,
+    /// Hidden paths whose names may be listed (see [`hide_contents`](Self::hide_contents)).
+    names_visible: Vec<PathBuf>,
     /// Read-only exceptions inside hidden paths.
     readable: Vec<PathBuf>,
     tmp: Option<PathBuf>,
@@ -261,11 +301,12 @@ impl Default for Confinement {
 
 impl Confinement {
     pub fn new(settings: &Settings) -> Self {
-        let kernel_abi = kernel_abi();
+        // The test knob stands for the kernel: 0 behaves (and reports) as a kernel without
+        // Landlock.
+        let kernel_abi = settings
+            .abi_max
+            .map_or(kernel_abi(), |max| kernel_abi().min(max));
         let mut abi = kernel_abi.min(TARGET_ABI);
-        if let Some(max) = settings.abi_max {
-            abi = abi.min(max);
-        }
         if !settings.enabled {
             abi = 0;
         }
@@ -274,6 +315,7 @@ impl Confinement {
             kernel_abi,
             deny_network: settings.deny_network,
             hidden: Vec::new(),
+            names_visible: Vec::new(),
             readable: Vec::new(),
             tmp: settings.tmp.as_deref().map(canonical_lenient),
             user: settings.user,
@@ -292,11 +334,27 @@ impl Confinement {
         })
     }
 
-    /// Hides `path` (and everything beneath it) from commands and file tools.
+    /// Hides `path` and everything beneath it from commands and file tools, names included: the
+    /// directories above it cannot be listed either (Landlock's list right is inherited, so
+    /// listing a parent would list the hidden directory too). For state whose file names are
+    /// private too: a BYOH data directory, other sessions' workspaces.
     pub fn hide(mut self, path: &Path) -> Self {
         let p = canonical_lenient(path);
+        self.names_visible.retain(|q| q != &p);
         if !self.hidden.contains(&p) {
             self.hidden.push(p);
+        }
+        self
+    }
+
+    /// Hides the contents of `path` (no file beneath it can be opened) but lets the directories
+    /// above it, and so the names beneath it, be listed: for state whose names say nothing, such
+    /// as a pod's harness root and join file, so that `ls /` still works in the pod.
+    pub fn hide_contents(mut self, path: &Path) -> Self {
+        let p = canonical_lenient(path);
+        if !self.hidden.contains(&p) {
+            self.hidden.push(p.clone());
+            self.names_visible.push(p);
         }
         self
     }
@@ -368,6 +426,7 @@ impl Confinement {
                 read: Vec::new(),
                 write: Vec::new(),
                 hidden: self.hidden.clone(),
+                names_visible: self.names_visible.clone(),
                 scoped: false,
             };
             for root in ws.roots() {
@@ -389,6 +448,7 @@ impl Confinement {
                 user: self.user,
             },
             files,
+            tmp: self.tmp.clone(),
         }
     }
 
@@ -398,6 +458,7 @@ impl Confinement {
             read: vec![PathBuf::from("/")],
             write: Vec::new(),
             hidden: self.hidden.clone(),
+            names_visible: self.names_visible.clone(),
             scoped: self.abi >= 6,
         };
         for p in &self.readable {
@@ -436,6 +497,8 @@ pub struct WorkspaceRules {
     pub command: Confine,
     /// The file tools' thread ruleset: the workspace's roots and nothing else.
     pub files: Option<Landlock>,
+    /// The commands' private temporary directory (`TMPDIR`), if the policy gives one.
+    pub tmp: Option<PathBuf>,
 }
 
 fn push_unique(list: &mut Vec<PathBuf>, p: &Path) {
@@ -484,23 +547,35 @@ pub fn canonical_lenient(path: &Path) -> PathBuf {
     out
 }
 
-/// One Landlock rule: a path and whether it is writable.
+/// What a rule allows beneath its path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Grant {
+    /// Open and list directories only (a split directory above names-visible hidden paths).
+    List,
+    /// Read, list, execute.
+    Read,
+    /// Everything.
+    Write,
+}
+
+/// One Landlock rule.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rule {
     pub path: PathBuf,
-    pub write: bool,
+    pub grant: Grant,
 }
 
 /// The rules of `spec`: each grant, split around the hidden paths beneath it.
 pub fn expand(spec: &Landlock) -> Result<Vec<Rule>, ConfineError> {
     let mut x = Expander {
         hidden: &spec.hidden,
+        names_visible: &spec.names_visible,
         out: Vec::new(),
         split: HashSet::new(),
     };
-    for (paths, write) in [(&spec.read, false), (&spec.write, true)] {
+    for (paths, grant) in [(&spec.read, Grant::Read), (&spec.write, Grant::Write)] {
         for p in paths {
-            x.grant(p, write, true)?;
+            x.grant(p, grant, true)?;
         }
     }
     Ok(x.out)
@@ -508,15 +583,16 @@ pub fn expand(spec: &Landlock) -> Result<Vec<Rule>, ConfineError> {
 
 struct Expander<'a> {
     hidden: &'a [PathBuf],
+    names_visible: &'a [PathBuf],
     out: Vec<Rule>,
-    /// Directories already split (for each access), so a symlink loop ends.
-    split: HashSet<(PathBuf, bool)>,
+    /// Directories already split (for each grant), so a symlink loop ends.
+    split: HashSet<(PathBuf, Grant)>,
 }
 
 impl Expander<'_> {
     /// Grants `path`. An `explicit` grant (from the policy) beneath a hidden path is an
     /// exception and stays; a derived one (a symlink's target) is dropped.
-    fn grant(&mut self, path: &Path, write: bool, explicit: bool) -> Result<(), ConfineError> {
+    fn grant(&mut self, path: &Path, grant: Grant, explicit: bool) -> Result<(), ConfineError> {
         let hidden_at_or_above = |h: &PathBuf| h == path || (!explicit && path.starts_with(h));
         if self.hidden.iter().any(hidden_at_or_above) {
             return Ok(());
@@ -527,10 +603,13 @@ impl Expander<'_> {
             .filter(|h| h.starts_with(path) && h.as_path() != path)
             .collect();
         if below.is_empty() {
-            return self.push(path, write);
+            return self.push(path, grant);
         }
-        if !self.split.insert((path.to_path_buf(), write)) {
+        if !self.split.insert((path.to_path_buf(), grant)) {
             return Ok(());
+        }
+        if below.iter().all(|h| self.names_visible.contains(h)) {
+            self.push(path, Grant::List)?;
         }
         // A directory that cannot be listed gets no rule: nothing beneath it is granted.
         let Ok(entries) = fs::read_dir(path) else {
@@ -547,18 +626,18 @@ impl Expander<'_> {
             if kind.is_symlink() {
                 // A rule on a symlink lands on its target: grant the target, as itself.
                 if let Ok(target) = fs::canonicalize(&child) {
-                    self.grant(&target, write, false)?;
+                    self.grant(&target, grant, false)?;
                 }
             } else if below.iter().any(|h| h.starts_with(&child)) {
-                self.grant(&child, write, false)?;
+                self.grant(&child, grant, false)?;
             } else {
-                self.push(&child, write)?;
+                self.push(&child, grant)?;
             }
         }
         Ok(())
     }
 
-    fn push(&mut self, path: &Path, write: bool) -> Result<(), ConfineError> {
+    fn push(&mut self, path: &Path, grant: Grant) -> Result<(), ConfineError> {
         if self.out.len() >= MAX_RULES {
             return Err(ConfineError::TooManyRules(
                 path.parent().unwrap_or(path).to_path_buf(),
@@ -566,7 +645,7 @@ impl Expander<'_> {
         }
         self.out.push(Rule {
             path: path.to_path_buf(),
-            write,
+            grant,
         });
         Ok(())
     }
@@ -596,7 +675,11 @@ pub fn ruleset(spec: &Landlock, deny_network: bool) -> Result<RulesetCreated, Co
         let Ok(fd) = open_path(&rule.path) else {
             continue;
         };
-        let mut access = if rule.write { all } else { read };
+        let mut access = match rule.grant {
+            Grant::List => AccessFs::ReadDir.into(),
+            Grant::Read => read,
+            Grant::Write => all,
+        };
         if !is_dir(&fd) {
             access &= file_rights;
         }
@@ -719,12 +802,36 @@ pub fn network_filter() -> Result<BpfProgram, ConfineError> {
     BpfProgram::try_from(filter).map_err(err)
 }
 
+/// The capabilities a command keeps when it runs as root: Docker's default set without
+/// `CAP_MKNOD` and `CAP_NET_RAW`. Gone in particular: `CAP_SYS_PTRACE` (with it, root reads a
+/// non-dumpable podhost's `/proc/<pid>/environ`, which Landlock does not stop for reads),
+/// `CAP_DAC_READ_SEARCH` (`open_by_handle_at` opens files without a path), `CAP_MKNOD` (a block
+/// device in the workspace reads the disk under every path rule), `CAP_SYS_RESOURCE` (raising the
+/// limits back), `CAP_SYS_ADMIN`, `CAP_SYS_MODULE`, `CAP_SYS_RAWIO`, `CAP_NET_ADMIN`, `CAP_BPF`.
+pub const ROOT_KEEPS: [u32; 12] = [
+    0,  // CAP_CHOWN
+    1,  // CAP_DAC_OVERRIDE
+    3,  // CAP_FOWNER
+    4,  // CAP_FSETID
+    5,  // CAP_KILL (signals outside the sandbox are still scoped away)
+    6,  // CAP_SETGID
+    7,  // CAP_SETUID
+    8,  // CAP_SETPCAP
+    10, // CAP_NET_BIND_SERVICE
+    18, // CAP_SYS_CHROOT
+    29, // CAP_AUDIT_WRITE
+    31, // CAP_SETFCAP
+];
+
 /// A command's confinement, prepared in the supervisor before `fork` and applied in the child.
 #[derive(Debug, Default)]
 pub struct Prepared {
     ruleset: Option<OwnedFd>,
     filter: Option<BpfProgram>,
     user: Option<CommandUser>,
+    /// The highest capability number, when the command will run as root and must shed
+    /// capabilities (`None`: it does not run as root).
+    root_caps_up_to: Option<u32>,
 }
 
 impl Prepared {
@@ -739,10 +846,17 @@ impl Prepared {
         } else {
             None
         };
+        let root_caps_up_to = (nix::unistd::geteuid().is_root() && c.user.is_none()).then(|| {
+            fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(63)
+        });
         Ok(Prepared {
             ruleset,
             filter,
             user: c.user,
+            root_caps_up_to,
         })
     }
 
@@ -767,10 +881,84 @@ impl Prepared {
         Ok(())
     }
 
-    /// Enforces the Landlock ruleset, then the seccomp filter. Runs in the forked child, last,
-    /// after `no_new_privs`.
+    /// Sheds every capability but [`ROOT_KEEPS`] from the bounding, inheritable and ambient sets
+    /// of a command that runs as root, so that its `exec` gets no more. Async-signal-safe.
+    #[allow(unsafe_code)]
+    fn shed_root_capabilities(last: u32) -> io::Result<()> {
+        let keep = |cap: u32| ROOT_KEEPS.contains(&cap);
+        for cap in (0..=last).filter(|c| !keep(*c)) {
+            // SAFETY: a plain prctl on integers. EINVAL (a capability this kernel lacks) is fine.
+            let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+            if rc != 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        // SAFETY: a plain prctl on integers.
+        unsafe {
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+                0,
+                0,
+                0,
+            );
+        }
+        // The kernel's version-3 header and two 32-bit words per set.
+        #[repr(C)]
+        struct Header {
+            version: u32,
+            pid: i32,
+        }
+        #[repr(C)]
+        #[derive(Clone, Copy)]
+        struct Data {
+            effective: u32,
+            permitted: u32,
+            inheritable: u32,
+        }
+        let mut header = Header {
+            version: 0x2008_0522,
+            pid: 0,
+        };
+        let mut data = [Data {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        }; 2];
+        // SAFETY: capget fills two `Data` words for a version-3 header; both are live.
+        if unsafe {
+            libc::syscall(
+                libc::SYS_capget,
+                &mut header as *mut Header,
+                data.as_mut_ptr(),
+            )
+        } != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        let mut mask = [0u32; 2];
+        for cap in ROOT_KEEPS {
+            mask[(cap / 32) as usize] |= 1 << (cap % 32);
+        }
+        for (d, m) in data.iter_mut().zip(mask) {
+            d.inheritable &= m;
+        }
+        // SAFETY: as above; capset reads the header and two `Data` words.
+        if unsafe { libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()) }
+            != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Sheds root's capabilities (see [`ROOT_KEEPS`]), then enforces the Landlock ruleset, then
+    /// the seccomp filter. Runs in the forked child, last, after `no_new_privs`.
     #[allow(unsafe_code)]
     pub fn restrict(&self) -> io::Result<()> {
+        if let Some(last) = self.root_caps_up_to {
+            Self::shed_root_capabilities(last)?;
+        }
         if let Some(fd) = &self.ruleset {
             // SAFETY: a plain system call on a descriptor this process owns.
             let rc =
@@ -866,14 +1054,15 @@ mod tests {
             read: v(read),
             write: v(write),
             hidden: v(hidden),
+            names_visible: Vec::new(),
             scoped: false,
         }
     }
 
-    fn sorted(rules: Vec<Rule>) -> Vec<(String, bool)> {
+    fn sorted(rules: Vec<Rule>) -> Vec<(String, Grant)> {
         let mut v: Vec<_> = rules
             .into_iter()
-            .map(|r| (r.path.to_string_lossy().into_owned(), r.write))
+            .map(|r| (r.path.to_string_lossy().into_owned(), r.grant))
             .collect();
         v.sort();
         v
@@ -895,9 +1084,9 @@ mod tests {
         assert_eq!(
             sorted(rules),
             vec![
-                (s(&root.join("a")), false),
-                (s(&mine), true),
-                (s(&root.join("f")), false),
+                (s(&root.join("a")), Grant::Read),
+                (s(&mine), Grant::Write),
+                (s(&root.join("f")), Grant::Read),
             ]
         );
     }
@@ -919,9 +1108,37 @@ mod tests {
         assert_eq!(
             sorted(rules),
             vec![
-                (root.join("ok").to_string_lossy().into_owned(), false),
-                (root.join("ok").to_string_lossy().into_owned(), false),
+                (root.join("ok").to_string_lossy().into_owned(), Grant::Read),
+                (root.join("ok").to_string_lossy().into_owned(), Grant::Read),
             ]
+        );
+    }
+
+    #[test]
+    fn directories_above_names_visible_hidden_paths_stay_listable() {
+        let t = tempfile::tempdir().unwrap();
+        let root = fs::canonicalize(t.path()).unwrap();
+        for d in ["harness", "data", "etc"] {
+            fs::create_dir_all(root.join(d)).unwrap();
+        }
+        let harness = root.join("harness");
+        let data = root.join("data");
+        let s = |p: &Path| p.to_string_lossy().into_owned();
+        let mut visible = spec(&[&root], &[], &[&harness]);
+        visible.names_visible = vec![harness.clone()];
+        assert_eq!(
+            sorted(expand(&visible).unwrap()),
+            vec![
+                (s(&root), Grant::List),
+                (s(&root.join("data")), Grant::Read),
+                (s(&root.join("etc")), Grant::Read),
+            ]
+        );
+        // One strictly hidden directory beneath makes the parent unlistable.
+        visible.hidden.push(data.clone());
+        assert_eq!(
+            sorted(expand(&visible).unwrap()),
+            vec![(s(&root.join("etc")), Grant::Read)]
         );
     }
 
@@ -930,7 +1147,10 @@ mod tests {
         let rules = expand(&spec(&[Path::new("/")], &[Path::new("/tmp")], &[])).unwrap();
         assert_eq!(
             sorted(rules),
-            vec![("/".to_owned(), false), ("/tmp".to_owned(), true)]
+            vec![
+                ("/".to_owned(), Grant::Read),
+                ("/tmp".to_owned(), Grant::Write)
+            ]
         );
     }
 
@@ -946,7 +1166,7 @@ mod tests {
         // grants it.
         assert_eq!(
             sorted(rules),
-            vec![(root.join("a").to_string_lossy().into_owned(), false)]
+            vec![(root.join("a").to_string_lossy().into_owned(), Grant::Read)]
         );
     }
 
@@ -978,6 +1198,7 @@ mod tests {
     #[test]
     fn the_level_follows_the_settings() {
         let kernel = kernel_abi();
+        assert!(kernel >= 1, "these tests expect a kernel with Landlock");
         let c = Confinement::new(&Settings {
             abi_max: Some(0),
             deny_network: true,
@@ -991,8 +1212,18 @@ mod tests {
                 level.scoped_signals,
                 level.network_filter
             ),
-            (0, kernel, false, true)
+            (0, 0, false, true)
         );
+        assert_eq!(
+            c.check_required(true).unwrap_err().to_string(),
+            "confinement is required (PODHOST_REQUIRE_CONFINEMENT), but this kernel has no \
+             Landlock; refusing to start"
+        );
+        let capped = Confinement::new(&Settings {
+            abi_max: Some(2),
+            ..Settings::default()
+        });
+        assert_eq!(capped.level().landlock_abi, kernel.min(2));
         assert!(
             c.check_required(true)
                 .unwrap_err()

@@ -79,6 +79,10 @@ pub struct Landlock {
     /// beneath one is an explicit exception and stays.
     #[serde(with = "bytes_paths")]
     pub hidden: Vec<PathBuf>,
+    /// The hidden paths whose names may be listed: a directory split only around these gets a
+    /// list-only rule (which, being inherited, lists the names beneath them too).
+    #[serde(with = "bytes_paths")]
+    pub names_visible: Vec<PathBuf>,
     /// Scope signals and abstract Unix sockets to the sandbox (ABI ≥ 6).
     pub scoped: bool,
 }
@@ -193,6 +197,7 @@ mod tests {
                     read: vec![PathBuf::from("/")],
                     write: vec![PathBuf::from(OsString::from_vec(b"/w/\xfe".to_vec()))],
                     hidden: vec![PathBuf::from("/harness")],
+                    names_visible: vec![PathBuf::from("/harness")],
                     scoped: true,
                 }),
                 deny_network: true,
