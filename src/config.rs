@@ -31,6 +31,8 @@ pub struct Cli {
 pub enum Command {
     /// Run one workspace tool and print its outcome as JSON.
     Tool(ToolArgs),
+    /// Be a Nylorun pod's harness: join core, serve the Harness API, lease runs.
+    Pod(Box<crate::nylorun::settings::PodArgs>),
 }
 
 impl Command {
@@ -38,6 +40,7 @@ impl Command {
     pub fn exec_args(&self) -> Option<&ExecArgs> {
         match self {
             Command::Tool(args) => Some(&args.exec),
+            Command::Pod(args) => Some(&args.exec),
         }
     }
 
@@ -45,6 +48,7 @@ impl Command {
     pub fn is_long_running(&self) -> bool {
         match self {
             Command::Tool(_) => false,
+            Command::Pod(_) => true,
         }
     }
 }

@@ -36,4 +36,5 @@ pub mod agent;
 pub mod config;
 pub mod error;
 pub mod exec;
+pub mod nylorun;
 pub mod tools;

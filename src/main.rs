@@ -27,16 +27,13 @@ fn main() -> ExitCode {
             "could not make podhost non-dumpable: same-user processes can read its memory"
         );
     }
-    if let Some(exec) = cli.command.exec_args() {
-        let confinement = exec.confine.confinement();
-        if let Err(e) = exec::confine::report_startup(
-            &confinement,
-            exec.confine.require_confinement,
-            cli.command.is_long_running(),
-        ) {
-            eprintln!("podhost: {e}");
-            return ExitCode::from(exit::FAILURE as u8);
-        }
+    // One-shot fronts report their confinement now; long-running ones once their configuration
+    // is valid (a configuration error stays the only thing they print).
+    if let Some(exec) = cli.command.exec_args()
+        && !cli.command.is_long_running()
+        && !confinement_ok(exec, false)
+    {
+        return ExitCode::from(exit::FAILURE as u8);
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -58,13 +55,32 @@ fn main() -> ExitCode {
     ExitCode::from(code as u8)
 }
 
+/// Logs the confinement commands will get (a warning when there is none); false when
+/// `PODHOST_REQUIRE_CONFINEMENT` asks for more than this kernel gives (the reason is printed).
+fn confinement_ok(exec: &podhost::config::ExecArgs, loud: bool) -> bool {
+    let confinement = exec.confine.confinement();
+    match exec::confine::report_startup(&confinement, exec.confine.require_confinement, loud) {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("podhost: {e}");
+            false
+        }
+    }
+}
+
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    // JSON lines in pods (`PODHOST_LOG_FORMAT=json`), text elsewhere.
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    if std::env::var("PODHOST_LOG_FORMAT").is_ok_and(|f| f == "json") {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
 }
 
 async fn run(cli: Cli) -> anyhow::Result<i32> {
@@ -74,7 +90,38 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     }
     match cli.command {
         Command::Tool(args) => tool(args).await,
+        Command::Pod(args) => pod(args).await,
     }
+}
+
+/// `podhost pod`: exit 0 after a clean shutdown (SIGTERM/SIGINT), 2 on bad configuration.
+async fn pod(args: Box<podhost::nylorun::settings::PodArgs>) -> anyhow::Result<i32> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let config = match args.validate() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("podhost pod: {e}");
+            return Ok(exit::USAGE);
+        }
+    };
+    if !confinement_ok(&config.exec, true) {
+        return Ok(exit::FAILURE);
+    }
+    let supervisor = std::env::current_exe().context("finding podhost's own executable")?;
+    let shutdown = CancellationToken::new();
+    let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+    let on_signal = shutdown.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+        on_signal.cancel();
+    });
+    let handler = std::sync::Arc::new(podhost::nylorun::lease::ReleaseEveryRun);
+    podhost::nylorun::pod::run(config, supervisor, handler, shutdown).await?;
+    Ok(exit::OK)
 }
 
 /// `podhost tool NAME --input JSON`: exit 0 when the tool ran (its outcome may be a failure),
