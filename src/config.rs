@@ -306,8 +306,7 @@ mod tests {
             "/b",
         ])
         .unwrap();
-        let Command::Tool(args) = cli.command;
-        let s = args.exec.confine.settings();
+        let s = cli.command.exec_args().unwrap().confine.settings();
         assert_eq!(
             (s.enabled, s.deny_network, s.hidden),
             (false, true, vec![PathBuf::from("/a"), PathBuf::from("/b")])
