@@ -185,3 +185,23 @@ fn root_commands_shed_dangerous_capabilities() {
          end\n"
     );
 }
+
+/// `PODHOST_COMMAND_USER`: a root podhost runs commands as another user, without its
+/// supplementary groups; the workspace must be writable by that user.
+#[test]
+fn a_root_podhost_drops_commands_to_the_command_user() {
+    let host = Host::new();
+    host.open_to_everyone();
+    let mut args = host.tool_args();
+    args.extend(["--command-user".into(), "nobody".into()]);
+    let stdout = run_as(
+        &args,
+        &json!({"command": "id -u; id -g; id -G; grep -E '^Cap(Eff|Prm)' /proc/self/status; \
+                            touch made; stat -c %u made"}),
+        None,
+    );
+    assert_eq!(
+        stdout,
+        "65534\n65534\n65534\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n65534\n"
+    );
+}
