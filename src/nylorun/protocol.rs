@@ -308,6 +308,44 @@ pub struct RunGrant {
     pub token_expires_at: Option<String>,
 }
 
+/// `turn.start.limits` (`HarnessLimitsSchema`, v5 §3): the Tenant's Runtime limits a harness
+/// must keep within, as the segment started. Parsed leniently: a limit podhost does not know is
+/// dropped, and a missing one takes the spec's default.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct TurnLimits {
+    /// One record entry as JSON: an `effect.outcome` value, a transcript update, a claimed
+    /// event (default 960 KiB, its ceiling).
+    pub record_entry_bytes: u64,
+    /// A Model Gate call's body (default 32 MiB).
+    pub model_call_bytes: u64,
+    /// One file the Model Gate sends a model (default 8 MiB).
+    pub model_file_bytes: u64,
+    /// An MCP or HTTP tool's answer the Tool Gate keeps (default 8 MiB).
+    pub tool_answer_bytes: u64,
+    /// The harness's state as JSON (default 256 KiB).
+    pub harness_state_bytes: u64,
+    /// One `definition.file` range, `artifact.read` answer or `artifact.write` chunk (default
+    /// 16 MiB).
+    pub chunk_bytes: u64,
+    /// The most files one folder version may hold (default 10,000).
+    pub folder_entries: u64,
+}
+
+impl Default for TurnLimits {
+    fn default() -> Self {
+        TurnLimits {
+            record_entry_bytes: 960 * 1024,
+            model_call_bytes: 32 << 20,
+            model_file_bytes: 8 << 20,
+            tool_answer_bytes: 8 << 20,
+            harness_state_bytes: 256 * 1024,
+            chunk_bytes: 16 << 20,
+            folder_entries: 10_000,
+        }
+    }
+}
+
 /// `lease.renew` params.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -587,6 +625,20 @@ pub struct HostError {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn limits_take_defaults_and_drop_unknown_ones() {
+        let l: super::TurnLimits =
+            serde_json::from_value(serde_json::json!({"chunkBytes": 1024, "futureLimit": 7}))
+                .unwrap();
+        assert_eq!(
+            l,
+            super::TurnLimits {
+                chunk_bytes: 1024,
+                ..super::TurnLimits::default()
+            }
+        );
+    }
+
     use super::*;
     use pretty_assertions::assert_eq;
     use serde_json::json;
