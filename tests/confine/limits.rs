@@ -10,7 +10,7 @@ use podhost::tools::{ToolName, Toolbox};
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
-use crate::{Host, assert_still_works, bash, completed, podhost_tool, run};
+use crate::{Host, NOBODY, assert_still_works, bash, completed, podhost_tool, run};
 
 /// Process ids of `uid`'s processes.
 fn processes_of(uid: u32) -> Vec<i32> {
@@ -35,9 +35,8 @@ fn processes_of(uid: u32) -> Vec<i32> {
 /// the next call runs.
 #[test]
 fn a_fork_bomb_stops_at_the_process_limit_and_podhost_survives() {
-    const NOBODY: u32 = 65534;
     let host = Host::new();
-    host.open_to_everyone();
+    let podhost = host.open_to_everyone();
     let mut args = host.tool_args();
     args.extend(["--limit-processes", "64"].map(OsString::from));
     let (outcome, stderr, code) = podhost_tool(
@@ -46,7 +45,7 @@ fn a_fork_bomb_stops_at_the_process_limit_and_podhost_survives() {
         // The shell spins without forking once the bomb is lit, so the call ends by its timeout.
         &json!({"command": "bomb() { bomb | bomb & }; bomb; while :; do :; done", "timeout": 3}),
         &[],
-        Some(NOBODY),
+        Some(&podhost),
     );
     assert_eq!(code, 0, "{stderr}");
     let out = completed(&outcome);
@@ -69,7 +68,7 @@ fn a_fork_bomb_stops_at_the_process_limit_and_podhost_survives() {
         &args,
         &json!({"command": "echo after the bomb"}),
         &[],
-        Some(NOBODY),
+        Some(&podhost),
     );
     assert_eq!(
         (code, completed(&outcome).clone()),

@@ -134,8 +134,22 @@ impl Host {
         s.replace(self.root.to_str().unwrap(), "ROOT")
     }
 
-    /// Makes the whole tree usable by an unprivileged user (tests that run podhost as nobody).
-    pub fn open_to_everyone(&self) {
+    /// Makes the whole tree usable by nobody (tests that run podhost as nobody) and returns a
+    /// podhost binary nobody can run: a link to (or copy of) the test build inside this tree,
+    /// since the build directory may sit where nobody cannot reach it.
+    pub fn open_to_everyone(&self) -> PathBuf {
+        let bin = self.root.join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let podhost = bin.join("podhost");
+        if std::fs::hard_link(podhost_bin(), &podhost).is_err() {
+            std::fs::copy(podhost_bin(), &podhost).unwrap();
+        }
+        self.open_dirs();
+        podhost
+    }
+
+    fn open_dirs(&self) {
         let mut p = self.ws.clone();
         loop {
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777)).unwrap();
@@ -185,25 +199,28 @@ pub async fn assert_still_works(tb: &Toolbox) {
     assert!(read.is_completed(), "{read:?}");
 }
 
+/// The user tests run an unprivileged podhost as.
+pub const NOBODY: u32 = 65534;
+
 /// The output of `podhost tool NAME` run with `args`, `env` and `input`: (outcome, stderr, exit
-/// code). `uid` runs it as that user (and its group).
+/// code). `as_nobody` runs that podhost binary (see [`Host::open_to_everyone`]) as nobody.
 pub fn podhost_tool(
     name: &str,
     args: &[OsString],
     input: &Value,
     env: &[(&str, &str)],
-    uid: Option<u32>,
+    as_nobody: Option<&Path>,
 ) -> (Value, String, i32) {
     use std::os::unix::process::CommandExt;
-    let mut cmd = Command::new(podhost_bin());
+    let mut cmd = Command::new(as_nobody.unwrap_or(podhost_bin()));
     cmd.args(["tool", name])
         .args(args)
         .arg("--input")
         .arg(input.to_string())
         .env_remove("RUST_LOG")
         .envs(env.iter().copied());
-    if let Some(uid) = uid {
-        cmd.uid(uid).gid(uid);
+    if as_nobody.is_some() {
+        cmd.uid(NOBODY).gid(NOBODY);
     }
     let out = run_bounded(cmd);
     let stdout = String::from_utf8(out.stdout).unwrap();

@@ -3,6 +3,7 @@
 //! the parent of its supervisor (`$PPID`).
 
 use std::ffi::OsString;
+use std::path::Path;
 
 use pretty_assertions::assert_eq;
 use serde_json::json;
@@ -33,8 +34,8 @@ for pid in sys.argv[1:]:
     print(\"attached\" if r == 0 else errno.errorcode[ctypes.get_errno()])
 '";
 
-fn run_as(args: &[OsString], input: &serde_json::Value, uid: Option<u32>) -> String {
-    let (outcome, stderr, code) = podhost_tool("bash", args, input, &ENV, uid);
+fn run_as(args: &[OsString], input: &serde_json::Value, as_nobody: Option<&Path>) -> String {
+    let (outcome, stderr, code) = podhost_tool("bash", args, input, &ENV, as_nobody);
     assert_eq!(code, 0, "{stderr}");
     let out = completed(&outcome);
     assert!(!outcome.to_string().contains(SECRET), "{outcome}");
@@ -101,7 +102,7 @@ fn commands_cannot_signal_podhost_or_their_supervisor() {
 #[test]
 fn without_landlock_non_dumpable_still_closes_podhost_to_the_same_user() {
     let host = Host::new();
-    host.open_to_everyone();
+    let podhost = host.open_to_everyone();
     let mut args = host.tool_args();
     args.extend(["--landlock-abi-max".into(), "0".into()]);
     let stdout = run_as(
@@ -109,7 +110,7 @@ fn without_landlock_non_dumpable_still_closes_podhost_to_the_same_user() {
         &against_podhost(&format!(
             "id -u; cat /proc/$P/environ; cat /proc/$P/mem; {PTRACE} $P"
         )),
-        Some(65534),
+        Some(&podhost),
     );
     assert_eq!(
         stdout,
@@ -191,7 +192,7 @@ fn root_commands_shed_dangerous_capabilities() {
 #[test]
 fn a_root_podhost_drops_commands_to_the_command_user() {
     let host = Host::new();
-    host.open_to_everyone();
+    let _ = host.open_to_everyone();
     let mut args = host.tool_args();
     args.extend(["--command-user".into(), "nobody".into()]);
     let stdout = run_as(
