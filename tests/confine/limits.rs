@@ -35,6 +35,7 @@ fn processes_of(uid: u32) -> Vec<i32> {
 /// the next call runs.
 #[test]
 fn a_fork_bomb_stops_at_the_process_limit_and_podhost_survives() {
+    let _nobody = crate::nobody_lock();
     let host = Host::new();
     let podhost = host.open_to_everyone();
     let mut args = host.tool_args();

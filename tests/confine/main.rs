@@ -199,8 +199,16 @@ pub async fn assert_still_works(tb: &Toolbox) {
     assert!(read.is_completed(), "{read:?}");
 }
 
-/// The user tests run an unprivileged podhost as.
+/// The user tests run an unprivileged podhost (or its commands) as.
 pub const NOBODY: u32 = 65534;
+
+/// Held by every test whose processes run as nobody: the fork bomb's process limit and its
+/// "nothing of nobody is left" check count all of nobody's processes.
+pub fn nobody_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// The output of `podhost tool NAME` run with `args`, `env` and `input`: (outcome, stderr, exit
 /// code). `as_nobody` runs that podhost binary (see [`Host::open_to_everyone`]) as nobody.

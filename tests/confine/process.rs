@@ -101,6 +101,7 @@ fn commands_cannot_signal_podhost_or_their_supervisor() {
 /// ptrace-stop it; podhost's timeout then kills it from outside.)
 #[test]
 fn without_landlock_non_dumpable_still_closes_podhost_to_the_same_user() {
+    let _nobody = crate::nobody_lock();
     let host = Host::new();
     let podhost = host.open_to_everyone();
     let mut args = host.tool_args();
@@ -191,6 +192,7 @@ fn root_commands_shed_dangerous_capabilities() {
 /// supplementary groups; the workspace must be writable by that user.
 #[test]
 fn a_root_podhost_drops_commands_to_the_command_user() {
+    let _nobody = crate::nobody_lock();
     let host = Host::new();
     let _ = host.open_to_everyone();
     let mut args = host.tool_args();
