@@ -272,7 +272,8 @@ impl Toolbox {
     /// Runs a file tool off the async workers: they do plain file-system I/O.
     ///
     /// Confined, each call gets a fresh thread that restricts itself with the workspace's
-    /// Landlock rules before it touches the file system (Landlock binds a thread and the threads
+    /// Landlock rules (and takes the command user's file-system identity, if any) before it
+    /// touches the file system (Landlock binds a thread and the threads
     /// it spawns, such as grep's walkers; a pooled thread must never be restricted, since it
     /// would carry the rules into unrelated work). Unconfined, the blocking pool is enough.
     async fn blocking<I, F>(
@@ -293,16 +294,16 @@ impl Toolbox {
         let this = self.clone();
         let cancel = ctx.cancel.clone();
         let worker = |message: String| ToolError::Worker { tool, message };
-        let Some(spec) = self.inner.rules.files.clone() else {
+        if !self.inner.rules.confines_files() {
             return tokio::task::spawn_blocking(move || f(&this, parsed, &cancel))
                 .await
                 .map_err(|e| worker(e.to_string()));
-        };
+        }
         let (tx, rx) = tokio::sync::oneshot::channel();
         std::thread::Builder::new()
             .name(format!("podhost-{tool}"))
             .spawn(move || {
-                let result = crate::exec::confine::restrict_thread(&spec)
+                let result = crate::exec::confine::confine_thread(this.rules())
                     .map(|()| f(&this, parsed, &cancel))
                     .map_err(|e| format!("could not confine the call: {e}"));
                 let _ = tx.send(result);

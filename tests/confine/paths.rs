@@ -361,3 +361,53 @@ async fn file_tools_cannot_reach_podhosts_own_proc_files() {
     );
     assert_still_works(&tb).await;
 }
+
+/// With a command user, the file tools act as that user too: what `write` creates belongs to it
+/// (so its commands can change it), and a file only root may read stays closed to `read`.
+#[tokio::test]
+async fn file_tools_act_as_the_command_user() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let _nobody = crate::nobody_lock();
+    let host = Host::new();
+    let _ = host.open_to_everyone();
+    let private = host.ws.join("root-only.txt");
+    std::fs::write(&private, SECRET).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let tb = host.toolbox(host.confinement(&Settings {
+        user: Some(podhost::exec::protocol::CommandUser {
+            uid: crate::NOBODY,
+            gid: crate::NOBODY,
+        }),
+        ..Settings::default()
+    }));
+    let written = run(
+        &tb,
+        ToolName::Write,
+        json!({"path": "made.txt", "content": "by the tool\n"}),
+    )
+    .await;
+    assert!(written.is_completed(), "{written:?}");
+    let meta = std::fs::metadata(host.ws.join("made.txt")).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (crate::NOBODY, crate::NOBODY));
+    let out = bash(
+        &host,
+        &tb,
+        "echo and the command >> made.txt && cat made.txt; cat root-only.txt",
+    )
+    .await;
+    assert_eq!(
+        out,
+        json!({
+            "exitCode": 1,
+            "stdout": "by the tool\nand the command\n",
+            "stderr": "cat: root-only.txt: Permission denied\n"
+        })
+    );
+    assert_eq!(
+        run(&tb, ToolName::Read, json!({"path": "root-only.txt"})).await,
+        ToolOutcome::failed(
+            codes::ERROR,
+            "Could not open /workspace/root-only.txt: Permission denied (os error 13)"
+        )
+    );
+}

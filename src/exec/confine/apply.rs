@@ -66,6 +66,29 @@ pub fn network_filter() -> Result<BpfProgram, ConfineError> {
     BpfProgram::try_from(filter).map_err(err)
 }
 
+/// Takes `user`'s file-system identity on the calling thread only: no supplementary groups, its
+/// fsgid and fsuid (which also drops the thread's file-system capabilities). Raw system calls:
+/// glibc's wrappers would change every thread of podhost.
+#[allow(unsafe_code)]
+pub(super) fn become_user_on_thread(user: CommandUser) -> io::Result<()> {
+    // SAFETY: plain system calls on integers and a null list (setgroups with size 0), affecting
+    // only this thread's credentials.
+    unsafe {
+        if libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        libc::syscall(libc::SYS_setfsgid, user.gid);
+        libc::syscall(libc::SYS_setfsuid, user.uid);
+        // setfs*id report the previous id, never an error: ask again to see that it took.
+        let uid = libc::syscall(libc::SYS_setfsuid, u32::MAX);
+        let gid = libc::syscall(libc::SYS_setfsgid, u32::MAX);
+        if uid != i64::from(user.uid) || gid != i64::from(user.gid) {
+            return Err(io::Error::from_raw_os_error(libc::EPERM));
+        }
+    }
+    Ok(())
+}
+
 /// The capabilities a command keeps when it runs as root: Docker's default set without
 /// `CAP_MKNOD` and `CAP_NET_RAW`. Gone in particular: `CAP_SYS_PTRACE` (with it, root reads a
 /// non-dumpable podhost's `/proc/<pid>/environ`, which Landlock does not stop for reads),

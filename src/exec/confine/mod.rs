@@ -501,6 +501,29 @@ pub struct WorkspaceRules {
     pub tmp: Option<PathBuf>,
 }
 
+impl WorkspaceRules {
+    /// Whether a file tool call needs a thread of its own ([`confine_thread`]).
+    pub fn confines_files(&self) -> bool {
+        self.files.is_some() || self.command.user.is_some()
+    }
+}
+
+/// Confines the calling thread (a fresh one, which dies with the call) for a file tool: as the
+/// command user's file-system identity when there is one (so files it writes belong to that user
+/// and permissions are checked as that user, like a command's), then to the Landlock rules.
+pub fn confine_thread(rules: &WorkspaceRules) -> Result<(), ConfineError> {
+    if let Some(user) = rules.command.user {
+        apply::become_user_on_thread(user).map_err(|e| ConfineError::User {
+            spec: format!("{}:{}", user.uid, user.gid),
+            message: format!("could not take its file-system identity: {e}"),
+        })?;
+    }
+    match &rules.files {
+        Some(spec) => restrict_thread(spec),
+        None => Ok(()),
+    }
+}
+
 fn push_unique(list: &mut Vec<PathBuf>, p: &Path) {
     if !list.iter().any(|q| q == p) {
         list.push(p.to_path_buf());
