@@ -365,6 +365,8 @@ async fn file_tools_cannot_reach_podhosts_own_proc_files() {
 /// With a command user, the file tools act as that user too: what `write` creates belongs to it
 /// (so its commands can change it), and a file only root may read stays closed to `read`.
 #[tokio::test]
+// The lock only keeps other tests' nobody processes away; no task of this runtime takes it.
+#[allow(clippy::await_holding_lock)]
 async fn file_tools_act_as_the_command_user() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let _nobody = crate::nobody_lock();
