@@ -6,8 +6,11 @@
 
 use std::path::{Path, PathBuf};
 
+use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand};
 
+use crate::exec::confine::{Confinement, Settings};
+use crate::exec::protocol::CommandUser;
 use crate::exec::{BaseEnv, CommandEnv, ExecConfig, Executor, ResourceLimits};
 use crate::tools::Toolbox;
 use crate::tools::paths::Workspace;
@@ -30,6 +33,24 @@ pub enum Command {
     Tool(ToolArgs),
     /// Be a Nylorun pod's harness: join core, serve the Harness API, lease runs.
     Pod(Box<crate::nylorun::settings::PodArgs>),
+}
+
+impl Command {
+    /// How this front runs commands (each front that runs tools answers).
+    pub fn exec_args(&self) -> Option<&ExecArgs> {
+        match self {
+            Command::Tool(args) => Some(&args.exec),
+            Command::Pod(args) => Some(&args.exec),
+        }
+    }
+
+    /// Whether this front runs for long (and so reports its confinement at `info`).
+    pub fn is_long_running(&self) -> bool {
+        match self {
+            Command::Tool(_) => false,
+            Command::Pod(_) => true,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -64,6 +85,103 @@ pub struct ExecArgs {
     /// The shell commands run with; default `bash`, or `sh` where bash is missing.
     #[arg(long, env = "PODHOST_SHELL")]
     pub shell: Option<PathBuf>,
+    #[command(flatten)]
+    pub confine: ConfineArgs,
+}
+
+/// How commands and file tools are confined (see `exec::confine`).
+#[derive(Clone, Debug, Args)]
+pub struct ConfineArgs {
+    /// Confine commands and file tools with Landlock where the kernel has it: on or off.
+    #[arg(long, env = "PODHOST_CONFINE", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
+    pub confine: bool,
+    /// Refuse to start unless commands and file tools can be confined (a kernel with Landlock).
+    #[arg(long, env = "PODHOST_REQUIRE_CONFINEMENT", value_parser = BoolishValueParser::new())]
+    pub require_confinement: bool,
+    /// Deny commands the network: no socket but AF_UNIX (BYOH and local modes; a pod's egress
+    /// goes through its proxy instead).
+    #[arg(long, env = "PODHOST_DENY_NETWORK", value_parser = BoolishValueParser::new())]
+    pub deny_network: bool,
+    /// Paths commands and file tools may not reach, beyond podhost's own state (repeat the
+    /// flag, or separate them with `:` in the environment).
+    #[arg(
+        long = "confine-deny",
+        env = "PODHOST_CONFINE_DENY",
+        value_delimiter = ':'
+    )]
+    pub confine_deny: Vec<PathBuf>,
+    /// A private directory for commands' temporary files (`TMPDIR`); `/tmp` is then read-only.
+    #[arg(long, env = "PODHOST_TMP_DIR")]
+    pub tmp_dir: Option<PathBuf>,
+    /// When podhost runs as root: the user commands run as (a name, or `uid[:gid]`), with no
+    /// supplementary groups.
+    #[arg(long, env = "PODHOST_COMMAND_USER", value_parser = command_user)]
+    pub command_user: Option<CommandUser>,
+    /// Testing only: use at most this Landlock ABI (0 behaves as a kernel without Landlock).
+    #[arg(long, env = "PODHOST_LANDLOCK_ABI_MAX", hide = true)]
+    pub landlock_abi_max: Option<u8>,
+}
+
+impl ConfineArgs {
+    /// The settings, with the command user dropped (and a warning) unless podhost is root.
+    pub fn settings(&self) -> Settings {
+        let user = self.command_user.filter(|_| {
+            let root = nix::unistd::geteuid().is_root();
+            if !root {
+                tracing::warn!("PODHOST_COMMAND_USER is ignored: podhost is not running as root");
+            }
+            root
+        });
+        Settings {
+            enabled: self.confine,
+            require: self.require_confinement,
+            deny_network: self.deny_network,
+            hidden: self.confine_deny.clone(),
+            tmp: self.tmp_dir.clone(),
+            user,
+            abi_max: self.landlock_abi_max,
+        }
+    }
+
+    /// The confinement policy these settings give.
+    pub fn confinement(&self) -> Confinement {
+        Confinement::new(&self.settings())
+    }
+}
+
+fn on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" | "true" | "1" => Ok(true),
+        "off" | "false" | "0" => Ok(false),
+        _ => Err(format!("expected on or off, got {s:?}")),
+    }
+}
+
+/// `uid[:gid]` (the gid defaults to the uid), or a user name (its primary group).
+fn command_user(s: &str) -> Result<CommandUser, String> {
+    let number = |v: &str| {
+        v.parse::<u32>()
+            .map_err(|_| format!("{v:?} is not a uid or gid"))
+    };
+    if s.starts_with(|c: char| c.is_ascii_digit()) {
+        let (uid, gid) = match s.split_once(':') {
+            Some((u, g)) => (number(u)?, number(g)?),
+            None => (number(s)?, number(s)?),
+        };
+        if uid == 0 {
+            return Err("the command user must not be root".to_owned());
+        }
+        return Ok(CommandUser { uid, gid });
+    }
+    match nix::unistd::User::from_name(s) {
+        Ok(Some(u)) if u.uid.is_root() => Err("the command user must not be root".to_owned()),
+        Ok(Some(u)) => Ok(CommandUser {
+            uid: u.uid.as_raw(),
+            gid: u.gid.as_raw(),
+        }),
+        Ok(None) => Err(format!("no user named {s:?}")),
+        Err(e) => Err(format!("could not look up the user {s:?}: {e}")),
+    }
 }
 
 impl ExecArgs {
@@ -100,7 +218,8 @@ pub fn find_shell(explicit: Option<&Path>) -> PathBuf {
     PathBuf::from("/bin/sh")
 }
 
-/// An executor for the podhost binary at `supervisor`.
+/// An executor for the podhost binary at `supervisor`, confined as `args` say. A front hides its
+/// own state on top (`Executor::with_confinement`, `Confinement::hide`).
 pub fn executor(args: &ExecArgs, supervisor: PathBuf, env: CommandEnv) -> Executor {
     Executor::new(ExecConfig {
         supervisor,
@@ -108,6 +227,7 @@ pub fn executor(args: &ExecArgs, supervisor: PathBuf, env: CommandEnv) -> Execut
         env,
         limits: args.limits(),
     })
+    .with_confinement(args.confine.confinement())
 }
 
 /// The toolbox of a local workspace (`podhost tool`, `podhost run`): paths are host paths.
@@ -117,10 +237,79 @@ pub fn local_toolbox(workspace: &Path, args: &ExecArgs) -> Result<Toolbox, Confi
         message: format!("{}: {e}", workspace.display()),
     })?;
     let supervisor = std::env::current_exe().map_err(ConfigError::CurrentExe)?;
+    if let Some(tmp) = &args.confine.tmp_dir {
+        std::fs::create_dir_all(tmp).map_err(|e| ConfigError::Invalid {
+            name: "--tmp-dir",
+            message: format!("{}: {e}", tmp.display()),
+        })?;
+    }
     let base = BaseEnv {
         home: ws.root().to_path_buf(),
         ..BaseEnv::default()
     };
     let exec = executor(args, supervisor, CommandEnv::new(base, None));
     Ok(Toolbox::new(ws, exec))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    #[test]
+    fn command_users_parse_and_root_is_refused() {
+        assert_eq!(
+            command_user("65534"),
+            Ok(CommandUser {
+                uid: 65534,
+                gid: 65534
+            })
+        );
+        assert_eq!(
+            command_user("1000:100"),
+            Ok(CommandUser {
+                uid: 1000,
+                gid: 100
+            })
+        );
+        assert_eq!(
+            command_user("nobody"),
+            Ok(CommandUser {
+                uid: 65534,
+                gid: 65534
+            })
+        );
+        for (bad, message) in [
+            ("0", "the command user must not be root"),
+            ("root", "the command user must not be root"),
+            ("12x", "\"12x\" is not a uid or gid"),
+            ("no-such-user-here", "no user named \"no-such-user-here\""),
+        ] {
+            assert_eq!(command_user(bad), Err(message.to_owned()), "{bad}");
+        }
+    }
+
+    #[test]
+    fn confinement_flags_parse_from_the_environment_names() {
+        let cli = Cli::try_parse_from([
+            "podhost",
+            "tool",
+            "bash",
+            "--input",
+            "{}",
+            "--confine",
+            "off",
+            "--deny-network",
+            "--confine-deny",
+            "/a",
+            "--confine-deny",
+            "/b",
+        ])
+        .unwrap();
+        let s = cli.command.exec_args().unwrap().confine.settings();
+        assert_eq!(
+            (s.enabled, s.deny_network, s.hidden),
+            (false, true, vec![PathBuf::from("/a"), PathBuf::from("/b")])
+        );
+    }
 }
