@@ -76,13 +76,14 @@ fn kib(pid: u32, field: &str) -> u64 {
         .unwrap()
 }
 
-#[tokio::test]
-#[ignore = "a measurement; run it by hand against a release build"]
-async fn turn_measure_protocol_overhead_per_tool_call() {
+/// Runs one turn of `CALLS` calls of `tool` with `args`, and prints the journal's round trips
+/// against the tool's own time, as podhost logged them.
+async fn overhead(tool: &str, args: Value) {
     const CALLS: usize = 60;
     let core = FakeCore::start(CoreOptions::default()).await;
     let gates = FakeGates::start(core.state.journal.clone()).await;
     let dirs = PodDirs::new(&core);
+    std::fs::write(dirs.workspace.join("small.txt"), "one\ntwo\nthree\n").unwrap();
     let pod = spawn(
         &core,
         &gates,
@@ -94,11 +95,11 @@ async fn turn_measure_protocol_overhead_per_tool_call() {
     )
     .await;
     let mut script: Vec<Reply> = (0..CALLS)
-        .map(|i| fake_gates::tool_call(&format!("c{i}"), "bash", json!({"command": "true"})))
+        .map(|i| fake_gates::tool_call(&format!("c{i}"), tool, args.clone()))
         .collect();
     script.push(fake_gates::text("done"));
     gates.script(script);
-    let mut ts = turn_start(json!("Run true many times."));
+    let mut ts = turn_start(json!("Run a tool many times."));
     ts["loop"] = json!({"yieldAfter": {"steps": 1000}});
     core.grant_turn("run-1", "tok", ts);
     let (method, _) = wait_end(&core, "run-1").await;
@@ -106,22 +107,21 @@ async fn turn_measure_protocol_overhead_per_tool_call() {
 
     let lines = pod.lines.lock().unwrap().clone();
     let field = |l: &Value, k: &str| l["fields"][k].clone();
-    let ms_of = |message: &str, method: Option<&str>| -> Vec<f64> {
+    let ms_of = |method: &str| -> Vec<f64> {
         lines
             .iter()
-            .filter(|l| field(l, "message") == message)
+            .filter(|l| field(l, "message") == "journal request answered")
             .filter(|l| {
                 field(l, "what")
                     .as_str()
                     .is_some_and(|w| w.contains(":tool:"))
             })
-            .filter(|l| method.is_none_or(|m| field(l, "method") == m))
+            .filter(|l| field(l, "method") == method)
             .filter_map(|l| field(l, "ms").as_f64())
             .collect()
     };
-    let intent = ms_of("journal request answered", Some("effect.intent"));
-    let outcome = ms_of("journal request answered", Some("effect.outcome"));
-    let tool: Vec<f64> = lines
+    let (intent, outcome) = (ms_of("effect.intent"), ms_of("effect.outcome"));
+    let ran: Vec<f64> = lines
         .iter()
         .filter(|l| field(l, "message") == "tool ran")
         .filter_map(|l| field(l, "ms").as_f64())
@@ -138,18 +138,25 @@ async fn turn_measure_protocol_overhead_per_tool_call() {
         })
         .collect();
     assert_eq!(
-        (intent.len(), outcome.len(), tool.len()),
+        (intent.len(), outcome.len(), ran.len()),
         (CALLS, CALLS, CALLS)
     );
-    let (i, o, t) = (median(intent), median(outcome), median(tool));
+    let (i, o, t) = (median(intent), median(outcome), median(ran));
     println!(
-        "per tool call over {CALLS} `bash true` calls of {}: effect.intent round trip median {i:.3} ms, \
-         effect.outcome round trip median {o:.3} ms, the tool alone median {t:.3} ms; \
-         journal/tool = {:.3}; core sees intent→outcome median {:.3} ms",
+        "{tool} x{CALLS} ({}): effect.intent round trip median {i:.3} ms, effect.outcome round \
+         trip median {o:.3} ms, the tool alone median {t:.3} ms; (intent + outcome) / tool = \
+         {:.2}; core sees intent→outcome median {:.3} ms",
         bin().display(),
         (i + o) / t,
         median(core_side)
     );
+}
+
+#[tokio::test]
+#[ignore = "a measurement; run it by hand against a release build"]
+async fn turn_measure_protocol_overhead_per_tool_call() {
+    overhead("bash", json!({"command": "true"})).await;
+    overhead("read", json!({"path": "small.txt"})).await;
 }
 
 #[tokio::test]
