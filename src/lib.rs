@@ -33,6 +33,7 @@
 //! never see the host token, join token, run tokens or model API keys.
 
 pub mod agent;
+pub mod byoh;
 pub mod config;
 pub mod error;
 pub mod exec;

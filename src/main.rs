@@ -46,6 +46,8 @@ fn init_tracing() {
 async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Tool(args) => tool(args).await,
+        Command::Serve(args) => Ok(podhost::byoh::serve(args).await?),
+        Command::Run(args) => Ok(podhost::byoh::local::run(args).await?),
     }
 }
 
