@@ -67,8 +67,10 @@ pub struct ModelClient {
 /// One attempt's result, before the retry decision.
 enum Attempt {
     Answer(Value),
+    /// `head` names the cause ("The model endpoint returned HTTP 500"); `detail` quotes it.
     Retry {
-        why: String,
+        head: String,
+        detail: String,
         after: Option<Duration>,
     },
     Fatal(String),
@@ -110,7 +112,7 @@ impl ModelClient {
     ) -> Result<Candidate, ModelError> {
         let url = format!("{}/chat/completions", conn.base_url.trim_end_matches('/'));
         let attempts = self.policy.attempts.max(1);
-        let mut last = String::new();
+        let mut last = (String::new(), String::new());
         for n in 1..=attempts {
             let attempt = tokio::select! {
                 _ = cancel.cancelled() => return Err(ModelError::Cancelled),
@@ -121,8 +123,12 @@ impl ModelClient {
                     return parse_completion(&v).map_err(|e| ModelError::Failed(scrub(&e, key)));
                 }
                 Attempt::Fatal(why) => return Err(ModelError::Failed(scrub(&why, key))),
-                Attempt::Retry { why, after } => {
-                    last = why;
+                Attempt::Retry {
+                    head,
+                    detail,
+                    after,
+                } => {
+                    last = (head, detail);
                     if n == attempts {
                         break;
                     }
@@ -141,8 +147,9 @@ impl ModelClient {
                 }
             }
         }
+        let (head, detail) = last;
         Err(ModelError::Failed(scrub(
-            &format!("{last} after {attempts} attempts"),
+            &format!("{head} after {attempts} attempts: {detail}"),
             key,
         )))
     }
@@ -165,7 +172,8 @@ impl ModelClient {
                     "could not be reached"
                 };
                 return Attempt::Retry {
-                    why: format!("The model endpoint {kind} ({})", error_chain(&e)),
+                    head: format!("The model endpoint {kind}"),
+                    detail: error_chain(&e),
                     after: None,
                 };
             }
@@ -176,10 +184,8 @@ impl ModelClient {
             Ok(t) => t,
             Err(e) => {
                 return Attempt::Retry {
-                    why: format!(
-                        "The model endpoint's answer could not be read ({})",
-                        error_chain(&e)
-                    ),
+                    head: "The model endpoint's answer could not be read".to_owned(),
+                    detail: error_chain(&e),
                     after: None,
                 };
             }
@@ -193,15 +199,16 @@ impl ModelClient {
                 )),
             };
         }
-        let why = format!(
-            "The model endpoint returned HTTP {}: {}",
-            status.as_u16(),
-            snippet(&text)
-        );
+        let head = format!("The model endpoint returned HTTP {}", status.as_u16());
+        let detail = snippet(&text);
         if status.as_u16() == 429 || status.is_server_error() {
-            Attempt::Retry { why, after }
+            Attempt::Retry {
+                head,
+                detail,
+                after,
+            }
         } else {
-            Attempt::Fatal(why)
+            Attempt::Fatal(format!("{head}: {detail}"))
         }
     }
 }

@@ -82,7 +82,7 @@ pub(super) async fn drive(inner: &Inner, id: &str, live: &Arc<Live>) {
     let Some(row) = row.filter(|_| changed) else {
         return;
     };
-    info!(invocation_id = id, status = "running", "turn started");
+    info!(invocation_id = id, status = %Status::Running, "turn started");
     let end = run_turn(inner, id, live, &row.session_id, row.connection.clone()).await;
     let (to, error, pending) = match end {
         Ok(Some(TurnEnd::Completed { .. })) => (Status::Completed, None, vec![]),
@@ -106,13 +106,13 @@ pub(super) async fn drive(inner: &Inner, id: &str, live: &Arc<Live>) {
     match store.transition(id, RUNNING, to, error, pending).await {
         Ok((true, _)) => info!(
             invocation_id = id,
-            status = to.as_str(),
+            status = %to,
             duration_ms = started.elapsed().as_millis() as u64,
             "turn ended"
         ),
         Ok((false, row)) => info!(
             invocation_id = id,
-            status = row.map(|r| r.status.as_str()).unwrap_or("gone"),
+            status = %row.map(|r| r.status.as_str()).unwrap_or("gone"),
             "turn ended after its status changed"
         ),
         Err(e) => warn!(invocation_id = id, error = %e, "could not record the turn's end"),
@@ -227,7 +227,7 @@ impl super::invocation::Engine {
                     .await
                 {
                     Ok((true, _)) => {
-                        warn!(invocation_id = %id, status = "failed", "interrupted turn had no key")
+                        warn!(invocation_id = %id, status = %Status::Failed, "interrupted turn had no key")
                     }
                     Ok(_) => {}
                     Err(e) => warn!(invocation_id = %id, error = %e, "could not fail the turn"),

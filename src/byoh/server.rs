@@ -195,6 +195,9 @@ fn tagged(mut resp: Response, id: &str) -> Response {
     resp
 }
 
+/// How much of a too-large body is read and dropped before answering 413.
+const DRAIN_LIMIT: usize = 4 * MAX_BODY_BYTES;
+
 /// Reads a request body of at most 10 MiB.
 async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
     let too_large = || {
@@ -207,7 +210,7 @@ async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+    if declared.is_some_and(|n| n > DRAIN_LIMIT as u64) {
         return Err(too_large());
     }
     let mut stream = body.into_data_stream();
@@ -278,7 +281,7 @@ async fn submit(State(app): State<App>, headers: HeaderMap, body: Body) -> Respo
             .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.0))?;
         let action = req.session_action;
         let row = app.engine.submit(req).await?;
-        info!(invocation_id = %row.invocation_id, ?action, status = row.status.as_str(), "submit");
+        info!(invocation_id = %row.invocation_id, ?action, status = %row.status, "submit");
         Ok::<_, ApiError>(status_response(&row))
     };
     result.await.unwrap_or_else(IntoResponse::into_response)
