@@ -15,6 +15,7 @@
 
 pub mod bash;
 pub mod edit;
+pub mod encoding;
 pub mod glob;
 pub mod grep;
 pub mod locks;
