@@ -51,8 +51,19 @@ impl fmt::Debug for ApiKey {
     }
 }
 
+/// An optional field that, when present, must not be `null` (Oumi omits null fields, so a null
+/// is a malformed body).
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}
+
 /// One chat message, in the OpenAI format.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ChatMessage {
     /// `system`, `user`, `assistant` or `tool`.
     pub role: Role,
@@ -60,10 +71,18 @@ pub struct ChatMessage {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
     /// Assistant only: the calls the model made.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub tool_calls: Option<Vec<ToolCall>>,
     /// Tool only: the id of the call this message answers.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub tool_call_id: Option<String>,
 }
 
@@ -183,10 +202,10 @@ pub struct ModelConnection {
     /// The `model` parameter of every request.
     pub model: String,
     /// The key for this turn (absent for a local model that needs none).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     pub api_key: Option<ApiKey>,
     /// Settings merged into every request body as given (`temperature`, `seed`, …).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     pub generation_settings: Option<Map<String, Value>>,
 }
 
@@ -377,8 +396,12 @@ impl SubmitRequest {
                 "model_connection.base_url must be an http:// or https:// URL",
             ));
         }
-        if reqwest::Url::parse(&conn.base_url).is_err() {
-            return Err(rule("model_connection.base_url is not a valid URL"));
+        // A URI (RFC 3986): ASCII without spaces or the characters it excludes.
+        let uri_char = |c: char| c.is_ascii_graphic() && !"\"<>\\^`{|}".contains(c);
+        if !conn.base_url.chars().all(uri_char) || reqwest::Url::parse(&conn.base_url).is_err() {
+            return Err(rule(
+                "model_connection.base_url is not a valid URL (RFC 3986: ASCII, no spaces)",
+            ));
         }
         if conn.model.is_empty() {
             return Err(rule("model_connection.model must not be empty"));
@@ -599,10 +622,26 @@ mod tests {
             let r = submit(action, messages).unwrap();
             assert_eq!(r.validate(), Err(RuleError(want.into())), "{action}");
         }
+        let mut iri = submit("start", json!([{"role": "user", "content": "x"}])).unwrap();
+        iri.model_connection.base_url = "https://\u{cf}/v1".into();
+        assert_eq!(
+            iri.validate(),
+            Err(RuleError(
+                "model_connection.base_url is not a valid URL (RFC 3986: ASCII, no spaces)".into()
+            ))
+        );
         assert!(
             submit("restart", json!([{"role": "user", "content": "x"}]))
                 .unwrap_err()
                 .contains("unknown variant `restart`")
+        );
+        assert!(
+            submit(
+                "start",
+                json!([{"role": "user", "content": "x", "tool_calls": null}])
+            )
+            .unwrap_err()
+            .contains("invalid type: null, expected a sequence")
         );
         assert!(
             submit("start", json!([{"role": "robot", "content": "x"}]))
