@@ -373,34 +373,52 @@ async fn openapi() -> Response {
 }
 
 /// Shrinks the largest contents and arguments of `body`, middle-truncated with a marker, until
-/// its JSON is at most `limit` bytes. The largest is cut down towards the next largest first, so
-/// the cuts spread over the big texts instead of erasing one of them.
+/// its JSON is at most `limit` bytes. The cut is level: every text longer than a cap is cut to
+/// it, and the cap is the highest one that fits, so big texts share the loss and small ones keep
+/// theirs. A few passes at most (escapes and markers make the first estimate inexact).
 pub fn fit(body: &mut OutputBody, limit: usize) {
-    for _ in 0..1024 {
+    /// Room for a marker and the rounding of a cut, per text.
+    const SLACK: usize = 96;
+    for _ in 0..16 {
         let size = serde_json::to_vec(body).map(|v| v.len()).unwrap_or(0);
         if size <= limit {
             return;
         }
-        let excess = size - limit;
         let mut texts = texts(&mut body.messages);
-        texts.sort_by_key(|t| std::cmp::Reverse(encoded_len(t)));
-        let second = texts.get(1).map_or(0, |t| encoded_len(t));
-        let Some(largest) = texts.into_iter().next() else {
+        let lens: Vec<usize> = texts.iter().map(|t| encoded_len(t)).collect();
+        let fixed = size - lens.iter().sum::<usize>();
+        let Some(cap) = level(&lens, limit.saturating_sub(fixed), SLACK) else {
             return;
         };
-        let encoded = encoded_len(largest);
-        if encoded <= 64 {
-            return;
+        for (t, len) in texts.iter_mut().zip(&lens) {
+            if *len > cap {
+                let chars = t.chars().count();
+                let keep = (chars as f64 * cap.saturating_sub(SLACK) as f64 / *len as f64) as usize;
+                **t = truncate_middle(t, keep.min(chars.saturating_sub(1))).0;
+            }
         }
-        // Towards the next largest, but at least an eighth each round, so it converges fast.
-        let target = encoded
-            .saturating_sub(excess + 128)
-            .max(second)
-            .min(encoded - encoded / 8 - 1);
-        let chars = largest.chars().count();
-        let keep = (chars as f64 * target as f64 / encoded as f64) as usize;
-        *largest = truncate_middle(largest, keep.min(chars.saturating_sub(1))).0;
     }
+}
+
+/// The largest cap such that the texts, each cut to at most `cap` (plus `slack` when cut), fit
+/// in `budget`; `None` when even empty texts would not fit.
+fn level(lens: &[usize], budget: usize, slack: usize) -> Option<usize> {
+    let mut sorted = lens.to_vec();
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    // With the `k` largest cut to `cap`: total = k * (cap + slack) + sum(rest) <= budget.
+    let mut rest: usize = sorted.iter().sum();
+    for k in 1..=sorted.len() {
+        rest -= sorted[k - 1];
+        let Some(avail) = budget.checked_sub(rest) else {
+            continue;
+        };
+        let cap = (avail / k).saturating_sub(slack);
+        let next = sorted.get(k).copied().unwrap_or(0);
+        if cap >= next {
+            return Some(cap);
+        }
+    }
+    None
 }
 
 fn encoded_len(s: &str) -> usize {
@@ -458,6 +476,13 @@ mod tests {
                 .contains("characters omitted")
         );
         assert_eq!(body.messages[2].content.as_deref(), Some("done"));
+    }
+
+    #[test]
+    fn the_level_cuts_the_largest_first() {
+        assert_eq!(level(&[100, 10, 10], 60, 0), Some(40));
+        assert_eq!(level(&[100, 90, 10], 60, 0), Some(25));
+        assert_eq!(level(&[100, 90, 10], 5, 0), Some(1));
     }
 
     #[test]

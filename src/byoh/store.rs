@@ -204,8 +204,10 @@ impl Store {
         let conn = Connection::open(path).map_err(open_err)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(open_err)?;
-        // FULL: a submission is acknowledged only once it would survive a power cut too.
-        conn.pragma_update(None, "synchronous", "FULL")
+        // NORMAL: in WAL mode every commit survives a crash of the process; the commits that
+        // must also survive a power cut (accepted submissions, end states) go through
+        // `Store::durable`, which syncs them.
+        conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(open_err)?;
         conn.pragma_update(None, "foreign_keys", "ON")
             .map_err(open_err)?;
@@ -240,6 +242,21 @@ impl Store {
             .map_err(StoreError::from)
     }
 
+    /// Runs `f` on the store thread with its commits synced to disk before they count.
+    pub async fn durable<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Connection) -> rusqlite::Result<R> + Send + 'static,
+    {
+        self.call(move |c| {
+            c.pragma_update(None, "synchronous", "FULL")?;
+            let r = f(c);
+            c.pragma_update(None, "synchronous", "NORMAL")?;
+            r
+        })
+        .await
+    }
+
     pub async fn get(&self, id: &str) -> Result<Option<InvocationRow>, StoreError> {
         let id = id.to_owned();
         self.call(move |c| get(c, &id)).await
@@ -251,7 +268,7 @@ impl Store {
         row: InvocationRow,
         messages: Vec<ChatMessage>,
     ) -> Result<StartOutcome, StoreError> {
-        self.call(move |c| {
+        self.durable(move |c| {
             let tx = c.transaction()?;
             if let Some(existing) = get(&tx, &row.invocation_id)? {
                 return Ok(StartOutcome::Exists(existing));
@@ -298,7 +315,7 @@ impl Store {
         needs_key: bool,
     ) -> Result<ResumeOutcome, StoreError> {
         let id = id.to_owned();
-        self.call(move |c| {
+        self.durable(move |c| {
             let tx = c.transaction()?;
             let Some(row) = get(&tx, &id)? else {
                 return Ok(ResumeOutcome::NotFound);
@@ -378,7 +395,8 @@ impl Store {
         pending: Vec<String>,
     ) -> Result<(bool, Option<InvocationRow>), StoreError> {
         let id = id.to_owned();
-        self.call(move |c| {
+        // End states and questions are what callers act on: sync them; `running` need not be.
+        let op = move |c: &mut Connection| {
             let tx = c.transaction()?;
             let Some(row) = get(&tx, &id)? else {
                 return Ok((false, None));
@@ -396,8 +414,12 @@ impl Store {
             let row = get(&tx, &id)?;
             tx.commit()?;
             Ok((true, row))
-        })
-        .await
+        };
+        if to == Status::Running {
+            self.call(op).await
+        } else {
+            self.durable(op).await
+        }
     }
 
     pub async fn append(&self, id: &str, messages: Vec<ChatMessage>) -> Result<(), StoreError> {

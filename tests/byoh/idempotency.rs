@@ -187,3 +187,84 @@ async fn resumes_are_checked_applied_once_and_bring_their_key() {
         json!({"role": "assistant", "content": "Lyon it is."})
     );
 }
+
+#[tokio::test]
+async fn concurrent_resumes_apply_once_and_misplaced_submissions_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeModel::start("fake-model", None).await;
+    fake.push([
+        Reply::call("q1", "ask_user", json!({"question": "A?"})),
+        Reply::Delay(
+            std::time::Duration::from_millis(200),
+            Box::new(Reply::call("q2", "ask_user", json!({"question": "B?"}))),
+        ),
+    ]);
+    let s = std::sync::Arc::new(Serve::start(dir.path()));
+    let url = fake.base_url();
+    s.submit(start("s", "i", "x", &url, None)).await;
+    s.wait_status("i", "input_required", T).await;
+
+    // A second start in the same session under another invocation id.
+    let err = |m: &str| json!({"error": {"message": m}});
+    assert_eq!(
+        s.submit(start("s", "other", "x", &url, None)).await,
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            err("session \"s\" already holds invocation \"i\"; a session has one invocation")
+        )
+    );
+
+    let body = resume("s", "i", &[("q1", "a")], &url, "k");
+    let calls: Vec<_> = (0..10)
+        .map(|_| {
+            let (s, body) = (s.clone(), body.clone());
+            tokio::spawn(async move { s.submit(body).await })
+        })
+        .collect();
+    for c in calls {
+        let (code, body) = c.await.unwrap();
+        assert_eq!(code, StatusCode::ACCEPTED, "{body}");
+    }
+    s.wait_status("i", "input_required", T).await;
+    let reqs = fake.requests();
+    assert_eq!(reqs.len(), 2);
+    let answers = reqs[1].body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .count();
+    assert_eq!(answers, 1);
+    let (_, out) = s.collect("i").await;
+    assert_eq!(out["messages"][0]["tool_calls"][0]["id"], "q2");
+
+    // A resume that is neither for the pending question nor a retry of the last one.
+    assert_eq!(
+        s.submit(resume("s", "i", &[("q9", "a")], &url, "k")).await,
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            err(
+                "the resume answers tool call(s) [\"q9\"], which are not pending; the pending calls are [\"q2\"]"
+            )
+        )
+    );
+    // Cancelling a turn that waits for input.
+    assert_eq!(
+        s.cancel("s", "i").await,
+        (StatusCode::OK, status_obj("s", "i", "cancelled"))
+    );
+    assert_eq!(
+        s.submit(resume("s", "i", &[("q2", "b")], &url, "k")).await,
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            err(
+                "invocation \"i\" is cancelled, not waiting for input; a resume answers the questions of an input_required turn"
+            )
+        )
+    );
+    // The retry of the last applied resume still answers the current status.
+    assert_eq!(
+        s.submit(resume("s", "i", &[("q1", "a")], &url, "k")).await,
+        (StatusCode::OK, status_obj("s", "i", "cancelled"))
+    );
+}

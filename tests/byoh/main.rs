@@ -12,5 +12,6 @@ mod harness;
 mod durability;
 mod failures;
 mod idempotency;
+mod local;
 mod routes;
 mod turns;
