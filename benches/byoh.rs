@@ -88,6 +88,26 @@ fn start_body(session: &str, base_url: &str) -> Value {
     })
 }
 
+async fn wait_input_required(http: &reqwest::Client, url: &str, id: &str) {
+    let started = Instant::now();
+    loop {
+        let v: Value = http
+            .get(format!("{url}/get_status?invocation_id={id}"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if v["status"] == "input_required" {
+            return;
+        }
+        assert!(started.elapsed() < Duration::from_secs(300), "{v}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i]
@@ -104,6 +124,22 @@ async fn timed_gets(http: &reqwest::Client, urls: &[String]) -> Vec<Duration> {
     }
     out.sort();
     out
+}
+
+/// The median time of one fsync of a 4 KiB append in `dir`: what a durable commit costs here.
+fn fsync_median(dir: &std::path::Path) -> Duration {
+    use std::io::Write;
+    let mut f = std::fs::File::create(dir.join("fsync-probe")).unwrap();
+    let mut times: Vec<Duration> = (0..21)
+        .map(|_| {
+            f.write_all(&[b'x'; 4096]).unwrap();
+            let t = Instant::now();
+            f.sync_data().unwrap();
+            t.elapsed()
+        })
+        .collect();
+    times.sort();
+    times[times.len() / 2]
 }
 
 fn us(d: Duration) -> f64 {
@@ -131,6 +167,7 @@ async fn main() {
 
     // Submit → first model request, one at a time; baseline: a direct request to the fake.
     let mut submit_latency = Vec::new();
+    let mut submit_answer = Vec::new();
     let mut direct = Vec::new();
     for n in 0..LATENCY_RUNS {
         let before = fake.requests().len();
@@ -143,10 +180,13 @@ async fn main() {
             .await
             .unwrap();
         assert_eq!(resp.status(), 202);
+        submit_answer.push(t.elapsed());
         let reqs = fake
             .wait_requests(before + 1, Duration::from_secs(10))
             .await;
         submit_latency.push(reqs[before].at - t);
+        // Let this turn settle, so the next submission does not queue behind its end.
+        wait_input_required(&http, &server.url, &format!("inv-lat{n}")).await;
 
         let body = json!({"model": "fake-model", "messages": [{"role": "user", "content": "x"}]});
         let before = fake.requests().len();
@@ -164,7 +204,9 @@ async fn main() {
         resp.bytes().await.unwrap();
     }
     submit_latency.sort();
+    submit_answer.sort();
     direct.sort();
+    let fsync = fsync_median(dir.path());
 
     // Hold 1,000 sessions (the latency ones count), 32 submissions in flight at a time.
     let started = Instant::now();
@@ -204,22 +246,7 @@ async fn main() {
         .chain(ids.iter().map(|s| format!("inv-{s}")))
         .collect();
     for id in &all {
-        loop {
-            let v: Value = http
-                .get(format!("{}/get_status?invocation_id={id}", server.url))
-                .bearer_auth(TOKEN)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            if v["status"] == "input_required" {
-                break;
-            }
-            assert!(started.elapsed() < Duration::from_secs(300), "{v}");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        wait_input_required(&http, &server.url, id).await;
     }
     let settle = started.elapsed();
     let rss_held = rss_kib(pid);
@@ -278,6 +305,21 @@ async fn main() {
         us(sub),
         us(dir50),
         us(sub) / us(dir50)
+    );
+    println!(
+        "  submit answered (202, after its durable commit): median {:.1} µs; one fsync in the \
+         data directory: median {:.1} µs (×{:.2})",
+        us(percentile(&submit_answer, 0.5)),
+        us(fsync),
+        us(percentile(&submit_answer, 0.5)) / us(fsync)
+    );
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "  load average during the run (2 cores): {}",
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
     );
     println!(
         "  {SESSIONS} sessions submitted and settled in {:.2} s ({busy_retries} submits answered \

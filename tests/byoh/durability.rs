@@ -77,7 +77,7 @@ async fn a_turn_without_a_key_resumes_after_kill_9_and_its_tool_is_not_run_again
         Reply::call(
             "b",
             "bash",
-            json!({"command": "echo ran >> runs.txt; sleep 300"}),
+            json!({"command": "echo ran >> runs.txt; sleep 30"}),
         ),
         Reply::text("recovered"),
     ]);
@@ -103,7 +103,7 @@ async fn a_turn_without_a_key_resumes_after_kill_9_and_its_tool_is_not_run_again
         out["messages"],
         json!([
             {"role": "assistant", "tool_calls": [{"id": "b", "type": "function", "function":
-                {"name": "bash", "arguments": "{\"command\":\"echo ran >> runs.txt; sleep 300\"}"}}]},
+                {"name": "bash", "arguments": "{\"command\":\"echo ran >> runs.txt; sleep 30\"}"}}]},
             {"role": "tool", "tool_call_id": "b", "content": podhost::byoh::session::INTERRUPTED},
             {"role": "assistant", "content": "recovered"}
         ])
