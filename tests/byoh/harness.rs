@@ -180,6 +180,25 @@ impl Serve {
         .await
     }
 
+    /// Sends `n` copies of `body` to `/submit` at once; answers every response.
+    pub async fn submit_concurrently(
+        self: &std::sync::Arc<Self>,
+        body: Value,
+        n: usize,
+    ) -> Vec<(StatusCode, Value)> {
+        let calls: Vec<_> = (0..n)
+            .map(|_| {
+                let (s, body) = (self.clone(), body.clone());
+                tokio::spawn(async move { s.submit(body).await })
+            })
+            .collect();
+        let mut out = Vec::with_capacity(n);
+        for c in calls {
+            out.push(c.await.unwrap());
+        }
+        out
+    }
+
     /// Polls `get_status` (as Oumi does) until the status is `want`, within `timeout`.
     pub async fn wait_status(&self, id: &str, want: &str, timeout: Duration) -> Value {
         let deadline = tokio::time::Instant::now() + timeout;

@@ -18,14 +18,7 @@ async fn ten_identical_submits_at_once_make_one_turn() {
     )]);
     let s = std::sync::Arc::new(Serve::start(dir.path()));
     let body = start("s", "i", "do it once", &fake.base_url(), Some("k"));
-    let calls: Vec<_> = (0..10)
-        .map(|_| {
-            let (s, body) = (s.clone(), body.clone());
-            tokio::spawn(async move { s.submit(body).await })
-        })
-        .collect();
-    for c in calls {
-        let (code, body) = c.await.unwrap();
+    for (code, body) in s.submit_concurrently(body, 10).await {
         assert_eq!(code, StatusCode::ACCEPTED, "{body}");
         assert!(
             ["queued", "running"].contains(&body["status"].as_str().unwrap()),
@@ -215,14 +208,7 @@ async fn concurrent_resumes_apply_once_and_misplaced_submissions_are_refused() {
     );
 
     let body = resume("s", "i", &[("q1", "a")], &url, "k");
-    let calls: Vec<_> = (0..10)
-        .map(|_| {
-            let (s, body) = (s.clone(), body.clone());
-            tokio::spawn(async move { s.submit(body).await })
-        })
-        .collect();
-    for c in calls {
-        let (code, body) = c.await.unwrap();
+    for (code, body) in s.submit_concurrently(body, 10).await {
         assert_eq!(code, StatusCode::ACCEPTED, "{body}");
     }
     s.wait_status("i", "input_required", T).await;
