@@ -34,6 +34,29 @@ pub enum Command {
     Run(RunArgs),
 }
 
+/// A credential given on the command line or in the environment; `Debug` never shows it.
+#[derive(Clone)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Secret(s.to_owned()))
+    }
+}
+
 /// `podhost serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -46,7 +69,7 @@ pub struct ServeArgs {
     /// The credential callers send as `Authorization: Bearer …` (prefer the environment or a
     /// file: a flag shows in the process list).
     #[arg(long, env = "PODHOST_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
+    pub token: Option<Secret>,
     /// A file holding the credential (surrounding whitespace ignored).
     #[arg(long, env = "PODHOST_TOKEN_FILE", conflicts_with = "token")]
     pub token_file: Option<PathBuf>,

@@ -61,7 +61,7 @@ pub enum ServeError {
 /// The credential from `PODHOST_TOKEN`/`--token` or the token file.
 fn credential(args: &ServeArgs) -> Result<Option<String>, ServeError> {
     let token = match (&args.token, &args.token_file) {
-        (Some(t), _) => Some(t.trim().to_owned()),
+        (Some(t), _) => Some(t.expose().trim().to_owned()),
         (None, Some(path)) => Some(
             std::fs::read_to_string(path)
                 .map_err(|source| ServeError::Io {

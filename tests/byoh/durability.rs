@@ -175,3 +175,32 @@ async fn without_a_credential_it_refuses_a_non_loopback_address() {
     let logs = logs.lock().unwrap().clone();
     assert!(logs.contains("no credential is configured"), "{logs}");
 }
+
+#[tokio::test]
+async fn the_credential_can_come_from_a_file_and_must_not_be_empty() {
+    podhost::byoh::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, "  from-a-file\n").unwrap();
+    let opts = Options::default().env("PODHOST_TOKEN_FILE", file.to_str().unwrap());
+    let (mut child, url, _) = spawn(&dir.path().join("data"), &opts).unwrap();
+    let http = reqwest::Client::new();
+    let code = |auth: &'static str| {
+        let req = http.get(format!("{url}/healthz")).bearer_auth(auth);
+        async move { req.send().await.unwrap().status() }
+    };
+    assert_eq!(code("from-a-file").await, StatusCode::OK);
+    assert_eq!(code("from-a-file2").await, StatusCode::UNAUTHORIZED);
+    assert_eq!(code(crate::harness::TOKEN).await, StatusCode::UNAUTHORIZED);
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    std::fs::write(&file, "\n").unwrap();
+    let Err(err) = spawn(&dir.path().join("data"), &opts) else {
+        panic!("it started with an empty credential");
+    };
+    assert!(
+        err.contains("podhost serve: the credential is empty: set PODHOST_TOKEN or PODHOST_TOKEN_FILE to a non-empty value"),
+        "{err}"
+    );
+}
