@@ -84,6 +84,10 @@ pub struct ServeArgs {
     /// before it is reported failed.
     #[arg(long, env = "PODHOST_ORPHAN_GRACE_SECS", default_value_t = 30)]
     pub orphan_grace_secs: u64,
+    /// Model calls one submission may make before its turn is stopped as failed.
+    #[arg(long, env = "PODHOST_MAX_STEPS", default_value_t = 500,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_steps: u32,
     /// Attempts per model call (429, 5xx and transport errors are retried with backoff).
     #[arg(long, env = "PODHOST_MODEL_ATTEMPTS", default_value_t = 4,
           value_parser = clap::value_parser!(u32).range(1..=20))]

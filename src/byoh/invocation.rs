@@ -65,6 +65,8 @@ pub struct EngineConfig {
     pub orphan_grace: Duration,
     /// How long `cancel` waits for the turn to stop before answering.
     pub cancel_wait: Duration,
+    /// Model calls one submission may make.
+    pub max_steps: u32,
     /// How commands run, and the podhost binary that supervises them.
     pub exec: ExecArgs,
     pub supervisor: PathBuf,

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::openai::{ModelClient, RetryPolicy};
 use super::protocol::{ApiKey, ChatMessage, Role, StoredConnection};
-use super::session::{ChatTurn, Front, SessionError};
+use super::session::{ChatTurn, DEFAULT_MAX_STEPS, Front, SessionError};
 use super::{ServeError, install_crypto_provider};
 use crate::agent::turn::{self, TurnEnd};
 use crate::config::{RunArgs, local_toolbox};
@@ -127,6 +127,13 @@ pub async fn run(args: RunArgs) -> Result<i32, ServeError> {
             exit::FAILURE
         }
         Ok(TurnEnd::Cancelled) => 130,
+        Ok(TurnEnd::Yielded) => {
+            eprintln!(
+                "podhost run: {}",
+                super::session::step_limit_message(DEFAULT_MAX_STEPS)
+            );
+            exit::FAILURE
+        }
         Ok(other) => {
             eprintln!("podhost run: the turn ended unexpectedly: {other:?}");
             exit::FAILURE

@@ -139,6 +139,7 @@ async fn serve_inner(args: ServeArgs) -> Result<i32, ServeError> {
             retention: Duration::from_secs(args.retention_secs),
             orphan_grace: Duration::from_secs(args.orphan_grace_secs),
             cancel_wait: Duration::from_secs(5),
+            max_steps: args.max_steps,
             exec: args.exec.clone(),
             supervisor,
         },

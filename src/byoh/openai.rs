@@ -33,6 +33,8 @@ pub struct RetryPolicy {
     pub retry_after_cap: Duration,
     /// One attempt's time limit.
     pub request_timeout: Duration,
+    /// The largest answer body read; a larger one fails the call.
+    pub max_answer_bytes: usize,
 }
 
 impl Default for RetryPolicy {
@@ -43,6 +45,7 @@ impl Default for RetryPolicy {
             max_delay: Duration::from_secs(4),
             retry_after_cap: Duration::from_secs(30),
             request_timeout: Duration::from_secs(600),
+            max_answer_bytes: 64 << 20,
         }
     }
 }
@@ -180,8 +183,15 @@ impl ModelClient {
         };
         let status = resp.status();
         let after = retry_after(resp.headers());
-        let text = match resp.text().await {
-            Ok(t) => t,
+        let text = match self.read_capped(resp).await {
+            Ok(Some(t)) => t,
+            Ok(None) => {
+                return Attempt::Fatal(format!(
+                    "The model endpoint's answer (HTTP {}) is larger than {} bytes",
+                    status.as_u16(),
+                    self.policy.max_answer_bytes
+                ));
+            }
             Err(e) => {
                 return Attempt::Retry {
                     head: "The model endpoint's answer could not be read".to_owned(),
@@ -210,6 +220,23 @@ impl ModelClient {
         } else {
             Attempt::Fatal(format!("{head}: {detail}"))
         }
+    }
+}
+
+impl ModelClient {
+    /// The body as text, or `None` past `max_answer_bytes`.
+    async fn read_capped(
+        &self,
+        mut resp: reqwest::Response,
+    ) -> Result<Option<String>, reqwest::Error> {
+        let mut buf = Vec::new();
+        while let Some(chunk) = resp.chunk().await? {
+            if buf.len() + chunk.len() > self.policy.max_answer_bytes {
+                return Ok(None);
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        Ok(Some(String::from_utf8_lossy(&buf).into_owned()))
     }
 }
 
@@ -384,6 +411,38 @@ mod tests {
         assert_eq!(
             body["messages"],
             json!([{"role": "system", "content": "s"}])
+        );
+    }
+
+    #[tokio::test]
+    async fn answers_past_the_cap_fail_the_call() {
+        crate::byoh::install_crypto_provider();
+        let app = axum::Router::new().route(
+            "/v1/chat/completions",
+            axum::routing::post(|| async { "x".repeat(2048) }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let client = ModelClient::new(RetryPolicy {
+            max_answer_bytes: 1024,
+            ..RetryPolicy::default()
+        })
+        .unwrap();
+        let conn = StoredConnection {
+            base_url: format!("http://{addr}/v1"),
+            model: "m".into(),
+            generation_settings: Map::new(),
+        };
+        let err = client
+            .complete(&conn, None, &json!({}), &CancellationToken::new())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err,
+            ModelError::Failed(
+                "The model endpoint's answer (HTTP 200) is larger than 1024 bytes".into()
+            )
         );
     }
 

@@ -22,7 +22,7 @@ use tracing::{info, warn};
 
 use super::invocation::{Inner, Live};
 use super::protocol::{ApiKey, ChatMessage, Status};
-use super::session::{ChatTurn, Front, SessionError, Tail, repair_tail};
+use super::session::{ChatTurn, Front, SessionError, Tail, repair_tail, step_limit_message};
 use super::store::{Store, now_ms};
 use crate::agent::turn::{self, TurnEnd};
 use crate::exec::{BaseEnv, CommandEnv};
@@ -95,6 +95,11 @@ pub(super) async fn drive(inner: &Inner, id: &str, live: &Arc<Live>) {
         // `running`, for the next start to take up).
         _ if live.cancel.is_cancelled() => return,
         Ok(Some(TurnEnd::Failed { message, .. })) => (Status::Failed, Some(message), vec![]),
+        Ok(Some(TurnEnd::Yielded)) => (
+            Status::Failed,
+            Some(step_limit_message(inner.config.max_steps)),
+            vec![],
+        ),
         Ok(Some(other)) => (
             Status::Failed,
             Some(format!("the turn ended unexpectedly ({other:?})")),
@@ -157,7 +162,8 @@ async fn run_turn(
         id: id.to_owned(),
         live: live.clone(),
     };
-    let mut host = ChatTurn::new(front, inner.client.clone(), conn, toolbox, transcript);
+    let mut host = ChatTurn::new(front, inner.client.clone(), conn, toolbox, transcript)
+        .with_max_steps(inner.config.max_steps);
     turn::run(&mut host, 0, &live.cancel).await.map(Some)
 }
 

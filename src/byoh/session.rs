@@ -158,6 +158,19 @@ pub struct ChatTurn<F> {
     deferred_asks: Option<ChatMessage>,
     /// Calls of the current step whose result is already in the transcript.
     answered: HashSet<String>,
+    /// Model calls one submission may make before the turn is stopped.
+    max_steps: u32,
+}
+
+/// Model calls per submission unless configured otherwise.
+pub const DEFAULT_MAX_STEPS: u32 = 500;
+
+/// Why a turn that reached its step limit ended.
+pub fn step_limit_message(max_steps: u32) -> String {
+    format!(
+        "the turn made {max_steps} model calls without finishing; podhost stops a turn there \
+         (PODHOST_MAX_STEPS)"
+    )
 }
 
 impl<F: Front> ChatTurn<F> {
@@ -178,7 +191,15 @@ impl<F: Front> ChatTurn<F> {
             transcript,
             deferred_asks: None,
             answered: HashSet::new(),
+            max_steps: DEFAULT_MAX_STEPS,
         }
+    }
+
+    /// Ends the turn (as [`crate::agent::turn::TurnEnd::Yielded`]) before model call
+    /// `max_steps + 1`.
+    pub fn with_max_steps(mut self, max_steps: u32) -> Self {
+        self.max_steps = max_steps.max(1);
+        self
     }
 
     async fn push(&mut self, messages: Vec<ChatMessage>) -> Result<(), SessionError> {
@@ -224,8 +245,8 @@ fn is_question(call: &ToolCallBlock) -> bool {
 impl<F: Front> TurnHost for ChatTurn<F> {
     type Error = SessionError;
 
-    fn should_yield(&self, _step: u32) -> bool {
-        false
+    fn should_yield(&self, step: u32) -> bool {
+        step >= self.max_steps
     }
 
     async fn model(

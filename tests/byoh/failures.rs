@@ -249,3 +249,18 @@ async fn collect_output_stays_under_10_mib() {
     }
     assert_eq!(msgs[1]["tool_call_id"], "g");
 }
+
+#[tokio::test]
+async fn a_turn_that_never_stops_calling_tools_fails_at_the_step_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeModel::start("fake-model", None).await;
+    fake.respond_with(|_| Reply::call("g", "glob", json!({"pattern": "*.none"})));
+    let s = Serve::start_with(dir.path(), Options::default().env("PODHOST_MAX_STEPS", "3"));
+    s.submit(start("s", "i", "x", &fake.base_url(), None)).await;
+    let failed = s.wait_status("i", "failed", T).await;
+    assert_eq!(
+        failed["error"]["message"],
+        "the turn made 3 model calls without finishing; podhost stops a turn there (PODHOST_MAX_STEPS)"
+    );
+    assert_eq!(fake.requests().len(), 3);
+}
