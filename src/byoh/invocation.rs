@@ -27,7 +27,7 @@ use tokio_util::task::TaskTracker;
 
 use super::openai::ModelClient;
 use super::protocol::{ApiKey, CancelRequest, SessionAction, Status, SubmitRequest};
-use super::store::{InvocationRow, ResumeOutcome, StartOutcome, Store, StoreError};
+use super::store::{InvocationRow, ResumeOutcome, StartOutcome, StatusRow, Store, StoreError};
 use crate::config::ExecArgs;
 
 /// Why a request was refused; `server` maps each to one HTTP status.
@@ -351,8 +351,17 @@ impl Engine {
         });
     }
 
-    /// `get_status`.
-    pub async fn status(&self, id: &str) -> Result<InvocationRow, ByohError> {
+    /// `get_status`: answered from memory while the status has not changed.
+    pub async fn status(&self, id: &str) -> Result<StatusRow, ByohError> {
+        self.inner
+            .store
+            .status(id)
+            .await?
+            .ok_or_else(|| not_found(id))
+    }
+
+    /// The whole stored row.
+    async fn row(&self, id: &str) -> Result<InvocationRow, ByohError> {
         self.inner.store.get(id).await?.ok_or_else(|| not_found(id))
     }
 
@@ -361,7 +370,7 @@ impl Engine {
         &self,
         id: &str,
     ) -> Result<(InvocationRow, Vec<super::protocol::ChatMessage>), ByohError> {
-        let row = self.status(id).await?;
+        let row = self.row(id).await?;
         if row.swept {
             return Err(ByohError::NoOutput(format!(
                 "the output of invocation {id:?} was removed {} s after it finished (the \
@@ -387,7 +396,7 @@ impl Engine {
     /// killed and its model call aborted. Waits a little for the turn to stop.
     pub async fn cancel(&self, req: CancelRequest) -> Result<InvocationRow, ByohError> {
         let id = req.invocation_id.as_str();
-        let row = self.status(id).await?;
+        let row = self.row(id).await?;
         check_session(&row, &req.session_id)?;
         if row.status.is_terminal() {
             return Ok(row);

@@ -38,7 +38,7 @@ use super::protocol::{
     CancelRequest, ChatMessage, ErrorBody, ErrorDetail, MAX_BODY_BYTES, OutputBody,
     PROTOCOL_VERSION, Status, StatusBody, SubmitRequest,
 };
-use super::store::InvocationRow;
+use super::store::{InvocationRow, StatusRow};
 use crate::tools::text::truncate_middle;
 
 /// The OpenAPI document of the routes, served at `/openapi.yaml`.
@@ -247,11 +247,11 @@ fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     })
 }
 
-fn status_body(row: &InvocationRow) -> StatusBody {
+fn status_body(invocation_id: &str, row: &StatusRow) -> StatusBody {
     StatusBody {
         protocol_version: PROTOCOL_VERSION.to_owned(),
         session_id: row.session_id.clone(),
-        invocation_id: row.invocation_id.clone(),
+        invocation_id: invocation_id.to_owned(),
         status: row.status,
         error: (row.status == Status::Failed).then(|| ErrorDetail {
             message: row
@@ -270,7 +270,8 @@ fn status_response(row: &InvocationRow) -> Response {
     } else {
         StatusCode::ACCEPTED
     };
-    tagged(json(code, &status_body(row)), &row.invocation_id)
+    let body = status_body(&row.invocation_id, &row.status_row());
+    tagged(json(code, &body), &row.invocation_id)
 }
 
 async fn submit(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
@@ -296,7 +297,10 @@ async fn cancel(State(app): State<App>, headers: HeaderMap, body: Body) -> Respo
         let row = app.engine.cancel(req).await?;
         // Cancel answers 200 whatever the status (the protocol's rule for this route).
         Ok::<_, ApiError>(tagged(
-            json(StatusCode::OK, &status_body(&row)),
+            json(
+                StatusCode::OK,
+                &status_body(&row.invocation_id, &row.status_row()),
+            ),
             &row.invocation_id,
         ))
     };
@@ -324,7 +328,7 @@ async fn get_status(
     let id = query_id(q)?;
     let resp = match app.engine.status(&id).await {
         // get_status answers 200 for every status (the protocol's rule for this route).
-        Ok(row) => json(StatusCode::OK, &status_body(&row)),
+        Ok(row) => json(StatusCode::OK, &status_body(&id, &row)),
         Err(e) => ApiError::from(e).into_response(),
     };
     Ok(tagged(resp, &id))

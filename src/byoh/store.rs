@@ -14,7 +14,9 @@
 //!
 //! Non-goals: deciding what a submission means (`invocation`), workspaces on disk (`runner`).
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
@@ -91,6 +93,40 @@ type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 #[derive(Clone, Debug)]
 pub struct Store {
     tx: mpsc::Sender<Job>,
+    /// What `get_status` answers, by invocation id: filled and invalidated on the store thread
+    /// only (reads fill it in the same job that reads the row, writes drop the entry in the job
+    /// that commits), so it never holds a status older than the last committed one.
+    statuses: Arc<Mutex<HashMap<String, StatusRow>>>,
+}
+
+/// The part of a row the status object needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StatusRow {
+    pub session_id: String,
+    pub status: Status,
+    pub error: Option<String>,
+}
+
+impl InvocationRow {
+    pub fn status_row(&self) -> StatusRow {
+        StatusRow {
+            session_id: self.session_id.clone(),
+            status: self.status,
+            error: self.error.clone(),
+        }
+    }
+}
+
+/// Entries the status cache holds before it starts over.
+const STATUS_CACHE_MAX: usize = 100_000;
+
+type Statuses = Arc<Mutex<HashMap<String, StatusRow>>>;
+
+fn forget(statuses: &Statuses, id: &str) {
+    statuses
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(id);
 }
 
 pub fn now_ms() -> i64 {
@@ -222,7 +258,10 @@ impl Store {
                 }
             })
             .map_err(|e| StoreError::Corrupt(format!("could not start the store thread: {e}")))?;
-        Ok(Store { tx })
+        Ok(Store {
+            tx,
+            statuses: Arc::default(),
+        })
     }
 
     /// Runs `f` on the store thread.
@@ -253,6 +292,34 @@ impl Store {
             let r = f(c);
             c.pragma_update(None, "synchronous", "NORMAL")?;
             r
+        })
+        .await
+    }
+
+    /// The status of an invocation, from memory when it was read since its last change.
+    pub async fn status(&self, id: &str) -> Result<Option<StatusRow>, StoreError> {
+        let cached = self
+            .statuses
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id)
+            .cloned();
+        if cached.is_some() {
+            return Ok(cached);
+        }
+        let id = id.to_owned();
+        let statuses = self.statuses.clone();
+        self.call(move |c| {
+            let Some(row) = get(c, &id)? else {
+                return Ok(None);
+            };
+            let entry = row.status_row();
+            let mut map = statuses.lock().unwrap_or_else(PoisonError::into_inner);
+            if map.len() >= STATUS_CACHE_MAX {
+                map.clear();
+            }
+            map.insert(id, entry.clone());
+            Ok(Some(entry))
         })
         .await
     }
@@ -315,6 +382,7 @@ impl Store {
         needs_key: bool,
     ) -> Result<ResumeOutcome, StoreError> {
         let id = id.to_owned();
+        let statuses = self.statuses.clone();
         self.durable(move |c| {
             let tx = c.transaction()?;
             let Some(row) = get(&tx, &id)? else {
@@ -365,21 +433,9 @@ impl Store {
             )?;
             let row = get(&tx, &id)?;
             tx.commit()?;
+            forget(&statuses, &id);
             row.map(ResumeOutcome::Applied)
                 .ok_or(rusqlite::Error::QueryReturnedNoRows)
-        })
-        .await
-    }
-
-    /// Records whether the latest submission brought a key.
-    pub async fn set_needs_key(&self, id: &str, needs_key: bool) -> Result<(), StoreError> {
-        let id = id.to_owned();
-        self.call(move |c| {
-            c.execute(
-                "UPDATE invocations SET needs_key = ?2 WHERE invocation_id = ?1",
-                params![id, needs_key],
-            )
-            .map(|_| ())
         })
         .await
     }
@@ -395,6 +451,7 @@ impl Store {
         pending: Vec<String>,
     ) -> Result<(bool, Option<InvocationRow>), StoreError> {
         let id = id.to_owned();
+        let statuses = self.statuses.clone();
         // End states and questions are what callers act on: sync them; `running` need not be.
         let op = move |c: &mut Connection| {
             let tx = c.transaction()?;
@@ -413,6 +470,7 @@ impl Store {
             )?;
             let row = get(&tx, &id)?;
             tx.commit()?;
+            forget(&statuses, &id);
             Ok((true, row))
         };
         if to == Status::Running {
@@ -532,6 +590,12 @@ mod tests {
             )],
         );
         store.append("i", vec![ask]).await.unwrap();
+        // Read (and remembered) before the change, read again after it.
+        assert_eq!(
+            store.status("i").await.unwrap().unwrap().status,
+            Status::Queued
+        );
+        assert_eq!(store.status("nope").await.unwrap(), None);
         let (changed, _) = store
             .transition(
                 "i",
@@ -559,9 +623,17 @@ mod tests {
         };
         assert!(matches!(resume(&["z"]).await, ResumeOutcome::Mismatch(m)
             if m == "the resume answers tool call(s) [\"z\"], which are not pending; the pending calls are [\"q\"]"));
+        assert_eq!(
+            store.status("i").await.unwrap().unwrap().status,
+            Status::InputRequired
+        );
         let ResumeOutcome::Applied(applied) = resume(&["q"]).await else {
             panic!()
         };
+        assert_eq!(
+            store.status("i").await.unwrap().unwrap().status,
+            Status::Queued
+        );
         assert_eq!(applied.output_start, 3);
         assert!(matches!(resume(&["q"]).await, ResumeOutcome::Duplicate(_)));
         drop(store);
