@@ -233,6 +233,14 @@ async fn bodies_over_10_mib_are_413_and_bad_bodies_are_400_or_422() {
             "session_id must not be empty",
         ),
         (
+            with("invocation_id", json!("i".repeat(513))),
+            "invocation_id is longer than 512 characters",
+        ),
+        (
+            with("session_id", json!("a\u{7}b")),
+            "session_id must not hold control characters",
+        ),
+        (
             with("input_messages", json!([])),
             "input_messages must hold at least one message",
         ),
