@@ -32,6 +32,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Run one agent task in a local workspace against an OpenAI-compatible model.
     Run(RunArgs),
+    /// Be a Nylorun pod's harness: join core, serve the Harness API, lease runs.
+    Pod(Box<crate::nylorun::settings::PodArgs>),
 }
 
 /// A credential given on the command line or in the environment; `Debug` never shows it.

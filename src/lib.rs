@@ -37,4 +37,5 @@ pub mod byoh;
 pub mod config;
 pub mod error;
 pub mod exec;
+pub mod nylorun;
 pub mod tools;
