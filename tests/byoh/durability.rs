@@ -6,7 +6,7 @@ use pretty_assertions::assert_eq;
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::harness::{Options, Serve, T, spawn, start, status_obj};
+use crate::harness::{KillOnDrop, Options, Serve, T, spawn, start, status_obj};
 use crate::openai_fake::{FakeModel, Reply};
 
 #[tokio::test]
@@ -169,9 +169,8 @@ async fn without_a_credential_it_refuses_a_non_loopback_address() {
     );
     assert!(err.starts_with("exit code Some(2)"), "{err}");
     // On loopback it runs open, and says so.
-    let (mut child, _, logs) = spawn(&dir.path().join("data"), &Options::default()).unwrap();
-    child.kill().unwrap();
-    child.wait().unwrap();
+    let (child, _, logs) = spawn(&dir.path().join("data"), &Options::default()).unwrap();
+    drop(KillOnDrop(child));
     let logs = logs.lock().unwrap().clone();
     assert!(logs.contains("no credential is configured"), "{logs}");
 }
@@ -183,7 +182,8 @@ async fn the_credential_can_come_from_a_file_and_must_not_be_empty() {
     let file = dir.path().join("token");
     std::fs::write(&file, "  from-a-file\n").unwrap();
     let opts = Options::default().env("PODHOST_TOKEN_FILE", file.to_str().unwrap());
-    let (mut child, url, _) = spawn(&dir.path().join("data"), &opts).unwrap();
+    let (child, url, _) = spawn(&dir.path().join("data"), &opts).unwrap();
+    let child = KillOnDrop(child);
     let http = reqwest::Client::new();
     let code = |auth: &'static str| {
         let req = http.get(format!("{url}/healthz")).bearer_auth(auth);
@@ -192,8 +192,7 @@ async fn the_credential_can_come_from_a_file_and_must_not_be_empty() {
     assert_eq!(code("from-a-file").await, StatusCode::OK);
     assert_eq!(code("from-a-file2").await, StatusCode::UNAUTHORIZED);
     assert_eq!(code(crate::harness::TOKEN).await, StatusCode::UNAUTHORIZED);
-    child.kill().unwrap();
-    child.wait().unwrap();
+    drop(child);
 
     std::fs::write(&file, "\n").unwrap();
     let Err(err) = spawn(&dir.path().join("data"), &opts) else {

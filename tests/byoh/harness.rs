@@ -30,6 +30,16 @@ impl Drop for Serve {
     }
 }
 
+/// Kills (SIGKILL) and reaps a child when dropped, also when a test fails first.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Settings for one server.
 #[derive(Clone, Default)]
 pub struct Options {
@@ -86,6 +96,8 @@ pub fn spawn(data: &Path, opts: &Options) -> Result<(Child, String, Arc<Mutex<St
     match rx.recv_timeout(Duration::from_secs(20)) {
         Ok(addr) => Ok((child, format!("http://{addr}"), logs)),
         Err(_) => {
+            // It stopped (refused to start) or hangs without listening: either way, reap it.
+            let _ = child.kill();
             let code = child.wait().ok().and_then(|s| s.code());
             let text = logs.lock().unwrap().clone();
             Err(format!("exit code {code:?}\n{text}"))
