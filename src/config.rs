@@ -31,6 +31,10 @@ pub struct Cli {
 pub enum Command {
     /// Run one workspace tool and print its outcome as JSON.
     Tool(ToolArgs),
+    /// Serve the Oumi BYOH endpoint (submit, get_status, collect_output, cancel).
+    Serve(ServeArgs),
+    /// Run one agent task in a local workspace against an OpenAI-compatible model.
+    Run(RunArgs),
     /// Be a Nylorun pod's harness: join core, serve the Harness API, lease runs.
     Pod(Box<crate::nylorun::settings::PodArgs>),
 }
@@ -40,6 +44,8 @@ impl Command {
     pub fn exec_args(&self) -> Option<&ExecArgs> {
         match self {
             Command::Tool(args) => Some(&args.exec),
+            Command::Serve(args) => Some(&args.exec),
+            Command::Run(args) => Some(&args.exec),
             Command::Pod(args) => Some(&args.exec),
         }
     }
@@ -47,10 +53,93 @@ impl Command {
     /// Whether this front runs for long (and so reports its confinement at `info`).
     pub fn is_long_running(&self) -> bool {
         match self {
-            Command::Tool(_) => false,
-            Command::Pod(_) => true,
+            Command::Tool(_) | Command::Run(_) => false,
+            Command::Serve(_) | Command::Pod(_) => true,
         }
     }
+}
+
+/// A credential given on the command line or in the environment; `Debug` never shows it.
+#[derive(Clone)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Secret(s.to_owned()))
+    }
+}
+
+/// `podhost serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The address to listen on. Without a credential only a loopback address is allowed.
+    #[arg(long, env = "PODHOST_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: String,
+    /// The data directory: the session store and one workspace per session.
+    #[arg(long, env = "PODHOST_DATA", default_value = "./podhost-data")]
+    pub data: PathBuf,
+    /// The credential callers send as `Authorization: Bearer …` (prefer the environment or a
+    /// file: a flag shows in the process list).
+    #[arg(long, env = "PODHOST_TOKEN", hide_env_values = true)]
+    pub token: Option<Secret>,
+    /// A file holding the credential (surrounding whitespace ignored).
+    #[arg(long, env = "PODHOST_TOKEN_FILE", conflicts_with = "token")]
+    pub token_file: Option<PathBuf>,
+    /// Most turns running at once; past it, submit answers 409 and the caller retries.
+    #[arg(long, env = "PODHOST_MAX_RUNNING", default_value_t = 32,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_running: u32,
+    /// Seconds a finished session (and its workspace) is kept.
+    #[arg(long, env = "PODHOST_RETENTION_SECS", default_value_t = 86_400)]
+    pub retention_secs: u64,
+    /// Seconds a turn interrupted by a restart waits for a retried submit to bring a fresh key
+    /// before it is reported failed.
+    #[arg(long, env = "PODHOST_ORPHAN_GRACE_SECS", default_value_t = 30)]
+    pub orphan_grace_secs: u64,
+    /// Model calls one submission may make before its turn is stopped as failed.
+    #[arg(long, env = "PODHOST_MAX_STEPS", default_value_t = 500,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_steps: u32,
+    /// Attempts per model call (429, 5xx and transport errors are retried with backoff).
+    #[arg(long, env = "PODHOST_MODEL_ATTEMPTS", default_value_t = 4,
+          value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub model_attempts: u32,
+    #[command(flatten)]
+    pub exec: ExecArgs,
+}
+
+/// `podhost run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The OpenAI-compatible base URL (requests go to `{base_url}/chat/completions`).
+    #[arg(long)]
+    pub base_url: String,
+    /// The model name.
+    #[arg(long)]
+    pub model: String,
+    /// The environment variable that holds the API key, if the model needs one.
+    #[arg(long)]
+    pub api_key_env: Option<String>,
+    /// The workspace directory.
+    #[arg(long, default_value = ".")]
+    pub workspace: PathBuf,
+    /// The task for the agent.
+    pub task: String,
+    #[command(flatten)]
+    pub exec: ExecArgs,
 }
 
 #[derive(Debug, Args)]

@@ -36,6 +36,7 @@
 //! itself is non-dumpable, so its memory and environment are closed to them.
 
 pub mod agent;
+pub mod byoh;
 pub mod config;
 pub mod error;
 pub mod exec;

@@ -90,6 +90,13 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     }
     match cli.command {
         Command::Tool(args) => tool(args).await,
+        Command::Serve(args) => {
+            if !confinement_ok(&args.exec, true) {
+                return Ok(exit::FAILURE);
+            }
+            Ok(podhost::byoh::serve(args).await?)
+        }
+        Command::Run(args) => Ok(podhost::byoh::local::run(args).await?),
         Command::Pod(args) => pod(args).await,
     }
 }
