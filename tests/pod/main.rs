@@ -11,6 +11,7 @@ mod support;
 #[path = "../support/fake_core.rs"]
 mod fake_core;
 
+mod artifacts;
 mod channel;
 mod config;
 mod health;
