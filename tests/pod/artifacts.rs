@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::fake_core::{CoreOptions, Event, FakeCore};
-use crate::{PodDirs, WAIT, pod_env, recv, start_in_process};
+use crate::{PodDirs, WAIT, pod_env, recv, set_env, start_in_process};
 use podhost::nylorun::artifacts::{
     ArtifactError, Artifacts, FileTarget, FolderStart, FolderTarget,
 };
@@ -32,7 +32,6 @@ pub async fn within<T>(f: impl Future<Output = T>) -> T {
 /// One granted run, handed to the test.
 pub struct Driven {
     pub run_id: String,
-    pub session: String,
     pub turn: String,
     pub input: Value,
     pub channel: Channel,
@@ -73,7 +72,6 @@ impl RunHandler for Driving {
         let g = run.grant();
         let _ = self.runs.send(Driven {
             run_id: g.run_id.clone(),
-            session: g.session_id.clone(),
             turn: g.turn_id.clone(),
             input: run.input().clone(),
             channel: run.channel().clone(),
@@ -107,7 +105,9 @@ impl Pod {
     pub async fn start() -> Pod {
         let core = FakeCore::start(CoreOptions::default()).await;
         let dirs = PodDirs::new(&core);
-        let env = pod_env(&core, &dirs);
+        let mut env = pod_env(&core, &dirs);
+        // Several runs at once: a test may hold one while it starts the next.
+        set_env(&mut env, "PODHOST_POD_CONCURRENCY", "4");
         let (tx, runs) = mpsc::unbounded_channel();
         let (shutdown, _task) = start_in_process(&env, Arc::new(Driving { runs: tx }));
         core.wait_request(0, "hello").await;

@@ -12,6 +12,8 @@ mod support;
 mod fake_core;
 
 mod artifacts;
+mod artifacts_export;
+mod artifacts_spill;
 mod channel;
 mod config;
 mod health;

@@ -168,6 +168,10 @@ struct Store {
     total_limit: Option<u64>,
     stored_contents: HashMap<String, u64>,
     drops: Vec<Drop>,
+    /// Set as the total just before the next folder commit (other writes landed meanwhile).
+    total_at_commit: Option<u64>,
+    /// The next folder chunks taken have their first byte flipped (a file changed mid-send).
+    corrupt_folder_chunks: usize,
     /// Uploads that ended with their run.
     dropped_at_run_end: Vec<String>,
 }
@@ -195,6 +199,8 @@ impl Default for FakeArtifacts {
                 total_limit: None,
                 stored_contents: HashMap::new(),
                 drops: Vec::new(),
+                total_at_commit: None,
+                corrupt_folder_chunks: 0,
                 dropped_at_run_end: Vec::new(),
             }),
         }
@@ -251,6 +257,18 @@ impl FakeArtifacts {
     /// The Tenant's total, checked at commit.
     pub fn set_total(&self, bytes: Option<u64>) {
         self.s.lock().unwrap().total_limit = bytes;
+    }
+
+    /// Other writes fill the total between the next folder upload's begin and its commit: the
+    /// total becomes `bytes` just before that commit is checked.
+    pub fn set_total_before_commit(&self, bytes: u64) {
+        self.s.lock().unwrap().total_at_commit = Some(bytes);
+    }
+
+    /// The next folder chunk taken arrives with its first byte flipped, as if the file changed
+    /// between hashing and sending.
+    pub fn corrupt_next_folder_chunk(&self) {
+        self.s.lock().unwrap().corrupt_folder_chunks += 1;
     }
 
     /// The answer to the `(skip + 1)`th next request `method` (with `op`) is lost.
@@ -896,9 +914,16 @@ impl Store {
         else {
             return err("invalid", format!("Unknown upload {}", c.upload_id));
         };
-        let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(c.base64) else {
+        let Ok(mut bytes) = base64::engine::general_purpose::STANDARD.decode(c.base64) else {
             return err("invalid", "The chunk is not base64");
         };
+        if matches!(up.kind, UploadKind::Folder { .. })
+            && self.corrupt_folder_chunks > 0
+            && !bytes.is_empty()
+        {
+            self.corrupt_folder_chunks -= 1;
+            bytes[0] ^= 0xff;
+        }
         if bytes.len() as u64 > run.chunk_bytes {
             return err(
                 "limit_exceeded",
@@ -1126,10 +1151,10 @@ impl Store {
             Err(e) => return err("invalid", format!("Invalid artifact.write request: {e}")),
         };
         let _ = (c.op, c.run_id);
-        if !self
+        if self
             .uploads
             .get(&c.upload_id)
-            .is_some_and(|u| u.run == run_id)
+            .is_none_or(|u| u.run != run_id)
         {
             return err("invalid", format!("Unknown upload {}", c.upload_id));
         }
@@ -1234,6 +1259,9 @@ impl Store {
         };
         if let Some(c) = current {
             return err("invalid", format!("The file {} is not complete", c.path));
+        }
+        if let Some(total) = self.total_at_commit.take() {
+            self.total_limit = Some(total);
         }
         let listing: BTreeMap<String, (u64, String)> = files
             .iter()
