@@ -804,6 +804,18 @@ pub fn content_type_of(name: &str) -> &'static str {
 mod tests {
     use super::*;
 
+    /// The turn runs in a `Send` future (`RunHandler`): every entry point must be one.
+    #[allow(dead_code)]
+    fn entry_points_are_send(a: &Artifacts, v: &Value, p: &std::path::Path) {
+        fn send<T: Send>(_: T) {}
+        send(a.write_file(&FileTarget::default(), b""));
+        send(a.read_to_end("a", None, 1));
+        send(read_for_model(a, v));
+        send(crate::nylorun::spill::fit_outcome(a, "e", "t", Value::Null));
+        send(crate::nylorun::export::export_outputs(a, p, "t"));
+        send(crate::nylorun::skills::mount_skills(a, v, p));
+    }
+
     #[test]
     fn content_types_follow_the_extension() {
         assert_eq!(content_type_of("bash-result.txt"), "text/plain");

@@ -101,7 +101,8 @@ pub struct ExportedFile {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExportReport {
     pub outcome: ExportOutcome,
-    /// The files of the version committed (empty unless written or unchanged).
+    /// The files of the version committed: empty when nothing was (or, for a replayed key,
+    /// nothing needed to be) sent.
     pub stored: Vec<ExportedFile>,
     pub skipped: Vec<ExportProblem>,
     pub failed: Vec<ExportProblem>,

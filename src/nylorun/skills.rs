@@ -27,7 +27,6 @@
 //! folders of older skill versions.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::io::Write as _;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
@@ -35,6 +34,7 @@ use std::sync::{Mutex, PoisonError};
 use serde::Deserialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt as _;
 
 use super::artifacts::{ArtifactError, Artifacts};
 
@@ -284,7 +284,9 @@ async fn mount_one(artifacts: &Artifacts, skill: &Checked, root: &Path) -> Resul
         Place::Missing => {}
         Place::Wrong(why) => {
             tracing::warn!(skill = %skill.name, folder = %skill.folder, %why, "a mounted skill does not match its manifest; mounting it again");
-            remove_tree(&target).map_err(io("remove", &target))?;
+            remove_tree_blocking(&target)
+                .await
+                .map_err(io("remove", &target))?;
         }
     }
     let stage = root.join(format!(
@@ -294,17 +296,17 @@ async fn mount_one(artifacts: &Artifacts, skill: &Checked, root: &Path) -> Resul
     ));
     let result = fetch_into(artifacts, skill, &stage).await;
     if let Err(e) = result {
-        let _ = remove_tree(&stage);
+        let _ = remove_tree_blocking(&stage).await;
         return Err(e);
     }
-    match std::fs::rename(&stage, &target) {
+    match tokio::fs::rename(&stage, &target).await {
         Ok(()) => {
             tracing::info!(skill = %skill.name, folder = %skill.folder, files = skill.files.len(), "skill mounted");
             Ok(())
         }
         Err(e) => {
             // Another run mounted it first: keep theirs if it is right.
-            let _ = remove_tree(&stage);
+            let _ = remove_tree_blocking(&stage).await;
             match in_place(skill, &target).await {
                 Place::Verified => Ok(()),
                 _ => Err(io("rename into", &target)(e)),
@@ -329,18 +331,21 @@ async fn fetch_into(
             source,
         }
     };
-    std::fs::create_dir(stage).map_err(io("create", stage))?;
+    tokio::fs::create_dir(stage)
+        .await
+        .map_err(io("create", stage))?;
     for dir in &skill.dirs {
         let p = stage.join(dir);
-        std::fs::create_dir(&p).map_err(io("create", &p))?;
+        tokio::fs::create_dir(&p).await.map_err(io("create", &p))?;
     }
     let chunk = artifacts.chunk_bytes() as u64;
     for (path, digest) in &skill.files {
         let host = stage.join(path);
-        let mut file = std::fs::OpenOptions::new()
+        let mut file = tokio::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .open(&host)
+            .await
             .map_err(io("create", &host))?;
         let expected = &digest["sha256:".len()..];
         let mut hasher = Sha256::new();
@@ -363,7 +368,7 @@ async fn fetch_into(
                 });
             }
             hasher.update(&bytes);
-            file.write_all(&bytes).map_err(io("write", &host))?;
+            file.write_all(&bytes).await.map_err(io("write", &host))?;
             // The end: core says so, a short range, or (for an answer without `eof` whose file
             // is a whole number of chunks) the bytes so far are the file.
             let done = eof == Some(true)
@@ -382,17 +387,20 @@ async fn fetch_into(
                 actual,
             });
         }
-        file.sync_all().map_err(io("write", &host))?;
-        std::fs::set_permissions(&host, std::fs::Permissions::from_mode(0o444))
+        file.sync_all().await.map_err(io("write", &host))?;
+        tokio::fs::set_permissions(&host, std::fs::Permissions::from_mode(0o444))
+            .await
             .map_err(io("set the mode of", &host))?;
     }
     // Deepest first, the staging root last: a directory is read-only once its files are in.
     for dir in skill.dirs.iter().rev() {
         let p = stage.join(dir);
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o555))
+        tokio::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o555))
+            .await
             .map_err(io("set the mode of", &p))?;
     }
-    std::fs::set_permissions(stage, std::fs::Permissions::from_mode(0o555))
+    tokio::fs::set_permissions(stage, std::fs::Permissions::from_mode(0o555))
+        .await
         .map_err(io("set the mode of", stage))
 }
 
@@ -504,6 +512,14 @@ fn hash_file(path: &Path) -> std::io::Result<String> {
         h.update(&buf[..n]);
     }
     Ok(hex::encode(h.finalize()))
+}
+
+/// [`remove_tree`] on the blocking pool.
+async fn remove_tree_blocking(path: &Path) -> std::io::Result<()> {
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || remove_tree(&path))
+        .await
+        .map_err(std::io::Error::other)?
 }
 
 /// Removes a tree whose directories may be read-only.

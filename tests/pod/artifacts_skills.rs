@@ -298,6 +298,26 @@ async fn paths_that_escape_are_refused_before_anything_is_fetched() {
     }
     assert_eq!(pod.requests("definition.file"), Vec::<Value>::new());
     assert_eq!(listing(&root), Vec::<String>::new());
+    // A file the run's definition does not name is core's `invalid`; nothing stays behind.
+    let other = pod
+        .core
+        .artifacts()
+        .add_definition_file(b"not in the manifest");
+    let e = within(mount_skills(
+        &run.artifacts(),
+        &json!([{"name": "stray", "files": {"SKILL.md": other}}]),
+        &root,
+    ))
+    .await
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "skill \"stray\": fetching SKILL.md failed: core refused definition.file: {other} is \
+             not a file of the run's definition"
+        )
+    );
+    assert_eq!(listing(&root), Vec::<String>::new());
     // No skills at all is nothing to do.
     assert_eq!(
         within(mount_skills(&run.artifacts(), &Value::Null, &root))

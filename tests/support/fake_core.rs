@@ -12,7 +12,8 @@
 //!
 //! Built to grow: the turn work adds its methods (`effect.intent`, `effect.outcome`,
 //! `transcript.read`, outputs, `artifact.*`) in [`CoreState::answer`], and the gates as more
-//! routes in [`CoreState::http`].
+//! routes in [`CoreState::http`]. `artifact.read`, `artifact.write` and `definition.file` are
+//! served by [`fake_artifacts`].
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "fake_artifacts.rs"]
