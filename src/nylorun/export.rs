@@ -82,7 +82,8 @@ pub struct ExportProblem {
     /// Relative to the outputs directory.
     pub path: Option<String>,
     /// `too_many_files`, `file_too_large`, `too_large`, `symlink`, `not_a_file`, `bad_name`,
-    /// `too_deep`, `changed`, `unreadable`, `refused`.
+    /// `too_deep`, `changed`, `unreadable`, `refused` (core's `limit_exceeded` for the file),
+    /// `rejected` (core ended the upload at the file: its bytes changed while it was sent).
     pub reason: String,
     pub message: String,
     pub limit: Option<u64>,
@@ -227,8 +228,10 @@ pub async fn export_outputs(
                 tracing::warn!(run_id = %artifacts.run_id(), %path, error = %error, "a file ended the outputs upload; exporting again without it");
                 report.failed.push(ExportProblem {
                     path: Some(path.clone()),
-                    reason: "changed".to_owned(),
-                    message: format!("it could not be stored: {error}"),
+                    reason: "rejected".to_owned(),
+                    message: format!(
+                        "core ended the upload at this file, which was left out: {error}"
+                    ),
                     limit: None,
                 });
                 excluded.push(path);

@@ -394,9 +394,9 @@ async fn a_file_whose_bytes_change_while_sent_fails_alone() {
         report.failed,
         vec![skipped(
             Some("big.bin"),
-            "changed",
-            "it could not be stored: core refused chunk: The bytes of big.bin do not match its \
-             sha256; the upload ended",
+            "rejected",
+            "core ended the upload at this file, which was left out: core refused chunk: The \
+             bytes of big.bin do not match its sha256; the upload ended",
             None
         )]
     );

@@ -13,6 +13,7 @@ mod fake_core;
 
 mod artifacts;
 mod artifacts_export;
+mod artifacts_measure;
 mod artifacts_skills;
 mod artifacts_spill;
 mod channel;
