@@ -507,3 +507,153 @@ async fn an_upload_left_open_ends_with_the_run() {
     assert_eq!(pod.core.artifacts().open_uploads(), 0);
     assert_eq!(pod.core.artifacts().list("ses_o"), Vec::<Value>::new());
 }
+
+/// Sends `m` raw over the run's channel; returns `r`, or `{code, message}` of a refusal.
+async fn raw(run: &Driven, m: &str, p: Value) -> Value {
+    let mut call = within(run.channel.call(m, p)).await.unwrap();
+    match within(call.response()).await {
+        Ok(r) => r,
+        Err(podhost::nylorun::channel::CallError::Remote { code, message, .. }) => {
+            json!({"code": code.as_str(), "message": message})
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[tokio::test]
+async fn the_fake_store_refuses_what_core_refuses() {
+    let mut pod = Pod::start().await;
+    let run = pod
+        .run(
+            "run-f",
+            "ses_f",
+            json!({"chunkBytes": 4, "folderEntries": 1}),
+            json!({}),
+        )
+        .await;
+    let w = |p: Value| {
+        let mut p = p;
+        p["runId"] = json!("run-f");
+        p
+    };
+    let open = raw(
+        &run,
+        "artifact.write",
+        w(json!({"op": "begin", "key": "k", "name": "a.bin"})),
+    )
+    .await;
+    let up = open["uploadId"].clone();
+    let cases = [
+        (
+            json!({"op": "chunk", "uploadId": up, "offset": 0, "base64": "AAAAAAA="}),
+            json!({"code": "limit_exceeded", "message": "A chunk of 5 bytes is past chunkBytes 4"}),
+        ),
+        (
+            json!({"op": "chunk", "uploadId": up, "offset": 0, "base64": "AAAA"}),
+            json!({"status": "open", "uploadId": up, "maxBytes": 64 << 20, "received": 3}),
+        ),
+        // The last chunk again (its answer lost): acknowledged, not taken twice.
+        (
+            json!({"op": "chunk", "uploadId": up, "offset": 0, "base64": "AAAA"}),
+            json!({"status": "open", "uploadId": up, "maxBytes": 64 << 20, "received": 3}),
+        ),
+        (
+            json!({"op": "chunk", "uploadId": up, "offset": 1, "base64": "AAAA"}),
+            json!({"code": "invalid", "message": "Offset 1 is not the 3 bytes received"}),
+        ),
+        (
+            json!({"op": "chunk", "uploadId": "up_nope", "offset": 0, "base64": "AAAA"}),
+            json!({"code": "invalid", "message": "Unknown upload up_nope"}),
+        ),
+        (
+            json!({"op": "abort", "uploadId": "up_nope"}),
+            json!({"status": "aborted"}),
+        ),
+        (
+            json!({"op": "begin", "key": "k2", "name": "x", "extra": 1}),
+            json!({"code": "invalid", "message": "Invalid artifact.write request: unknown field `extra`, expected one of `op`, `runId`, `key`, `kind`, `name`, `artifactId`, `sameName`, `contentType`, `size`, `effectId`, `base64`"}),
+        ),
+        (
+            json!({"op": "begin", "key": "k3", "artifactId": "art_elsewhere"}),
+            json!({"code": "not_found", "message": "Artifact art_elsewhere was not found"}),
+        ),
+    ];
+    for (p, want) in cases {
+        assert_eq!(raw(&run, "artifact.write", w(p.clone())).await, want, "{p}");
+    }
+    // A folder: one entry at most; bytes that do not match their hash end the upload.
+    let folder = raw(
+        &run,
+        "artifact.write",
+        w(json!({"op": "begin", "kind": "folder", "key": "f", "name": "out"})),
+    )
+    .await;
+    let fu = folder["uploadId"].clone();
+    let sha_abc = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b"abc"));
+    let file = |path: &str, b64: &str, sha: &str| {
+        w(
+            json!({"op": "file", "uploadId": fu, "path": path, "size": 3, "sha256": sha, "base64": b64}),
+        )
+    };
+    let opened = |received: u64| {
+        json!({"status": "open", "uploadId": fu, "maxBytes": 256 << 20,
+               "maxFileBytes": 64 << 20, "maxEntries": 1, "received": received})
+    };
+    assert_eq!(
+        raw(&run, "artifact.write", file("../x", "YWJj", &sha_abc)).await,
+        json!({"code": "invalid", "message": "Invalid path \"../x\""})
+    );
+    assert_eq!(
+        raw(&run, "artifact.write", file("a", "YWJj", &sha_abc)).await,
+        opened(3)
+    );
+    assert_eq!(
+        raw(&run, "artifact.write", file("b", "YWJj", &sha_abc)).await,
+        json!({"code": "limit_exceeded", "message": "A folder holds at most 1 files (maxEntries)"})
+    );
+    let folder2 = raw(
+        &run,
+        "artifact.write",
+        w(json!({"op": "begin", "kind": "folder", "key": "f2", "name": "out"})),
+    )
+    .await;
+    let fu2 = folder2["uploadId"].clone();
+    let bad = w(
+        json!({"op": "file", "uploadId": fu2, "path": "a", "size": 3, "sha256": sha_abc, "base64": "YWJk"}),
+    );
+    assert_eq!(
+        raw(&run, "artifact.write", bad).await,
+        json!({"code": "invalid", "message": "The bytes of a do not match its sha256; the upload ended"})
+    );
+    assert_eq!(
+        raw(
+            &run,
+            "artifact.write",
+            w(json!({"op": "commit", "uploadId": fu2}))
+        )
+        .await,
+        json!({"code": "invalid", "message": format!("Unknown upload {}", fu2.as_str().unwrap())})
+    );
+    // definition.file: only the run's definition's files.
+    let d = format!("sha256:{}", "0".repeat(64));
+    assert_eq!(
+        raw(
+            &run,
+            "definition.file",
+            json!({"runId": "run-f", "sha256": d})
+        )
+        .await,
+        json!({"code": "invalid", "message": format!("{d} is not a file of the run's definition")})
+    );
+    // Another run's requests: not held here.
+    assert_eq!(
+        raw(
+            &run,
+            "artifact.read",
+            json!({"runId": "run-other", "artifactId": "a"})
+        )
+        .await,
+        json!({"code": "run_not_held", "message": "Run run-other is not held by this harness"})
+    );
+    run.finish();
+}
