@@ -17,6 +17,10 @@
 //!   [`transcript`], and what the model reads and may call from [`instructions`].
 //! * [`workspace`] serves core's `workspace.*` requests with the tools.
 //! * [`health`] is the loopback `GET /health`.
+//! * [`artifacts`] is a run's handle on its session's artifacts (`artifact.read`,
+//!   `artifact.write`, `definition.file`, the model's `read_artifact`); [`spill`] stores tool
+//!   results too large for the record, [`export`] saves `/workspace/outputs` as the session's
+//!   `outputs` folder at a completed turn's end, and [`skills`] mounts the manifest's skills.
 //! * [`protocol`] and [`canonical`] are the wire types and the request hash.
 //!
 //! # Cancellation tree

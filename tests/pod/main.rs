@@ -17,6 +17,11 @@ mod fake_journal;
 #[path = "../support/fake_gates.rs"]
 mod fake_gates;
 
+mod artifacts;
+mod artifacts_export;
+mod artifacts_measure;
+mod artifacts_skills;
+mod artifacts_spill;
 mod channel;
 mod config;
 mod health;

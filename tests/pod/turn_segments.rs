@@ -317,3 +317,57 @@ async fn memory_and_wake_calls_are_runtime_effects_core_answers() {
         ]
     );
 }
+
+#[tokio::test]
+async fn a_large_result_is_spilled_and_read_back_with_read_artifact() {
+    let s = setup(CoreOptions::default()).await;
+    s.gates.script([
+        fake_gates::tool_call(
+            "c1",
+            "bash",
+            json!({"command": "head -c 20000 /dev/zero | tr '\\0' a; printf END"}),
+        ),
+        fake_gates::tool_call(
+            "c2",
+            "read_artifact",
+            json!({"artifactId": "art_0001", "offset": 19990, "length": 100}),
+        ),
+        fake_gates::text("It ends with END."),
+    ]);
+    let mut ts = turn_start(json!("Print a lot."));
+    ts["limits"]["recordEntryBytes"] = json!(20_000);
+    s.core.grant_turn("run-1", TOKEN, ts);
+    let (method, output) = wait_end(&s.core, "run-1").await;
+    assert_eq!(method, "turn.completed", "{output}");
+    let results: Vec<Value> = output["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|e| e["entries"].as_array().unwrap().clone())
+        .filter(|e| e["kind"] == "tool-results")
+        .map(|e| e["results"][0].clone())
+        .collect();
+    // The command's output was stored whole, keyed by the call; the record holds a stub.
+    let stub = &results[0]["output"]["stdout"];
+    assert_eq!(
+        (&stub["truncated"], &stub["artifactId"], &stub["size"]),
+        (&json!(true), &json!("art_0001"), &json!(20_003))
+    );
+    let tool_rows: Vec<_> = run_frames(&s.core, s.conn, "run-1")
+        .into_iter()
+        .filter(|(m, p)| m == "effect.outcome" && p["effectId"] == "turn_1:0:tool:s0.c1")
+        .collect();
+    assert!(tool_rows[0].1["value"].to_string().len() < 20_000);
+    // read_artifact ran as podhost's own call and read the stored bytes back.
+    assert_eq!(results[1]["kind"], "completed", "{}", results[1]);
+    assert!(
+        results[1]["output"].to_string().contains("aaaaaaaaaaEND"),
+        "{}",
+        results[1]
+    );
+    let intent = run_frames(&s.core, s.conn, "run-1")
+        .into_iter()
+        .find(|(m, p)| m == "effect.intent" && p["effect"]["toolName"] == "read_artifact")
+        .unwrap();
+    assert_eq!(intent.1["effect"]["target"], json!({"kind": "harness"}));
+}

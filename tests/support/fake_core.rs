@@ -12,8 +12,12 @@
 //!
 //! Built to grow: the turn work adds its methods (`effect.intent`, `effect.outcome`,
 //! `transcript.read`, outputs, `artifact.*`) in [`CoreState::answer`], and the gates as more
-//! routes in [`CoreState::http`].
+//! routes in [`CoreState::http`]. `artifact.read`, `artifact.write` and `definition.file` are
+//! served by [`fake_artifacts`].
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "fake_artifacts.rs"]
+pub mod fake_artifacts;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
@@ -147,6 +151,8 @@ pub struct CoreState {
     closed_tenant: std::sync::atomic::AtomicBool,
     /// The turn side: effects, transcripts, outputs, run tokens (`fake_journal`).
     pub journal: Arc<crate::fake_journal::Journal>,
+    /// `artifact.read`, `artifact.write`, `definition.file`.
+    pub artifacts: fake_artifacts::FakeArtifacts,
 }
 
 /// The fake core; dropped, it stops listening and closes its connections.
@@ -189,6 +195,7 @@ impl FakeCore {
             silent: Mutex::default(),
             closed_tenant: std::sync::atomic::AtomicBool::new(false),
             journal: Arc::default(),
+            artifacts: fake_artifacts::FakeArtifacts::default(),
         });
         let stop = CancellationToken::new();
         let (s, st) = (state.clone(), stop.clone());
@@ -216,6 +223,11 @@ impl FakeCore {
 
     pub fn opts(&self) -> &CoreOptions {
         &self.state.opts
+    }
+
+    /// The artifact store.
+    pub fn artifacts(&self) -> &fake_artifacts::FakeArtifacts {
+        &self.state.artifacts
     }
 
     /// A reset: the join file must now hold `token`.
@@ -821,6 +833,17 @@ impl CoreState {
         let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
         self.conns.lock().unwrap().remove(&id);
         self.waiting.lock().unwrap().retain(|(c, _)| *c != id);
+        let ended: Vec<String> = self
+            .held
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, c)| **c == id)
+            .map(|(r, _)| r.clone())
+            .collect();
+        for run in ended {
+            self.artifacts.on_run_end(&run);
+        }
         self.held.lock().unwrap().retain(|_, c| *c != id);
         self.record(Event::Closed {
             conn: id,
@@ -981,17 +1004,20 @@ impl CoreState {
                     "lease.release" => {
                         self.held.lock().unwrap().remove(&run_id);
                         self.journal.run_over(&run_id);
+                        self.artifacts.on_run_end(&run_id);
                         Some(Ok(json!({})))
                     }
                     _ if self.journal.run(&run_id).is_some() => {
                         let settled = self.journal.output(&run_id, m, &p);
                         if settled.is_ok() {
                             self.held.lock().unwrap().remove(&run_id);
+                            self.artifacts.on_run_end(&run_id);
                         }
                         Some(settled)
                     }
                     _ => {
                         self.held.lock().unwrap().remove(&run_id);
+                        self.artifacts.on_run_end(&run_id);
                         Some(Ok(json!({"cursor": 7})))
                     }
                 }
@@ -1000,6 +1026,10 @@ impl CoreState {
                 Some(self.journal.answer(m, p, |run| {
                     self.held.lock().unwrap().get(run) == Some(&conn)
                 }))
+            }
+            "artifact.read" | "artifact.write" | "definition.file" => {
+                let held = |run: &str| self.held.lock().unwrap().get(run) == Some(&conn);
+                self.artifacts.answer(m, p, held)
             }
             _ => Some(Err(("invalid".to_owned(), format!("Unknown request {m}")))),
         }
@@ -1078,6 +1108,7 @@ impl CoreState {
             if let Some(run_id) = grant["run"]["runId"].as_str() {
                 self.held.lock().unwrap().insert(run_id.to_owned(), conn);
             }
+            self.artifacts.on_grant(&grant);
             self.send(
                 &c,
                 conn,
