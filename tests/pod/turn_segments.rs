@@ -371,3 +371,65 @@ async fn a_large_result_is_spilled_and_read_back_with_read_artifact() {
         .unwrap();
     assert_eq!(intent.1["effect"]["target"], json!({"kind": "harness"}));
 }
+
+#[tokio::test]
+async fn outputs_are_exported_when_a_turn_completes_and_an_empty_export_is_claimed() {
+    let s = setup(CoreOptions::default()).await;
+    s.gates.script([
+        fake_gates::tool_call(
+            "c1",
+            "bash",
+            json!({"command": "mkdir -p outputs && printf '# Report' > outputs/report.md"}),
+        ),
+        fake_gates::text("Saved."),
+    ]);
+    s.core
+        .grant_turn("run-1", TOKEN, turn_start(json!("Report.")));
+    assert_eq!(wait_end(&s.core, "run-1").await.0, "turn.completed");
+    let folder = s
+        .core
+        .artifacts()
+        .list(SESSION)
+        .into_iter()
+        .find(|a| a["name"] == "outputs")
+        .expect("an outputs folder");
+    let id = folder["artifactId"].as_str().unwrap();
+    let files: Vec<(String, u64)> = s
+        .core
+        .artifacts()
+        .folder_files(SESSION, id, 1)
+        .into_iter()
+        .map(|(p, n, _)| (p, n))
+        .collect();
+    assert_eq!(files, [("report.md".to_owned(), 8)]);
+    assert!(s.core.journal().claims().is_empty());
+
+    // The next turn leaves only a file past the per-file limit: nothing is stored, and the
+    // turn claims why.
+    s.core.artifacts().set_limits(1 << 20, 10, 1 << 20);
+    s.gates.script([
+        fake_gates::tool_call(
+            "c1",
+            "bash",
+            json!({"command": "rm outputs/report.md && head -c 100 /dev/zero > outputs/big.bin"}),
+        ),
+        fake_gates::text("Replaced."),
+    ]);
+    let mut next = turn_start(json!("Replace it."));
+    next["checkpoint"]["turnId"] = json!("turn_2");
+    next["transcript"] = json!({"cursor": s.core.journal().transcript(SESSION).0});
+    s.core.grant_turn("run-2", "run-token-2", next);
+    assert_eq!(wait_end(&s.core, "run-2").await.0, "turn.completed");
+    let claims = s.core.journal().claims();
+    assert_eq!(claims.len(), 1, "{claims:?}");
+    assert_eq!(
+        (claims[0].0.as_str(), claims[0].1.as_str()),
+        ("run-2", "artifact.export.skipped")
+    );
+    assert_eq!(
+        claims[0].2,
+        json!({"name": "outputs", "reason": "file_too_large", "limit": 10, "path": "big.bin",
+               "message": "no file of the outputs directory could be stored: 100 bytes is past \
+                           the 10-byte limit of one file"})
+    );
+}
