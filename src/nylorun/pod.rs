@@ -111,8 +111,13 @@ pub async fn run(
     let handler: Arc<dyn RunHandler> = match handler.into() {
         Handler::Custom(h) => h,
         Handler::Turns => Arc::new(
-            TurnRunner::new(toolbox.clone(), exec_lock.clone(), config.gates_url.clone())
-                .map_err(|e| PodError::Http(e.to_string()))?,
+            TurnRunner::new(
+                toolbox.clone(),
+                exec_lock.clone(),
+                config.gates_url.clone(),
+                config.skills.clone(),
+            )
+            .map_err(|e| PodError::Http(e.to_string()))?,
         ),
     };
 
@@ -181,10 +186,13 @@ fn pod_toolbox(config: &PodConfig, supervisor: PathBuf) -> Result<Toolbox, PodEr
         source,
     };
     std::fs::create_dir_all(&config.workspace).map_err(werr)?;
+    // Skills are mounted here. It is not created: in a pod it is there (v5 §9), and a root that
+    // does not exist at start is not one, so the file tools then see no `/skills`.
+    let skills = config.skills.clone();
     let ws = Workspace::new(&config.workspace, Some(Path::new("/workspace")))
         .map_err(werr)?
         .with_root(Path::new("/tmp"), Some(Path::new("/tmp")), true)
-        .with_root(Path::new("/skills"), Some(Path::new("/skills")), false);
+        .with_root(&skills, Some(Path::new("/skills")), false);
     let egress = Egress::new(config.egress_proxy.clone());
     let base = BaseEnv {
         home: ws.root().to_path_buf(),

@@ -25,7 +25,7 @@
 //!
 //! Non-goals: MCP and HTTP tools, compaction, `turn.paused` (core's engine only).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -77,18 +77,13 @@ struct Shared {
 }
 
 impl TurnRunner {
+    /// `skills_root` is the host directory the sandbox's `/skills` maps onto.
     pub fn new(
         toolbox: Toolbox,
         exec_lock: Arc<tokio::sync::Mutex<()>>,
         gates_url: Url,
+        skills_root: PathBuf,
     ) -> Result<Self, GatesError> {
-        let skills_root = toolbox
-            .workspace()
-            .roots()
-            .iter()
-            .find(|r| r.display == Path::new("/skills"))
-            .map(|r| r.host.clone())
-            .unwrap_or_else(|| PathBuf::from("/skills"));
         Ok(TurnRunner {
             shared: Arc::new(Shared {
                 toolbox,

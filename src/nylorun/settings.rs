@@ -53,6 +53,10 @@ pub struct PodArgs {
     /// The directory the sandbox path `/workspace` maps onto.
     #[arg(long, env = "PODHOST_WORKSPACE")]
     pub workspace: Option<String>,
+    /// The directory the sandbox path `/skills` maps onto, where skills are mounted (default
+    /// `/skills`).
+    #[arg(long, env = "PODHOST_SKILLS")]
+    pub skills: Option<String>,
     /// The harness id said in `hello` (default `podhost`).
     #[arg(long, env = "PODHOST_HARNESS_ID")]
     pub harness_id: Option<String>,
@@ -99,6 +103,7 @@ pub struct PodConfig {
     pub egress_proxy: Option<String>,
     pub harness_root: PathBuf,
     pub workspace: PathBuf,
+    pub skills: PathBuf,
     pub harness_id: String,
     pub concurrency: usize,
     /// `None`: no health listener.
@@ -238,6 +243,7 @@ impl PodArgs {
             .or_else(|| Check::optional(&self.nylorun_harness_root))
             .unwrap_or_else(|| "/harness".to_owned());
         let workspace = Check::optional(&self.workspace).unwrap_or_else(|| "/workspace".to_owned());
+        let skills = Check::optional(&self.skills).unwrap_or_else(|| "/skills".to_owned());
         let harness_id = Check::optional(&self.harness_id).unwrap_or_else(|| "podhost".to_owned());
         if !is_harness_id(&harness_id) {
             c.fail(
@@ -298,6 +304,7 @@ impl PodArgs {
                     egress_proxy,
                     harness_root: PathBuf::from(harness_root),
                     workspace: PathBuf::from(workspace),
+                    skills: PathBuf::from(skills),
                     harness_id,
                     concurrency,
                     health_port: (health_port != 0).then_some(health_port),
@@ -421,6 +428,7 @@ mod tests {
         assert_eq!(c.harness_ws.as_str(), "ws://core:4200/nylorun/harness/v1");
         assert_eq!(c.harness_root, PathBuf::from("/harness"));
         assert_eq!(c.workspace, PathBuf::from("/workspace"));
+        assert_eq!(c.skills, PathBuf::from("/skills"));
         assert_eq!(c.harness_id, "podhost");
         assert_eq!(c.concurrency, 1);
         assert_eq!(c.health_port, Some(4300));

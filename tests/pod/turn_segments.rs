@@ -433,3 +433,58 @@ async fn outputs_are_exported_when_a_turn_completes_and_an_empty_export_is_claim
                            the 10-byte limit of one file"})
     );
 }
+
+#[tokio::test]
+async fn skills_are_mounted_named_to_the_model_and_on_the_calls_that_use_them() {
+    let s = crate::turn::setup_with(CoreOptions::default(), |env| {
+        let ws = env
+            .iter()
+            .find(|(k, _)| k == "PODHOST_WORKSPACE")
+            .map(|(_, v)| std::path::PathBuf::from(v))
+            .unwrap();
+        let skills = ws.parent().unwrap().join("skills");
+        std::fs::create_dir(&skills).unwrap();
+        crate::set_env(env, "PODHOST_SKILLS", &skills.display().to_string());
+    })
+    .await;
+    let digest = s
+        .core
+        .artifacts()
+        .add_definition_file(b"# Greet\nSay hello warmly.\n");
+    let files = std::collections::BTreeMap::from([("SKILL.md".to_owned(), digest.clone())]);
+    let folder = format!(
+        "/skills/greet@{}/",
+        podhost::nylorun::skills::skill_hash(&files)
+    );
+    s.gates.script([
+        // Commands see the host's own `/skills` (in a pod, the real one); the file tools map it.
+        fake_gates::tool_call("c1", "read", json!({"path": format!("{folder}SKILL.md")})),
+        fake_gates::text("Hello!"),
+    ]);
+    let mut ts = turn_start(json!("Greet me."));
+    ts["manifest"]["skills"] =
+        json!([{"name": "greet", "description": "Greets people.", "files": {"SKILL.md": digest}}]);
+    s.core.grant_turn("run-1", TOKEN, ts);
+    let (method, output) = wait_end(&s.core, "run-1").await;
+    assert_eq!(method, "turn.completed", "{output}");
+    let instructions = s.gates.calls()[0].body["call"]["prompt"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        instructions.contains(&format!(
+            "Skills are mounted read-only in the sandbox. Each folder holds a skill's files; read \
+             its SKILL.md before you use it:\n- greet ({folder}): Greets people."
+        )),
+        "{instructions}"
+    );
+    let intent = run_frames(&s.core, s.conn, "run-1")
+        .into_iter()
+        .find(|(m, p)| m == "effect.intent" && p["effect"]["kind"] == "tool")
+        .unwrap();
+    assert_eq!(intent.1["effect"]["skill"], "greet");
+    assert_eq!(
+        output["transcript"][0]["entries"][2]["results"][0]["output"],
+        "1\t# Greet\n2\tSay hello warmly."
+    );
+}
