@@ -26,6 +26,7 @@ use super::canonical::request_hash;
 use super::channel::{CallError, Channel};
 use super::protocol::ErrorCode;
 use super::turn_start::{OutcomeBody, RecordedOutcome};
+use crate::tools::text::clip_chars;
 
 /// Method names of the turn's journal requests.
 pub mod methods {
@@ -405,12 +406,9 @@ fn outcome_value(method: &'static str, answer: &Value) -> Result<Value, JournalE
     Ok(body.value)
 }
 
+/// An answer in an error message: its start.
 fn truncate(s: &str, max: usize) -> String {
-    let mut end = s.len().min(max);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_owned()
+    clip_chars(s, max).into_owned()
 }
 
 #[cfg(test)]

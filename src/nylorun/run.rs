@@ -46,6 +46,7 @@ use super::spill::fit_outcome;
 use super::transcript::{self, MediaPolicy};
 use super::turn_start::{TurnInput, TurnStart, Unrunnable};
 use crate::agent::model::{Candidate, ModelAnswer, ResultOutcome, ToolCallBlock, ToolResult};
+use crate::agent::shaping::json_len;
 use crate::agent::turn::{self as agent_turn, Effect, ToolEffect, TurnHost};
 use crate::tools::{CallContext, ToolName, Toolbox};
 
@@ -506,7 +507,20 @@ impl TurnHost for Segment {
                     _ => return Err(self.stopped_in_model_call(&effect_id).await),
                 };
                 tracing::debug!(%effect_id, ms = started.elapsed().as_secs_f64() * 1000.0, "model call answered");
-                match self.journal.outcome(&effect_id, answer.to_value()).await? {
+                // Core records no outcome past the record entry limit, and a model's answer is
+                // not podhost's to cut: the turn fails, saying so.
+                let value = answer.to_value();
+                let (bytes, limit) = (json_len(&value) as u64, self.limits().record_entry_bytes);
+                if bytes > limit {
+                    return Err(Fault::Failed {
+                        code: "model.answer_too_large",
+                        message: format!(
+                            "The model's answer of step {step} is {bytes} bytes, past \
+                             limits.recordEntryBytes ({limit} bytes)"
+                        ),
+                    });
+                }
+                match self.journal.outcome(&effect_id, value).await? {
                     Recorded::Completed(v) => v,
                     Recorded::Uncertain => {
                         self.uncertain = true;

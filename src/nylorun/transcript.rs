@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 
 use super::turn_start::{Message, ModelDescriptor};
 use crate::agent::model::{Candidate, ResultOutcome, ToolResult};
+use crate::agent::shaping::json_len;
 
 /// One edit of the transcript: the first `keep` entries of the previous transcript, then
 /// `entries`; the result has exactly `length` entries.
@@ -336,7 +337,7 @@ pub fn updates(
     };
     let mut bytes = 0usize;
     for (i, entry) in after.iter().enumerate().skip(keep) {
-        let size = serde_json::to_string(entry).map(|s| s.len()).unwrap_or(0);
+        let size = json_len(entry);
         let alone = update_bytes(current.length, current.length + 1, size);
         if current.entries.is_empty() && alone > limit {
             return Err(EntryTooLarge {

@@ -488,3 +488,32 @@ async fn skills_are_mounted_named_to_the_model_and_on_the_calls_that_use_them() 
         "1\t# Greet\n2\tSay hello warmly."
     );
 }
+
+#[tokio::test]
+async fn a_model_answer_past_the_record_entry_limit_fails_the_turn() {
+    let s = setup(CoreOptions::default()).await;
+    let call = fake_gates::tool_call(
+        "c1",
+        "write",
+        json!({"path": "big.txt", "content": "x".repeat(4000)}),
+    );
+    let bytes = candidate_of(&call).to_string().len();
+    s.gates.script([call]);
+    let mut ts = turn_start(json!("Write a lot."));
+    ts["limits"]["recordEntryBytes"] = json!(3000);
+    s.core.grant_turn("run-1", TOKEN, ts);
+    let (method, output) = wait_end(&s.core, "run-1").await;
+    assert_eq!(method, "turn.failed");
+    assert_eq!(
+        output["error"],
+        json!({"code": "model.answer_too_large", "message": format!(
+            "The model's answer of step 0 is {bytes} bytes, past limits.recordEntryBytes (3000 bytes)")})
+    );
+    // Nothing core would refuse was sent, and the write did not run.
+    let methods: Vec<String> = run_frames(&s.core, s.conn, "run-1")
+        .into_iter()
+        .map(|(m, _)| m)
+        .collect();
+    assert_eq!(methods, ["effect.intent", "turn.failed"]);
+    assert!(!s.dirs.workspace.join("big.txt").exists());
+}

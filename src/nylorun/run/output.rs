@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::{Fault, STATE_VERSION, Segment};
+use crate::agent::shaping::json_len;
 use crate::agent::turn::TurnEnd;
 use crate::nylorun::artifacts::Artifacts;
 use crate::nylorun::export::export_outputs;
@@ -215,11 +216,7 @@ impl Segment {
                     turn_id: Some(self.ids.turn_id.clone()),
                     input: Some(self.input_raw.clone()),
                 };
-                let fits = |s: &HarnessState| {
-                    serde_json::to_string(s).map_or(0, |t| t.len() as u64)
-                        <= self.limits().harness_state_bytes
-                };
-                if !fits(&waiting) {
+                if json_len(&waiting.value()) as u64 > self.limits().harness_state_bytes {
                     tracing::warn!(%run_id, "the waiting segment's input is too large for the state; an approval cannot run it again");
                     waiting.input = None;
                 }
