@@ -129,7 +129,9 @@ impl From<JournalError> for Fault {
 
 async fn run_segment(shared: Arc<Shared>, run: RunHandle) -> RunEnd {
     let run_id = run.grant().run_id.clone();
-    let ts = match TurnStart::parse(run.input()).and_then(|ts| ts.check(run.grant()).map(|()| ts)) {
+    let mut ts = match TurnStart::parse(run.input())
+        .and_then(|ts| ts.check(run.grant()).map(|()| ts))
+    {
         Ok(ts) => ts,
         Err(u) => {
             tracing::warn!(%run_id, code = u.code, message = %u.message, "a TurnStart podhost cannot run");
@@ -137,10 +139,11 @@ async fn run_segment(shared: Arc<Shared>, run: RunHandle) -> RunEnd {
         }
     };
     let started = Instant::now();
+    let replayable = ts.outcomes.len();
     let journal = Journal::new(
         run.channel().clone(),
         run_id.clone(),
-        ts.outcomes.clone(),
+        std::mem::take(&mut ts.outcomes),
         run.cancelled(),
     );
     let mut segment = match Segment::open(shared, run, ts, journal).await {
@@ -152,7 +155,7 @@ async fn run_segment(shared: Arc<Shared>, run: RunHandle) -> RunEnd {
         session_id = %segment.ids.session_id,
         turn_id = %segment.ids.turn_id,
         segment = segment.ids.segment,
-        replayable = segment.ts.outcomes.len(),
+        replayable,
         "turn segment starting"
     );
     let cancel = segment.cancel.clone();
