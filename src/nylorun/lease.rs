@@ -13,8 +13,8 @@
 //! * `shutdown` and `ownership.lost` end in `lease.release` with that reason, whatever the turn
 //!   code returns; `cancel` and `deadline` let the turn code report `turn.failed` (cancelled).
 //!
-//! Non-goals: running a turn. [`RunHandler`] is where the turn code plugs in; until it exists
-//! [`ReleaseEveryRun`] gives each run back.
+//! Non-goals: running a turn. [`RunHandler`] is where the turn code
+//! ([`TurnRunner`](super::run::TurnRunner)) plugs in.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -268,27 +268,6 @@ pub enum RunEnd {
 /// Where the turn code plugs in: one call per granted run.
 pub trait RunHandler: Send + Sync + 'static {
     fn run(&self, run: RunHandle) -> BoxFuture<'static, RunEnd>;
-}
-
-/// The handler until turns exist: gives each run back at once.
-///
-/// The reason is `shutdown`, the least wrong of the three v5 allows: it is the one that says
-/// "another owner replays the segment from its journal" (§8), so core offers the run again;
-/// `ownership.lost` would claim another owner took it, and `connection.lost` is what core records
-/// itself. The slot then pauses before leasing again, so that core re-offering the same run to a
-/// pod that cannot run it does not become a busy loop.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ReleaseEveryRun;
-
-impl RunHandler for ReleaseEveryRun {
-    fn run(&self, run: RunHandle) -> BoxFuture<'static, RunEnd> {
-        tracing::warn!(
-            run_id = %run.grant().run_id,
-            session_id = %run.grant().session_id,
-            "this podhost does not run turns yet; releasing the run"
-        );
-        Box::pin(async { RunEnd::Release(ReleaseReason::Shutdown) })
-    }
 }
 
 /// Timing of the lease slots.
