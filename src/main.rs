@@ -8,10 +8,15 @@ use anyhow::Context;
 use clap::Parser;
 use podhost::config::{Cli, Command, ToolArgs, local_toolbox};
 use podhost::error::exit;
+use podhost::exec;
 use podhost::tools::{CallContext, ToolName, ToolOutcome, codes};
 use tokio_util::sync::CancellationToken;
 
 fn main() -> ExitCode {
+    // As a container's PID 1, podhost splits into a minimal init and itself (see exec::init).
+    if let Some(code) = exec::init::split_if_pid1() {
+        return code;
+    }
     let cli = Cli::parse();
     init_tracing();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
