@@ -28,6 +28,19 @@ pub struct Cli {
 pub enum Command {
     /// Run one workspace tool and print its outcome as JSON.
     Tool(ToolArgs),
+    /// Ask the running pod host whether it is connected to core (a Kubernetes exec probe):
+    /// exit 0 when it answers `connected: true`, 1 otherwise.
+    Health(HealthArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct HealthArgs {
+    /// The pod host's loopback health port.
+    #[arg(long, env = "NYLORUN_HARNESS_HEALTH_PORT", default_value_t = 4300)]
+    pub port: u16,
+    /// How long to wait for the answer, in milliseconds.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout_ms: u64,
 }
 
 #[derive(Debug, Args)]

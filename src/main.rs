@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use podhost::config::{Cli, Command, ToolArgs, local_toolbox};
+use podhost::config::{Cli, Command, HealthArgs, ToolArgs, local_toolbox};
 use podhost::error::exit;
 use podhost::exec;
 use podhost::tools::{CallContext, ToolName, ToolOutcome, codes};
@@ -51,6 +51,36 @@ fn init_tracing() {
 async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Tool(args) => tool(args).await,
+        Command::Health(args) => Ok(health(&args)),
+    }
+}
+
+/// `podhost health`: exit 0 when the pod host answers `connected: true`, 1 for anything else
+/// (not connected, nothing listening, no answer in time, an answer that is not the health JSON).
+fn health(args: &HealthArgs) -> i32 {
+    if args.port == 0 {
+        eprintln!("podhost health: port 0: the pod host's health listener is off");
+        return exit::FAILURE;
+    }
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], args.port));
+    let timeout = std::time::Duration::from_millis(args.timeout_ms);
+    match podhost::probe::check(addr, timeout) {
+        Ok(h) => {
+            let verdict = if h.connected {
+                "connected"
+            } else {
+                "not connected"
+            };
+            println!(
+                "{verdict}: {} answered HTTP {} on {addr}",
+                h.service, h.http_status
+            );
+            if h.connected { exit::OK } else { exit::FAILURE }
+        }
+        Err(e) => {
+            eprintln!("podhost health: {e}");
+            exit::FAILURE
+        }
     }
 }
 
