@@ -17,6 +17,10 @@ fn main() -> ExitCode {
     if let Some(code) = exec::init::split_if_pid1() {
         return code;
     }
+    // A command's supervisor: before clap, tracing or tokio, which it must not start.
+    if std::env::args_os().nth(1).as_deref() == Some(std::ffi::OsStr::new(exec::SUPERVISOR_ARG)) {
+        return exec::supervise::main();
+    }
     let cli = Cli::parse();
     init_tracing();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -49,6 +53,10 @@ fn init_tracing() {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<i32> {
+    // Orphans of commands whose supervisor died re-parent to podhost, which kills and reaps them.
+    if let Err(e) = exec::reaper::start() {
+        tracing::warn!("could not become a child subreaper: {e}");
+    }
     match cli.command {
         Command::Tool(args) => tool(args).await,
         Command::Health(args) => Ok(health(&args)),
@@ -123,8 +131,12 @@ async fn tool(args: ToolArgs) -> anyhow::Result<i32> {
     };
     let cancel = CancellationToken::new();
     let on_signal = cancel.clone();
+    // Registered before the tool starts (not when the task is first polled), so that a Ctrl-C at
+    // any point cancels the call instead of killing podhost outright.
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .context("listening for Ctrl-C")?;
     tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
+        if interrupt.recv().await.is_some() {
             on_signal.cancel();
         }
     });

@@ -1,2 +1,159 @@
-//! bash tool vs bare `bash -c true` (being built).
-pub fn main() {}
+//! The bash tool (`Toolbox::run(Bash, {"command": "true"})`) vs a bare `bash -c true` spawned
+//! with `std::process`, interleaved call by call so that both see the same machine load.
+//!
+//! Also measured, to show where the tool's overhead goes: starting the supervisor binary alone
+//! (`podhost __exec` given no request exits at once), which is the cost of the re-exec design;
+//! and CPU time (user + system, of this process and its waited-for descendants) per call, which
+//! unlike wall time does not grow when other work competes for the CPUs.
+//!
+//! The supervisor is the podhost binary cargo builds for this bench (`CARGO_BIN_EXE_podhost`,
+//! release profile under `cargo bench`), so no separate build step is needed:
+//! `cargo bench --bench tools bash`.
+//!
+//! On a machine shared with other CPU-bound work, wall times measure the run queue more than the
+//! tool: each call hands off between three processes (podhost, supervisor, shell), and each
+//! hand-off can wait for a time slice. Run the bench binary under `chrt -f 10` there to see the
+//! tool's own latency; the CPU figures are meaningful either way.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use podhost::exec::{BaseEnv, CommandEnv, ExecConfig, Executor, ResourceLimits};
+use podhost::tools::paths::Workspace;
+use podhost::tools::{CallContext, ToolName, Toolbox};
+use serde_json::json;
+
+const ROUNDS: usize = 5;
+const ITERATIONS: usize = 200;
+const WARM_UP: usize = 20;
+
+pub fn main() {
+    let supervisor = PathBuf::from(env!("CARGO_BIN_EXE_podhost"));
+    let shell = podhost::config::find_shell(None);
+    let dir = tempfile::tempdir().unwrap();
+    let ws = Workspace::new(dir.path(), None).unwrap();
+    let env = CommandEnv::new(
+        BaseEnv {
+            home: ws.root().to_path_buf(),
+            ..BaseEnv::default()
+        },
+        None,
+    );
+    let toolbox = Toolbox::new(
+        ws,
+        Executor::new(ExecConfig {
+            supervisor: supervisor.clone(),
+            shell: shell.clone(),
+            env,
+            limits: ResourceLimits::default(),
+        }),
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let input = json!({"command": "true"});
+    let ctx = CallContext::default();
+    let tool = || {
+        measure(|| {
+            let out = rt
+                .block_on(toolbox.run(ToolName::Bash, &input, &ctx))
+                .unwrap();
+            assert!(out.is_completed(), "{out:?}");
+        })
+    };
+    let bare = || timed(Command::new(&shell).args(["-c", "true"]), true);
+    let supervisor_alone = || timed(Command::new(&supervisor).arg("__exec"), false);
+
+    println!(
+        "bash tool vs bare `{} -c true` ({ROUNDS} rounds × {ITERATIONS}, interleaved)",
+        shell.display()
+    );
+    println!("supervisor: {}", supervisor.display());
+    for _ in 0..WARM_UP {
+        tool();
+        bare();
+        supervisor_alone();
+    }
+    let (mut all_tool, mut all_bare, mut all_sup) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 1..=ROUNDS {
+        let (mut t, mut b, mut s) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..ITERATIONS {
+            t.push(tool());
+            b.push(bare());
+            s.push(supervisor_alone());
+        }
+        report(&format!("round {round}"), &t, &b, &s);
+        all_tool.extend(t);
+        all_bare.extend(b);
+        all_sup.extend(s);
+    }
+    report("all", &all_tool, &all_bare, &all_sup);
+}
+
+/// One call's wall time and CPU time (ours and our waited-for descendants').
+#[derive(Clone, Copy)]
+struct Sample {
+    wall: Duration,
+    cpu: Duration,
+}
+
+fn cpu_time() -> Duration {
+    use nix::sys::resource::{UsageWho, getrusage};
+    let tv = |t: nix::sys::time::TimeVal| {
+        Duration::from_secs(t.tv_sec() as u64) + Duration::from_micros(t.tv_usec() as u64)
+    };
+    [UsageWho::RUSAGE_SELF, UsageWho::RUSAGE_CHILDREN]
+        .into_iter()
+        .map(|who| {
+            let u = getrusage(who).unwrap();
+            tv(u.user_time()) + tv(u.system_time())
+        })
+        .sum()
+}
+
+fn measure(f: impl FnOnce()) -> Sample {
+    let (cpu, start) = (cpu_time(), Instant::now());
+    f();
+    Sample {
+        wall: start.elapsed(),
+        cpu: cpu_time().saturating_sub(cpu),
+    }
+}
+
+/// Runs `cmd` to its end with stdin from /dev/null (and stdout/stderr captured when `capture`).
+fn timed(cmd: &mut Command, capture: bool) -> Sample {
+    cmd.stdin(Stdio::null());
+    if !capture {
+        cmd.stdout(Stdio::null()).stderr(Stdio::null());
+    }
+    measure(|| {
+        let out = cmd.output().unwrap();
+        assert!(!capture || out.status.success(), "{out:?}");
+    })
+}
+
+/// Medians of wall and CPU time, in ms.
+fn medians(samples: &[Sample]) -> (f64, f64) {
+    let ms = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2].as_secs_f64() * 1e3
+    };
+    (
+        ms(samples.iter().map(|s| s.wall).collect()),
+        ms(samples.iter().map(|s| s.cpu).collect()),
+    )
+}
+
+fn report(label: &str, tool: &[Sample], bare: &[Sample], sup: &[Sample]) {
+    let ((t, tc), (b, bc), (s, sc)) = (medians(tool), medians(bare), medians(sup));
+    println!(
+        "{label:>8}: wall: tool {t:.3} ms, bare {b:.3} ms, overhead {:.3} ms, ratio {:.2}× \
+         (supervisor start alone {s:.3} ms) | cpu: tool {tc:.3} ms, bare {bc:.3} ms, \
+         overhead {:.3} ms (supervisor start alone {sc:.3} ms)",
+        t - b,
+        t / b,
+        tc - bc,
+    );
+}

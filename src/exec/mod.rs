@@ -15,19 +15,73 @@
 //! * The environment is built from a clean base: nothing of podhost's own environment leaks.
 //!
 //! All `unsafe` in podhost lives in this module, each block with a `// SAFETY:` comment.
+//!
+//! # How a command runs
+//!
+//! ```text
+//! podhost ──spawn (empty env)──► podhost __exec ──fork/exec──► <shell> -c <command> ──► …
+//!   │  stdin: control socket ──────► request (JSON) in, status line out      (own session,
+//!   │  stdout/stderr pipes ◄──────── passed through to the shell              own group)
+//! ```
+//!
+//! * `spawn` (podhost side, tokio): starts the supervisor, sends the [`protocol::Request`],
+//!   captures both pipes concurrently ([`capture`]), owns the timeout and cancellation (SIGTERM
+//!   to the supervisor), and bounds every wait so the call returns on time.
+//! * [`supervise`] (the supervisor, plain std): child subreaper, `setsid`, starts the shell with
+//!   the limits ([`limits`]) and `PR_SET_NO_NEW_PRIVS`, reaps, and kills every descendant
+//!   ([`procs`]) before reporting the shell's status and exiting.
+//! * [`reaper`]: podhost itself as a child subreaper, reaping what a failed supervisor left.
+//! * [`env`](mod@env): the command's environment.
 
+pub mod capture;
 pub mod env;
 pub mod init;
+pub mod limits;
+pub mod procs;
+pub mod protocol;
+pub mod reaper;
+mod spawn;
+pub mod supervise;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 pub use env::{BaseEnv, CommandEnv};
 
+/// `argv[1]` that makes the podhost binary a command supervisor (see [`supervise`]). The binary's
+/// `main` checks for it before anything else.
+pub const SUPERVISOR_ARG: &str = "__exec";
+
+/// The longest command line: Linux refuses a single `execve` argument of 128 KiB or more
+/// (`MAX_ARG_STRLEN`, counting the terminating NUL), and the command is one argument of `sh -c`.
+pub const MAX_COMMAND_BYTES: usize = 128 * 1024 - 1;
+
+/// Why a command cannot be run at all, in words for the caller (the model): it was never started.
+pub fn validate_command(command: &str) -> Result<(), String> {
+    if command.is_empty() {
+        return Err("The command is empty.".to_owned());
+    }
+    if command.contains('\0') {
+        return Err(
+            "The command holds a NUL character, which a command line cannot carry.".to_owned(),
+        );
+    }
+    if command.len() > MAX_COMMAND_BYTES {
+        return Err(format!(
+            "The command is {} bytes; a command can be at most {MAX_COMMAND_BYTES} bytes (the \
+             kernel's limit for one argument). Write the script to a file in the workspace and \
+             run that file instead.",
+            command.len()
+        ));
+    }
+    Ok(())
+}
+
 /// Per-command resource limits (`setrlimit`), each `None` for "inherit".
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResourceLimits {
     /// `RLIMIT_NOFILE`: open files.
     pub open_files: Option<u64>,
@@ -77,6 +131,16 @@ impl Executor {
     pub fn config(&self) -> &ExecConfig {
         &self.config
     }
+
+    /// Runs one command to its end: it exited, timed out or was cancelled, and every process it
+    /// started is gone (or, if the supervisor itself failed, was killed from here). A command
+    /// that ran and failed is an `Ok` with its exit code; `Err` is a fault of the executor.
+    ///
+    /// Await it from an async task, not inside `spawn_blocking`: the supervisor's parent-death
+    /// signal is tied to the thread that spawns it, and blocking-pool threads exit when idle.
+    pub async fn run(&self, req: ExecRequest) -> Result<ExecOutput, ExecError> {
+        spawn::run(&self.config, req).await
+    }
 }
 
 /// One command to run.
@@ -117,6 +181,9 @@ pub struct ExecOutput {
 /// A fault of the executor itself (the command could not be started or watched).
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
+    /// The command cannot be run (empty, a NUL, too long); the message is for the caller.
+    #[error("{0}")]
+    InvalidCommand(String),
     #[error("could not start the command supervisor {path}: {source}")]
     Spawn {
         path: PathBuf,
@@ -125,6 +192,12 @@ pub enum ExecError {
     },
     #[error("the working directory {0} does not exist")]
     NoCwd(PathBuf),
+    /// The supervisor ran but could not start the shell (missing shell, arguments too large).
+    #[error("could not start the command: {message}")]
+    Start { message: String },
+    /// The supervisor ended without reporting how the command ended (it crashed or was killed).
+    #[error("the command supervisor failed: {message}")]
+    Supervisor { message: String },
     #[error("could not watch the command: {0}")]
     Io(#[from] std::io::Error),
 }

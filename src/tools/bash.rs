@@ -1,20 +1,165 @@
 //! `bash {command, timeout?}`: runs a command line in the workspace through `exec`.
+//!
+//! Owns: the input rules (timeout 1..=600 s, default 120; a command `exec` can start) and the
+//! output object `{exitCode, stdout, stderr, truncated?, timedOut?, replacedBytes?}`, optional keys
+//! present only when true or non-zero.
+//!
+//! Invariants: a command that ran is `completed`, whatever its exit code — also when it timed out
+//! (exit 124 and a line on stderr saying so) or was cancelled (exit 130, likewise); the output so
+//! far is kept in both. Each stream is at most 30,000 characters plus the omission marker.
+//!
+//! Non-goals: processes, capture, limits, environment (all in `exec`).
+
+use std::time::Duration;
 
 use serde::Deserialize;
+use serde_json::{Map, Value};
 
-use super::{CallContext, ToolError, ToolOutcome, Toolbox, codes};
+use super::{CallContext, ToolError, ToolName, ToolOutcome, Toolbox, codes};
+use crate::exec::{ExecError, ExecOutput, ExecRequest, validate_command};
+
+/// Seconds a command may run when the call does not say.
+pub const DEFAULT_TIMEOUT_SECS: u64 = 120;
+/// The longest timeout a call may ask for.
+pub const MAX_TIMEOUT_SECS: u64 = 600;
+/// Characters of each stream the model sees (first half, marker, last half).
+pub const STREAM_CHARS: usize = 30_000;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BashInput {
     pub command: String,
+    /// Seconds; 1..=600.
     pub timeout: Option<u64>,
 }
 
 pub async fn run(
-    _tb: &Toolbox,
-    _input: BashInput,
-    _ctx: &CallContext,
+    tb: &Toolbox,
+    input: BashInput,
+    ctx: &CallContext,
 ) -> Result<ToolOutcome, ToolError> {
-    Ok(ToolOutcome::failed(codes::ERROR, "bash is not built yet"))
+    let timeout = match input.timeout {
+        None => DEFAULT_TIMEOUT_SECS,
+        Some(t @ 1..=MAX_TIMEOUT_SECS) => t,
+        Some(t) => {
+            return Ok(ToolOutcome::failed(
+                codes::INVALID_INPUT,
+                format!(
+                    "Invalid bash input: timeout must be between 1 and {MAX_TIMEOUT_SECS} \
+                     seconds, got {t}."
+                ),
+            ));
+        }
+    };
+    if let Err(message) = validate_command(&input.command) {
+        return Ok(ToolOutcome::failed(codes::INVALID_INPUT, message));
+    }
+    let req = ExecRequest {
+        command: input.command,
+        cwd: tb.workspace().root().to_path_buf(),
+        env: ctx.env.clone(),
+        timeout: Duration::from_secs(timeout),
+        cancel: ctx.cancel.clone(),
+        stream_chars: STREAM_CHARS,
+    };
+    match tb.executor().run(req).await {
+        Ok(out) => Ok(ToolOutcome::completed(output(out, timeout))),
+        Err(ExecError::InvalidCommand(message)) => {
+            Ok(ToolOutcome::failed(codes::INVALID_INPUT, message))
+        }
+        Err(ExecError::Start { message }) => Ok(ToolOutcome::failed(
+            codes::START_FAILED,
+            format!("The command could not be started: {message}"),
+        )),
+        Err(source) => Err(ToolError::Exec {
+            tool: ToolName::Bash,
+            source,
+        }),
+    }
+}
+
+/// The output object the model sees.
+fn output(out: ExecOutput, timeout_secs: u64) -> Value {
+    let truncated = out.stdout.omitted_chars > 0 || out.stderr.omitted_chars > 0;
+    let replaced = out.stdout.replaced + out.stderr.replaced;
+    let mut stderr = out.stderr.text;
+    if out.timed_out {
+        push_line(
+            &mut stderr,
+            &format!("Command timed out after {timeout_secs}s and was killed."),
+        );
+    } else if out.cancelled {
+        push_line(&mut stderr, "Command was cancelled and killed.");
+    }
+    let mut map = Map::new();
+    map.insert("exitCode".into(), out.exit_code.into());
+    map.insert("stdout".into(), out.stdout.text.into());
+    map.insert("stderr".into(), stderr.into());
+    if truncated {
+        map.insert("truncated".into(), true.into());
+    }
+    if out.timed_out {
+        map.insert("timedOut".into(), true.into());
+    }
+    if replaced > 0 {
+        map.insert("replacedBytes".into(), replaced.into());
+    }
+    Value::Object(map)
+}
+
+/// Appends `line` on a line of its own.
+fn push_line(text: &mut String, line: &str) {
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str(line);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::Captured;
+    use pretty_assertions::assert_eq;
+    use serde_json::json;
+
+    fn text(s: &str) -> Captured {
+        Captured {
+            text: s.to_owned(),
+            ..Captured::default()
+        }
+    }
+
+    #[test]
+    fn optional_keys_appear_only_when_set() {
+        let plain = ExecOutput {
+            exit_code: 3,
+            stdout: text("out"),
+            stderr: text(""),
+            timed_out: false,
+            cancelled: false,
+        };
+        assert_eq!(
+            output(plain.clone(), 5),
+            json!({"exitCode": 3, "stdout": "out", "stderr": ""})
+        );
+        let timed_out = ExecOutput {
+            exit_code: 124,
+            stdout: Captured {
+                text: "x".into(),
+                omitted_chars: 7,
+                replaced: 2,
+            },
+            stderr: text("partial"),
+            timed_out: true,
+            ..plain
+        };
+        assert_eq!(
+            output(timed_out, 5),
+            json!({
+                "exitCode": 124, "stdout": "x",
+                "stderr": "partial\nCommand timed out after 5s and was killed.",
+                "truncated": true, "timedOut": true, "replacedBytes": 2
+            })
+        );
+    }
 }

@@ -160,7 +160,7 @@ pub mod codes {
 /// A fault of the harness itself (not of the call): the front reports it as such.
 #[derive(Debug, thiserror::Error)]
 pub enum ToolError {
-    #[error("{tool} could not run: {source}")]
+    #[error("{tool} could not run")]
     Exec {
         tool: ToolName,
         #[source]

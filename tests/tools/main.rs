@@ -5,5 +5,6 @@
 mod support;
 
 mod bash;
+mod cli;
 mod files;
 mod search;

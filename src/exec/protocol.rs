@@ -1,0 +1,159 @@
+//! What podhost and a command's supervisor say to each other over the control socket.
+//!
+//! The supervisor's stdin is one end of a Unix socket pair. podhost writes one [`Request`] (JSON)
+//! and shuts down its sending side; the supervisor reads to end-of-file, runs the command, and
+//! answers with one [`Status`] line just before it exits. The request never travels in `argv` or
+//! the environment: a command running as the same user can read `/proc/<supervisor>/cmdline` and
+//! `/proc/<supervisor>/environ`.
+//!
+//! Invariant: a supervisor that reports nothing has failed — "the command exited 1" is always a
+//! status line, so the two cannot be confused.
+//!
+//! Non-goals: versioning. Both ends are the same binary.
+
+use std::ffi::OsString;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::ResourceLimits;
+
+/// The largest request a supervisor accepts: a command (under 128 KiB) plus its environment.
+pub const MAX_REQUEST_BYTES: u64 = 8 << 20;
+
+/// The largest status line a supervisor sends (an error message), and podhost reads.
+pub const MAX_STATUS_BYTES: u64 = 64 << 10;
+
+/// One command for a supervisor to run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Request {
+    /// podhost's pid: the supervisor exits at once if its parent is already someone else (podhost
+    /// died before the supervisor could ask to be told of its death).
+    pub parent: u32,
+    /// The shell, run as `<shell> -c <command>`.
+    #[serde(with = "bytes_path")]
+    pub shell: PathBuf,
+    pub command: String,
+    /// The working directory of the shell.
+    #[serde(with = "bytes_path")]
+    pub cwd: PathBuf,
+    /// The shell's whole environment (the supervisor's own is empty).
+    pub env: Vec<(String, String)>,
+    pub limits: ResourceLimits,
+    /// Confinement applied in the shell's process just before it execs.
+    pub confine: Confine,
+}
+
+/// The confinement rules of one command: Landlock file-system rules and a seccomp filter.
+///
+/// Empty for now: the "confinement" work fills this in and applies it in
+/// [`supervise`](super::supervise) right before the shell execs (after the resource limits and
+/// `PR_SET_NO_NEW_PRIVS`, which a seccomp filter needs).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Confine {}
+
+impl Request {
+    pub fn encode(&self) -> Result<Vec<u8>, serde_json::Error> {
+        serde_json::to_vec(self)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+        serde_json::from_slice(bytes)
+    }
+}
+
+/// How the command ended, as the supervisor reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// The shell exited with this code.
+    Exited(i32),
+    /// The shell was killed by this signal.
+    Signaled(i32),
+    /// podhost (or podhost's death) asked the supervisor to stop; the tree was killed.
+    Killed,
+    /// The shell could not be started; the message says why.
+    Error(String),
+}
+
+impl Status {
+    /// The status line, newline-terminated. Newlines in an error message become spaces.
+    pub fn encode(&self) -> String {
+        match self {
+            Status::Exited(code) => format!("exit {code}\n"),
+            Status::Signaled(sig) => format!("signal {sig}\n"),
+            Status::Killed => "killed\n".to_owned(),
+            Status::Error(message) => format!("error {}\n", message.replace('\n', " ")),
+        }
+    }
+
+    /// Parses a status line; `None` for anything else (including nothing at all).
+    pub fn decode(line: &[u8]) -> Option<Self> {
+        let line = std::str::from_utf8(line).ok()?.strip_suffix('\n')?;
+        let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
+        match word {
+            "exit" => rest.parse().ok().map(Status::Exited),
+            "signal" => rest.parse().ok().map(Status::Signaled),
+            "killed" if rest.is_empty() => Some(Status::Killed),
+            "error" => Some(Status::Error(rest.to_owned())),
+            _ => None,
+        }
+    }
+}
+
+/// Paths as byte arrays, so that a path that is not UTF-8 still crosses.
+mod bytes_path {
+    use super::*;
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(path: &Path, s: S) -> Result<S::Ok, S::Error> {
+        path.as_os_str().as_bytes().serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<PathBuf, D::Error> {
+        let bytes = Vec::<u8>::deserialize(d)?;
+        Ok(PathBuf::from(OsString::from_vec(bytes)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    #[test]
+    fn request_round_trips_with_a_non_utf8_path() {
+        let req = Request {
+            parent: 42,
+            shell: PathBuf::from("/bin/sh"),
+            command: "echo 'hi'\n".to_owned(),
+            cwd: PathBuf::from(OsString::from_vec(b"/tmp/\xff".to_vec())),
+            env: vec![("A".to_owned(), "b c".to_owned())],
+            limits: ResourceLimits::default(),
+            confine: Confine::default(),
+        };
+        assert_eq!(Request::decode(&req.encode().unwrap()).unwrap(), req);
+    }
+
+    #[test]
+    fn status_lines_round_trip_and_garbage_is_none() {
+        for status in [
+            Status::Exited(0),
+            Status::Exited(255),
+            Status::Signaled(9),
+            Status::Killed,
+            Status::Error("could not start".to_owned()),
+        ] {
+            assert_eq!(Status::decode(status.encode().as_bytes()), Some(status));
+        }
+        assert_eq!(
+            Status::decode(Status::Error("a\nb".to_owned()).encode().as_bytes()),
+            Some(Status::Error("a b".to_owned()))
+        );
+        for garbage in [&b""[..], b"exit 1", b"exit x\n", b"killed now\n", b"\xff\n"] {
+            assert_eq!(Status::decode(garbage), None, "{garbage:?}");
+        }
+    }
+}

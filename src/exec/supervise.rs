@@ -1,0 +1,337 @@
+//! The per-command supervisor: `podhost __exec`, one process per command, between podhost and the
+//! shell.
+//!
+//! Owns: starting the shell in its own session and process group with the request's environment,
+//! working directory, resource limits and `PR_SET_NO_NEW_PRIVS`; reaping; and killing every
+//! descendant when the shell ends or when podhost asks (or dies).
+//!
+//! How it works: the supervisor makes itself a child subreaper, so every orphan of the command
+//! (a `sleep &`, a `setsid` daemon, a double fork) is re-parented to it and stays findable. It
+//! waits for signals synchronously (`sigtimedwait` with SIGCHLD, SIGTERM, SIGINT, SIGHUP and
+//! SIGQUIT blocked), so there are no handlers and no races between them. When the shell exits it
+//! gives the rest a moment to end on their own (`exec > >(tee f)` must get to flush), then
+//! SIGTERMs every descendant found by walking `/proc`, waits a short grace, and SIGKILLs until
+//! none is left. Then it reports the shell's status on the control socket and exits; since every
+//! descendant is dead by then, every copy of the output pipes is closed and podhost sees EOF.
+//!
+//! Invariants:
+//! * Single-threaded, plain std + libc/nix: no tokio, no clap, no tracing — it starts first thing
+//!   in `main` and must be cheap.
+//! * Its own environment is empty (podhost clears it) and the request arrives on the control
+//!   socket, so a command reading `/proc/<supervisor>/{environ,cmdline}` learns nothing.
+//! * It exits only when no descendant is left alive (or after a hard cap, when one is stuck in
+//!   the kernel and cannot die yet).
+//! * "The command exited 1" and "the supervisor failed" cannot be confused: the first is a status
+//!   line, the second is no status line.
+//!
+//! Non-goals: timeouts (podhost owns them and sends SIGTERM), output capture (podhost reads the
+//! pipes the supervisor passes through).
+
+use std::io::{self, Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::prctl;
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::{Pid, getpid, getppid, setsid};
+
+use super::limits::Prepared;
+use super::procs;
+use super::protocol::{MAX_REQUEST_BYTES, Request, Status};
+
+/// How long descendants left behind by the shell may take to end on their own.
+const LINGER: Duration = Duration::from_millis(100);
+/// How long SIGTERMed descendants get before SIGKILL.
+const TERM_GRACE: Duration = Duration::from_millis(200);
+/// The pause between SIGKILL sweeps (a SIGCHLD ends it early).
+const SWEEP_PAUSE: Duration = Duration::from_millis(10);
+/// After this long of SIGKILL sweeps the supervisor gives up: what is left is stuck in the
+/// kernel, holds a pending SIGKILL and will die when it returns.
+const KILL_CAP: Duration = Duration::from_secs(10);
+
+/// Exit code of a supervisor that could not even report (no control socket, bad request).
+const EXIT_BROKEN: u8 = 125;
+
+/// The supervisor's `main`. Called by the binary's `main` before anything else when `argv[1]` is
+/// [`SUPERVISOR_ARG`](super::SUPERVISOR_ARG).
+pub fn main() -> ExitCode {
+    let signals = handled_signals();
+    // Block first: from here on, SIGTERM (podhost's timeout, or its death) waits to be handled.
+    if signals.thread_block().is_err() {
+        return ExitCode::from(EXIT_BROKEN);
+    }
+    close_stray_fds();
+    // Tell us when podhost dies. Its pid arrives with the request and is compared below, which
+    // closes the race of podhost dying before this call.
+    if prctl::set_pdeathsig(Signal::SIGTERM).is_err() {
+        return ExitCode::from(EXIT_BROKEN);
+    }
+    let Ok(ctl) = control_socket() else {
+        return ExitCode::from(EXIT_BROKEN);
+    };
+    let mut sup = Supervisor {
+        me: getpid(),
+        signals,
+        ctl,
+        shell: None,
+        shell_status: None,
+    };
+    let req = match sup.read_request() {
+        Ok(req) => req,
+        Err(e) => {
+            sup.report(&Status::Error(format!("bad request: {e}")));
+            return ExitCode::from(EXIT_BROKEN);
+        }
+    };
+    if u32::try_from(getppid().as_raw()).ok() != Some(req.parent) {
+        // podhost is gone already: nobody is waiting for this command.
+        return ExitCode::from(EXIT_BROKEN);
+    }
+    let status = sup.run(&req);
+    sup.report(&status);
+    ExitCode::SUCCESS
+}
+
+fn handled_signals() -> SigSet {
+    let mut set = SigSet::empty();
+    for sig in [
+        Signal::SIGCHLD,
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+    ] {
+        set.add(sig);
+    }
+    set
+}
+
+/// A duplicate of stdin (the control socket), close-on-exec so the shell never inherits it.
+fn control_socket() -> io::Result<UnixStream> {
+    let fd = io::stdin().as_fd().try_clone_to_owned()?;
+    Ok(UnixStream::from(fd))
+}
+
+/// Closes every descriptor above stderr: whatever podhost's own parent leaked into podhost
+/// without close-on-exec must not reach commands.
+#[allow(unsafe_code)]
+fn close_stray_fds() {
+    // SAFETY: close_range only closes descriptors; none above 2 is owned by anything in this
+    // process yet (this runs first thing in the supervisor, before any file is opened).
+    unsafe {
+        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+    }
+}
+
+struct Supervisor {
+    me: Pid,
+    signals: SigSet,
+    ctl: UnixStream,
+    shell: Option<Pid>,
+    shell_status: Option<Status>,
+}
+
+impl Supervisor {
+    fn read_request(&mut self) -> Result<Request, String> {
+        let mut buf = Vec::new();
+        (&self.ctl)
+            .take(MAX_REQUEST_BYTES + 1)
+            .read_to_end(&mut buf)
+            .map_err(|e| e.to_string())?;
+        if buf.len() as u64 > MAX_REQUEST_BYTES {
+            return Err(format!("larger than {MAX_REQUEST_BYTES} bytes"));
+        }
+        Request::decode(&buf).map_err(|e| e.to_string())
+    }
+
+    fn report(&mut self, status: &Status) {
+        // podhost may be gone; then nobody needs the answer.
+        let _ = self.ctl.write_all(status.encode().as_bytes());
+    }
+
+    fn run(&mut self, req: &Request) -> Status {
+        if let Err(e) = prctl::set_child_subreaper(true) {
+            return Status::Error(format!("could not become a child subreaper: {e}"));
+        }
+        // A new session: no controlling terminal, so prompts that open /dev/tty fail at once.
+        // This fails only for a process-group leader, which podhost never makes us.
+        let _ = setsid();
+        match spawn_shell(req, self.me) {
+            Ok(pid) => self.shell = Some(pid),
+            Err(e) => {
+                return Status::Error(format!("could not start {} -c …: {e}", req.shell.display()));
+            }
+        }
+        while self.shell_status.is_none() {
+            self.reap();
+            if self.shell_status.is_some() {
+                break;
+            }
+            match wait_signal(&self.signals, None) {
+                Some(libc::SIGCHLD) | None => {}
+                Some(_) => {
+                    self.kill_tree();
+                    return Status::Killed;
+                }
+            }
+        }
+        // The shell is done; give whatever it left a moment to end by itself.
+        let deadline = Instant::now() + LINGER;
+        while self.reap() {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            match wait_signal(&self.signals, Some(deadline - now)) {
+                Some(libc::SIGCHLD) | None => {}
+                Some(_) => {
+                    self.kill_tree();
+                    return Status::Killed;
+                }
+            }
+        }
+        self.kill_tree();
+        self.shell_status.clone().unwrap_or(Status::Killed)
+    }
+
+    /// Reaps every child that has ended, noting the shell's status. Returns whether any child is
+    /// left (alive, or not yet reaped). No child left means no descendant left: as a subreaper
+    /// every orphan below us becomes our child.
+    fn reap(&mut self) -> bool {
+        loop {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) => return true,
+                Ok(WaitStatus::Exited(pid, code)) if Some(pid) == self.shell => {
+                    self.shell_status = Some(Status::Exited(code));
+                }
+                Ok(WaitStatus::Signaled(pid, sig, _)) if Some(pid) == self.shell => {
+                    self.shell_status = Some(Status::Signaled(sig as i32));
+                }
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(Errno::ECHILD) => return false,
+                // Nothing else is documented; do not spin on it.
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// Kills every descendant: SIGTERM, a short grace, then SIGKILL sweeps until none is left.
+    fn kill_tree(&mut self) {
+        if !self.reap() {
+            return;
+        }
+        procs::signal_all(&procs::descendants(self.me.as_raw()), Signal::SIGTERM);
+        let deadline = Instant::now() + TERM_GRACE;
+        while self.reap() {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            // A second SIGTERM from podhost changes nothing: the tree is being killed.
+            wait_signal(&self.signals, Some(deadline - now));
+        }
+        let cap = Instant::now() + KILL_CAP;
+        while self.reap() && Instant::now() < cap {
+            let live: Vec<_> = procs::descendants(self.me.as_raw())
+                .into_iter()
+                .filter(|p| !p.is_zombie())
+                .collect();
+            procs::signal_all(&live, Signal::SIGKILL);
+            wait_signal(&self.signals, Some(SWEEP_PAUSE));
+        }
+    }
+}
+
+/// Starts `<shell> -c <command>` in its own process group, stdin from /dev/null, stdout and stderr
+/// ours (podhost's pipes), with the request's environment, directory and limits.
+#[allow(unsafe_code)]
+fn spawn_shell(req: &Request, supervisor: Pid) -> io::Result<Pid> {
+    let limits = Prepared::new(&req.limits);
+    let mut cmd = Command::new(&req.shell);
+    cmd.arg("-c")
+        .arg(&req.command)
+        .env_clear()
+        .envs(req.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&req.cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .process_group(0);
+    // SAFETY: the closure runs in the forked child before exec. This process is single-threaded,
+    // so no lock can be held by a thread that did not survive the fork, and the closure only
+    // makes system calls (sigprocmask, rt_sigaction, setrlimit, prctl, getppid) on values prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            // The supervisor blocks the signals it waits for; the shell must not inherit that
+            // (a blocked SIGTERM would make every command ignore the first kill).
+            SigSet::empty().thread_set_mask()?;
+            reset_signal_dispositions();
+            limits.apply()?;
+            // If the supervisor is killed outright, take the shell with it.
+            prctl::set_pdeathsig(Signal::SIGKILL)?;
+            if getppid() != supervisor {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            prctl::set_no_new_privs()?;
+            // Confinement (Landlock rules, seccomp filter from `req.confine`) is applied here,
+            // last: seccomp needs no_new_privs, and nothing after it may need what it forbids.
+            Ok(())
+        });
+    }
+    let child = cmd.spawn()?;
+    Ok(Pid::from_raw(child.id() as i32))
+}
+
+/// Sets every signal's disposition to the default, as a freshly started program expects. std only
+/// resets SIGPIPE; glibc's `posix_spawn` (how podhost starts the supervisor) leaves its two
+/// internal signals (32, 33) ignored, and an ignored disposition survives `exec`. glibc's own
+/// `sigaction` refuses to touch those two, hence the raw system call. Async-signal-safe.
+#[allow(unsafe_code)]
+fn reset_signal_dispositions() {
+    // An all-zero kernel `struct sigaction` is SIG_DFL with no flags and an empty mask, whatever
+    // the architecture's layout of it; 32 bytes cover it on every 64-bit one.
+    let default_action = [0u64; 4];
+    for sig in 1..=libc::SIGRTMAX() {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: rt_sigaction reads a kernel sigaction (all zeros: SIG_DFL) from a live buffer
+        // of sufficient size and writes nothing (old action pointer is null); the last argument
+        // is the kernel's sigset size (8 bytes on Linux).
+        unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                sig,
+                default_action.as_ptr(),
+                std::ptr::null_mut::<u64>(),
+                8usize,
+            );
+        }
+    }
+}
+
+/// Waits for one of `set` (blocked) to be pending, at most `timeout`; returns the signal number,
+/// or `None` on timeout or interruption (callers re-check their deadlines).
+#[allow(unsafe_code)]
+fn wait_signal(set: &SigSet, timeout: Option<Duration>) -> Option<i32> {
+    let mut info = std::mem::MaybeUninit::<libc::siginfo_t>::uninit();
+    let rc = match timeout {
+        Some(d) => {
+            let ts = libc::timespec {
+                tv_sec: d.as_secs() as libc::time_t,
+                tv_nsec: d.subsec_nanos() as libc::c_long,
+            };
+            // SAFETY: `set` is a valid sigset, `info` is writable siginfo storage and `ts` a
+            // valid timespec; all outlive the call.
+            unsafe { libc::sigtimedwait(set.as_ref(), info.as_mut_ptr(), &ts) }
+        }
+        // SAFETY: as above, without a timeout.
+        None => unsafe { libc::sigwaitinfo(set.as_ref(), info.as_mut_ptr()) },
+    };
+    (rc > 0).then_some(rc)
+}

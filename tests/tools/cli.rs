@@ -1,0 +1,128 @@
+//! `podhost tool NAME --input JSON`: exit 0 when the tool ran (also when it failed), 2 with a
+//! clear message when the input was refused before anything ran.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+use pretty_assertions::assert_eq;
+use serde_json::{Value, json};
+
+use crate::support::podhost_bin;
+
+fn tool(dir: &std::path::Path, args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(podhost_bin())
+        .arg("tool")
+        .args(args)
+        .arg("--workspace")
+        .arg(dir)
+        .env_remove("PODHOST_WORKSPACE")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    if let Some(s) = stdin {
+        input.write_all(s.as_bytes()).unwrap();
+    }
+    drop(input);
+    child.wait_with_output().unwrap()
+}
+
+fn stdout_json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn a_tool_that_ran_exits_zero_and_prints_its_outcome() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.txt"), "one\ntwo\n").unwrap();
+    let out = tool(
+        dir.path(),
+        &["read", "--input", r#"{"path":"a.txt"}"#],
+        None,
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout_json(&out),
+        json!({"kind": "completed", "output": "1\tone\n2\ttwo"})
+    );
+
+    // A failure of the call itself is still a run: exit 0, the outcome says what failed.
+    let out = tool(
+        dir.path(),
+        &["read", "--input", r#"{"path":"missing.txt"}"#],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let path = dir.path().canonicalize().unwrap().join("missing.txt");
+    assert_eq!(
+        stdout_json(&out),
+        json!({"kind": "failed", "code": "sandbox.not_found", "message": format!("No file at {}", path.display())})
+    );
+}
+
+#[test]
+fn input_can_come_from_stdin() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = tool(
+        dir.path(),
+        &["bash", "--input", "-"],
+        Some(r#"{"command":"echo hi"}"#),
+    );
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        stdout_json(&out),
+        json!({"kind": "completed", "output": {"exitCode": 0, "stdout": "hi\n", "stderr": ""}})
+    );
+}
+
+#[test]
+fn refused_input_exits_two_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["rm", "--input", "{}"],
+            "podhost tool: unknown tool \"rm\"; the tools are bash, read, write, edit, grep, glob\n",
+        ),
+        (
+            &["read", "--input", "[1]"],
+            "podhost tool: --input must be a JSON object\n",
+        ),
+        (
+            &["read", "--input", "{path"],
+            "podhost tool: --input is not valid JSON: key must be a string at line 1 column 2\n",
+        ),
+        (
+            &["read", "--input", r#"{"file_path":"a"}"#],
+            "podhost tool: Invalid read input: unknown field `file_path`, expected one of `path`, \
+             `offset`, `limit`.\n",
+        ),
+    ];
+    for (args, message) in cases {
+        let out = tool(dir.path(), args, None);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), message, "{args:?}");
+    }
+}
+
+#[test]
+fn a_missing_workspace_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope");
+    let out = tool(&missing, &["read", "--input", r#"{"path":"a"}"#], None);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with(&format!(
+            "podhost tool: --workspace: {}: ",
+            missing.display()
+        )),
+        "{err}"
+    );
+}
