@@ -18,8 +18,13 @@
 //! * The init exits with podhost's status (its exit code, or 128 + the signal that killed it)
 //!   as soon as podhost has ended; the kernel then kills whatever is left in the namespace.
 //!
-//! Also: the pod's `HOME` (`/harness/home`) lives on a volume that is mounted empty, so the init
-//! creates it when it is missing, before podhost or any command looks for it.
+//! Two more things only PID 1 can do early enough:
+//! * The init and podhost hold the pod's environment, and commands run as the same uid, which
+//!   may read `/proc/<pid>/environ` (and more) of a dumpable process. The init makes itself
+//!   non-dumpable before the fork, so both processes' `/proc` entries belong to root; `execve`
+//!   resets the flag, so commands stay ordinary processes.
+//! * The pod's `HOME` (`/harness/home`) lives on a volume that is mounted empty, so the init
+//!   creates it when it is missing, before podhost or any command looks for it.
 //!
 //! Non-goals: job control, a controlling terminal, restarting podhost, signals other than
 //! SIGTERM, SIGINT, SIGHUP and SIGQUIT (the rest are ignored, as a PID 1 without handlers does).
@@ -65,6 +70,10 @@ pub fn split_if_pid1() -> Option<ExitCode> {
         return None;
     }
     ensure_home();
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        eprintln!("podhost init: could not make the pod host non-dumpable: {e}");
+        return Some(ExitCode::from(exit::FAILURE as u8));
+    }
     let waited = waited_signals();
     let original = match waited.thread_swap_mask(SigmaskHow::SIG_BLOCK) {
         Ok(mask) => mask,
