@@ -29,7 +29,8 @@ pub enum Command {
     /// Run one workspace tool and print its outcome as JSON.
     Tool(ToolArgs),
     /// Ask the running pod host whether it is connected to core (a Kubernetes exec probe):
-    /// exit 0 when it answers `connected: true`, 1 otherwise.
+    /// exit 0 when it answers `connected: true`, 1 otherwise; with `--live`, exit 0 for any
+    /// answer.
     Health(HealthArgs),
 }
 
@@ -41,6 +42,10 @@ pub struct HealthArgs {
     /// How long to wait for the answer, in milliseconds.
     #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout_ms: u64,
+    /// Succeed for any answer, connected or not (a liveness probe: a pod host that is up and
+    /// reconnecting to core must not be restarted).
+    #[arg(long)]
+    pub live: bool,
 }
 
 #[derive(Debug, Args)]

@@ -63,8 +63,9 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     }
 }
 
-/// `podhost health`: exit 0 when the pod host answers `connected: true`, 1 for anything else
-/// (not connected, nothing listening, no answer in time, an answer that is not the health JSON).
+/// `podhost health`: exit 0 when the pod host answers `connected: true` (with `--live`: when it
+/// answers at all), 1 for anything else (not connected, nothing listening, no answer in time, an
+/// answer that is not the health JSON).
 fn health(args: &HealthArgs) -> i32 {
     if args.port == 0 {
         eprintln!("podhost health: port 0: the pod host's health listener is off");
@@ -73,6 +74,13 @@ fn health(args: &HealthArgs) -> i32 {
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], args.port));
     let timeout = std::time::Duration::from_millis(args.timeout_ms);
     match podhost::probe::check(addr, timeout) {
+        Ok(h) if args.live => {
+            println!(
+                "alive: {} answered HTTP {} on {addr} (connected: {})",
+                h.service, h.http_status, h.connected
+            );
+            exit::OK
+        }
         Ok(h) => {
             let verdict = if h.connected {
                 "connected"
