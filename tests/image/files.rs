@@ -1,0 +1,102 @@
+//! What a command run by `podhost tool bash` finds in a container of the image run as a pod runs
+//! it: who it is, where it may write, and the tools agents reach for.
+
+use pretty_assertions::assert_eq;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::fixture::{Image, image};
+
+/// `podhost tool bash` as the container's own process (PID 1, so under the init), with the pod
+/// flags; the tool's outcome.
+async fn tool_bash(image: &Image, command: &str) -> Value {
+    let input = json!({ "command": command }).to_string();
+    let out = image
+        .run(
+            &["--entrypoint=/usr/local/bin/podhost".to_owned()],
+            &["tool", "bash", "--input", &input],
+        )
+        .await;
+    assert!(
+        out.status.success(),
+        "podhost tool bash failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn completed(stdout: &str) -> Value {
+    json!({
+        "kind": "completed",
+        "output": {"exitCode": 0, "stdout": stdout, "stderr": ""}
+    })
+}
+
+#[tokio::test]
+async fn a_command_runs_as_uid_1000_and_writes_only_the_pod_paths() {
+    let Some(image) = image().await else { return };
+    let outcome = tool_bash(
+        image,
+        "id -u; id -g; pwd; \
+         for dir in /workspace /tmp /harness /skills / /usr /etc /var/tmp /run; do \
+           if err=$(touch \"$dir/.probe\" 2>&1); then echo \"$dir: written\"; \
+           else echo \"$dir: ${err##*: }\"; fi; \
+         done",
+    )
+    .await;
+    assert_eq!(
+        outcome,
+        completed(
+            "1000\n1000\n/workspace\n\
+             /workspace: written\n/tmp: written\n/harness: written\n/skills: written\n\
+             /: Read-only file system\n/usr: Read-only file system\n\
+             /etc: Read-only file system\n/var/tmp: Read-only file system\n\
+             /run: Read-only file system\n"
+        )
+    );
+}
+
+#[tokio::test]
+async fn the_tools_agents_reach_for_are_there() {
+    let Some(image) = image().await else { return };
+    // Something for curl to fetch: a one-shot HTTP server on the host's loopback, which the
+    // container shares.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = tokio::spawn(async move {
+        let (mut conn, _) = listener.accept().await.unwrap();
+        let mut request = Vec::new();
+        let mut byte = [0u8; 1];
+        while !request.ends_with(b"\r\n\r\n") && conn.read(&mut byte).await.unwrap() == 1 {
+            request.push(byte[0]);
+        }
+        conn.write_all(b"HTTP/1.0 200 OK\r\ncontent-length: 16\r\n\r\nfetched by curl\n")
+            .await
+            .unwrap();
+    });
+    let outcome = tool_bash(
+        image,
+        &format!(
+            "command -v bash git curl python3 ps; \
+             git init -q /tmp/repo && \
+             git -C /tmp/repo -c user.name=a -c user.email=a@example.com \
+               commit -q --allow-empty -m first && git -C /tmp/repo log --format=%s; \
+             python3 -c 'import json, ssl; print(json.dumps({{\"answer\": 6 * 7}}))'; \
+             test -s /etc/ssl/certs/ca-certificates.crt && echo 'CA certificates'; \
+             curl -sS http://127.0.0.1:{port}/"
+        ),
+    )
+    .await;
+    assert_eq!(
+        outcome,
+        completed(
+            "/usr/bin/bash\n/usr/bin/git\n/usr/bin/curl\n/usr/bin/python3\n/usr/bin/ps\n\
+             first\n{\"answer\": 42}\nCA certificates\nfetched by curl\n"
+        )
+    );
+    tokio::time::timeout(std::time::Duration::from_secs(5), server)
+        .await
+        .unwrap()
+        .unwrap();
+}
