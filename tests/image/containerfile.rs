@@ -1,12 +1,24 @@
-//! The Containerfiles themselves: the package list the test base is bootstrapped with, and the
-//! multi-stage variant (which CI cannot build without a registry) kept in step with the main one.
+//! The Containerfiles themselves: the package list the README documents, and the multi-stage
+//! variant (which CI cannot build without a registry) kept in step with the main one.
 
 use pretty_assertions::assert_eq;
 
-use crate::fixture::{containerfile_packages, repo};
+use crate::fixture::repo;
 
 fn read(path: &str) -> String {
     std::fs::read_to_string(repo().join(path)).unwrap()
+}
+
+/// The packages of the Containerfile's `ARG PACKAGES="…"`.
+fn containerfile_packages(containerfile: &str) -> Vec<String> {
+    let line = containerfile
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("ARG PACKAGES="))
+        .expect("the Containerfile has no ARG PACKAGES=\"…\" line");
+    line.trim_matches('"')
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
 }
 
 #[test]

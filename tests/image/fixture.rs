@@ -322,18 +322,6 @@ fn build_context(dir: &Path, binary: &Path) -> tempfile::TempDir {
     context
 }
 
-/// The packages of the Containerfile's `ARG PACKAGES="…"`.
-pub fn containerfile_packages(containerfile: &str) -> Vec<String> {
-    let line = containerfile
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("ARG PACKAGES="))
-        .expect("the Containerfile has no ARG PACKAGES=\"…\" line");
-    line.trim_matches('"')
-        .split_whitespace()
-        .map(str::to_owned)
-        .collect()
-}
-
 /// The first mirror apt uses for `SUITE` itself (not `-updates` or `-security`), from the
 /// deb822 `.sources` files and the one-line `.list` files under `etc_apt`.
 pub fn apt_mirror(etc_apt: &Path) -> Option<String> {
