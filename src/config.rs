@@ -28,6 +28,8 @@ pub struct Cli {
 pub enum Command {
     /// Run one workspace tool and print its outcome as JSON.
     Tool(ToolArgs),
+    /// Be a Nylorun pod's harness: join core, serve the Harness API, lease runs.
+    Pod(Box<crate::nylorun::settings::PodArgs>),
     /// Ask the running pod host whether it is connected to core (a Kubernetes exec probe):
     /// exit 0 when it answers `connected: true`, 1 otherwise; with `--live`, exit 0 for any
     /// answer.

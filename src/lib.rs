@@ -38,5 +38,6 @@ pub mod agent;
 pub mod config;
 pub mod error;
 pub mod exec;
+pub mod nylorun;
 pub mod probe;
 pub mod tools;

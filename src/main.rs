@@ -46,10 +46,16 @@ fn main() -> ExitCode {
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    // JSON lines in pods (`PODHOST_LOG_FORMAT=json`), text elsewhere.
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    if std::env::var("PODHOST_LOG_FORMAT").is_ok_and(|f| f == "json") {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
 }
 
 async fn run(cli: Cli) -> anyhow::Result<i32> {
@@ -59,6 +65,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     }
     match cli.command {
         Command::Tool(args) => tool(args).await,
+        Command::Pod(args) => pod(args).await,
         Command::Health(args) => Ok(health(&args)),
     }
 }
@@ -98,6 +105,33 @@ fn health(args: &HealthArgs) -> i32 {
             exit::FAILURE
         }
     }
+}
+
+/// `podhost pod`: exit 0 after a clean shutdown (SIGTERM/SIGINT), 2 on bad configuration.
+async fn pod(args: Box<podhost::nylorun::settings::PodArgs>) -> anyhow::Result<i32> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let config = match args.validate() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("podhost pod: {e}");
+            return Ok(exit::USAGE);
+        }
+    };
+    let supervisor = std::env::current_exe().context("finding podhost's own executable")?;
+    let shutdown = CancellationToken::new();
+    let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+    let on_signal = shutdown.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+        on_signal.cancel();
+    });
+    let handler = std::sync::Arc::new(podhost::nylorun::lease::ReleaseEveryRun);
+    podhost::nylorun::pod::run(config, supervisor, handler, shutdown).await?;
+    Ok(exit::OK)
 }
 
 /// `podhost tool NAME --input JSON`: exit 0 when the tool ran (its outcome may be a failure),

@@ -31,9 +31,11 @@
 //!   the limits ([`limits`]) and `PR_SET_NO_NEW_PRIVS`, reaps, and kills every descendant
 //!   ([`procs`]) before reporting the shell's status and exiting.
 //! * [`reaper`]: podhost itself as a child subreaper, reaping what a failed supervisor left.
-//! * [`env`](mod@env): the command's environment.
+//! * [`env`](mod@env): the command's environment; [`egress`]: the CA bundle file its trust
+//!   variables name.
 
 pub mod capture;
+pub mod egress;
 pub mod env;
 pub mod init;
 pub mod limits;
