@@ -10,9 +10,6 @@
 //! `target/tmp/image-tests/`, keyed by suite and mirror, so a later run on the same machine
 //! skips the bootstrap (CI, from a clean clone, always builds cold); the times and sizes of
 //! each build are written to `target/tmp/image-tests/measurements.txt`.
-// The container helpers (start, exec, kill, wait, logs) serve the pod host tests, which need
-// `podhost pod` (being built on another branch) and are wired in when it lands.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Output;

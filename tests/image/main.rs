@@ -9,9 +9,15 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+#[path = "../support/fake_core.rs"]
+mod fake_core;
+
 mod container;
 mod containerfile;
 mod files;
 mod fixture;
 mod health;
+mod pid1;
+mod pod;
+mod pod_host;
 mod podman;
