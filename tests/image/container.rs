@@ -37,6 +37,7 @@ async fn the_image_runs_podhost_pod_as_uid_1000_in_the_workspace() {
             env: vec![
                 "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
                 "HOME=/harness/home".into(),
+                "PODHOST_LOG_FORMAT=json".into(),
             ],
         }
     );
