@@ -1,11 +1,10 @@
 //! What a command run by `podhost tool bash` finds in a container of the image run as a pod runs
 //! it: who it is, where it may write, and the tools agents reach for.
 
+use crate::fixture::{Image, image};
+use crate::health::serve_once;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-use crate::fixture::{Image, image};
 
 /// `podhost tool bash` as the container's own process (PID 1, so under the init), with the pod
 /// flags; the tool's outcome.
@@ -60,21 +59,8 @@ async fn a_command_runs_as_uid_1000_and_writes_only_the_pod_paths() {
 #[tokio::test]
 async fn the_tools_agents_reach_for_are_there() {
     let Some(image) = image().await else { return };
-    // Something for curl to fetch: a one-shot HTTP server on the host's loopback, which the
-    // container shares.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let server = tokio::spawn(async move {
-        let (mut conn, _) = listener.accept().await.unwrap();
-        let mut request = Vec::new();
-        let mut byte = [0u8; 1];
-        while !request.ends_with(b"\r\n\r\n") && conn.read(&mut byte).await.unwrap() == 1 {
-            request.push(byte[0]);
-        }
-        conn.write_all(b"HTTP/1.0 200 OK\r\ncontent-length: 16\r\n\r\nfetched by curl\n")
-            .await
-            .unwrap();
-    });
+    // Something for curl to fetch, on the host's loopback, which the container shares.
+    let port = serve_once("200 OK", "fetched by curl\n");
     let outcome = tool_bash(
         image,
         &format!(
@@ -95,8 +81,4 @@ async fn the_tools_agents_reach_for_are_there() {
              first\n{\"answer\": 42}\nCA certificates\nfetched by curl\n"
         )
     );
-    tokio::time::timeout(std::time::Duration::from_secs(5), server)
-        .await
-        .unwrap()
-        .unwrap();
 }

@@ -10,8 +10,9 @@ use pretty_assertions::assert_eq;
 use crate::podman::free_port;
 use crate::support::podhost_bin;
 
-/// A fake health endpoint that answers one request with `status` and `body`.
-fn endpoint(status: &str, body: &'static str) -> u16 {
+/// A one-shot HTTP server on 127.0.0.1 (which containers on the host's network reach too): it
+/// answers the first request with `status` and `body`. Its port.
+pub fn serve_once(status: &str, body: &'static str) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let status = status.to_owned();
@@ -53,7 +54,7 @@ async fn health(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
 
 #[tokio::test]
 async fn exit_0_when_the_pod_host_is_connected() {
-    let port = endpoint(
+    let port = serve_once(
         "200 OK",
         r#"{"status":"ok","service":"podhost","connected":true}"#,
     );
@@ -71,7 +72,7 @@ async fn exit_0_when_the_pod_host_is_connected() {
 
 #[tokio::test]
 async fn exit_1_when_it_is_not_connected() {
-    let port = endpoint(
+    let port = serve_once(
         "503 Service Unavailable",
         r#"{"status":"ok","service":"podhost","connected":false}"#,
     );
@@ -88,7 +89,7 @@ async fn exit_1_when_it_is_not_connected() {
 
 #[tokio::test]
 async fn live_exits_0_for_any_answer() {
-    let port = endpoint(
+    let port = serve_once(
         "503 Service Unavailable",
         r#"{"status":"ok","service":"podhost","connected":false}"#,
     );

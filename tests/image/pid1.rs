@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use pretty_assertions::assert_eq;
 
+use crate::fixture::image;
 use crate::pod_host::PodHost;
 use crate::podman::free_port;
-use crate::fixture::image;
 
 /// Core's address for pods that never reach it: nothing listens there, so podhost keeps
 /// retrying its join, which is all these tests need of it.
