@@ -181,7 +181,7 @@ async fn build() -> Image {
     let base_line = match base {
         Some((bootstrap, import)) => format!(
             "base {BASE} bootstrapped cold in {:.1} s (debootstrap {:.1} s, import {:.1} s); \
-             cold total with the image build {:.1} s",
+             cold total with the image build (apt installing the packages) {:.1} s",
             (bootstrap + import).as_secs_f64(),
             bootstrap.as_secs_f64(),
             import.as_secs_f64(),
@@ -193,7 +193,7 @@ async fn build() -> Image {
         ),
     };
     let report = format!(
-        "image tests: image {IMAGE} built in {:.1} s (its packages installed by apt); {base_line}\n\
+        "image tests: image {IMAGE} built in {:.1} s; {base_line}\n\
          image tests: image size {:.0} MB (base {:.0} MB, podhost binary {:.0} MB from {})\n",
         build_time.as_secs_f64(),
         mb(size(IMAGE).await),
