@@ -145,6 +145,17 @@ async fn a_health_listener_turned_off_or_a_bad_port() {
             "podhost health: port 0: the pod host's health listener is off\n".to_owned()
         )
     );
+    let got = health(&["--timeout-ms", "0"], &[]).await;
+    assert_eq!(
+        got,
+        (
+            2,
+            String::new(),
+            "error: invalid value '0' for '--timeout-ms <TIMEOUT_MS>': 0 is not in 1..18446744073709551615\n\n\
+             For more information, try '--help'.\n"
+                .to_owned()
+        )
+    );
     let got = health(&[], &[("NYLORUN_HARNESS_HEALTH_PORT", "health")]).await;
     assert_eq!(
         got,
