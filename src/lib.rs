@@ -33,8 +33,12 @@
 //! Commands run by the tools are untrusted. They get a clean environment (no tokens, no
 //! `NYLORUN_*`), start in their own session under a supervisor that kills their whole tree, and
 //! never see the host token, join token, run tokens or model API keys.
+//! They and the file tools run under Landlock ([`exec::confine`]): the system read-only, their
+//! workspace writable, podhost's state and other sessions' workspaces out of reach; podhost
+//! itself is non-dumpable, so its memory and environment are closed to them.
 
 pub mod agent;
+pub mod byoh;
 pub mod config;
 pub mod error;
 pub mod exec;

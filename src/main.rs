@@ -22,7 +22,23 @@ fn main() -> ExitCode {
         return exec::supervise::main();
     }
     let cli = Cli::parse();
+    // The configuration has been read: from here on, secrets live only in podhost's memory,
+    // which no process of the same user may read. Before any thread starts.
+    let hardened = exec::confine::harden_process();
     init_tracing();
+    if !hardened.non_dumpable {
+        tracing::warn!(
+            "could not make podhost non-dumpable: same-user processes can read its memory"
+        );
+    }
+    // One-shot fronts report their confinement now; long-running ones once their configuration
+    // is valid (a configuration error stays the only thing they print).
+    if let Some(exec) = cli.command.exec_args()
+        && !cli.command.is_long_running()
+        && !confinement_ok(exec, false)
+    {
+        return ExitCode::from(exit::FAILURE as u8);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -41,6 +57,19 @@ fn main() -> ExitCode {
         }
     };
     ExitCode::from(code as u8)
+}
+
+/// Logs the confinement commands will get (a warning when there is none); false when
+/// `PODHOST_REQUIRE_CONFINEMENT` asks for more than this kernel gives (the reason is printed).
+fn confinement_ok(exec: &podhost::config::ExecArgs, loud: bool) -> bool {
+    let confinement = exec.confine.confinement();
+    match exec::confine::report_startup(&confinement, exec.confine.require_confinement, loud) {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("podhost: {e}");
+            false
+        }
+    }
 }
 
 fn init_tracing() {
@@ -65,6 +94,13 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     }
     match cli.command {
         Command::Tool(args) => tool(args).await,
+        Command::Serve(args) => {
+            if !confinement_ok(&args.exec, true) {
+                return Ok(exit::FAILURE);
+            }
+            Ok(podhost::byoh::serve(args).await?)
+        }
+        Command::Run(args) => Ok(podhost::byoh::local::run(args).await?),
         Command::Pod(args) => pod(args).await,
         Command::Health(args) => Ok(health(&args)),
     }
@@ -117,6 +153,9 @@ async fn pod(args: Box<podhost::nylorun::settings::PodArgs>) -> anyhow::Result<i
             return Ok(exit::USAGE);
         }
     };
+    if !confinement_ok(&config.exec, true) {
+        return Ok(exit::FAILURE);
+    }
     let supervisor = std::env::current_exe().context("finding podhost's own executable")?;
     let shutdown = CancellationToken::new();
     let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;

@@ -6,6 +6,11 @@
 //! and CPU time (user + system, of this process and its waited-for descendants) per call, which
 //! unlike wall time does not grow when other work competes for the CPUs.
 //!
+//! Confinement's cost, in the same interleaved loop: the bash tool with confinement off, with the
+//! default Landlock policy, and with hidden paths (a data directory under `/tmp`, so `/` and
+//! `/tmp` are split into one rule per entry); and a `read` call (a fresh thread restricting itself
+//! to the workspace) with and without confinement.
+//!
 //! The supervisor is the podhost binary cargo builds for this bench (`CARGO_BIN_EXE_podhost`,
 //! release profile under `cargo bench`), so no separate build step is needed:
 //! `cargo bench --bench tools bash`.
@@ -19,7 +24,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use podhost::exec::{BaseEnv, CommandEnv, ExecConfig, Executor, ResourceLimits};
+use podhost::exec::{BaseEnv, CommandEnv, Confinement, ExecConfig, Executor, ResourceLimits};
 use podhost::tools::paths::Workspace;
 use podhost::tools::{CallContext, ToolName, Toolbox};
 use serde_json::json;
@@ -40,14 +45,23 @@ pub fn main() {
         },
         None,
     );
-    let toolbox = Toolbox::new(
+    std::fs::write(dir.path().join("small.txt"), "one\ntwo\nthree\n").unwrap();
+    let exec = Executor::new(ExecConfig {
+        supervisor: supervisor.clone(),
+        shell: shell.clone(),
+        env,
+        limits: ResourceLimits::default(),
+    });
+    let toolbox = Toolbox::new(ws.clone(), exec.clone());
+    let off = Toolbox::new(
+        ws.clone(),
+        exec.clone().with_confinement(Confinement::off()),
+    );
+    let data = tempfile::tempdir().unwrap();
+    let hiding = Toolbox::new(
         ws,
-        Executor::new(ExecConfig {
-            supervisor: supervisor.clone(),
-            shell: shell.clone(),
-            env,
-            limits: ResourceLimits::default(),
-        }),
+        exec.clone()
+            .with_confinement(Confinement::default().hide(data.path())),
     );
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -59,6 +73,21 @@ pub fn main() {
         measure(|| {
             let out = rt
                 .block_on(toolbox.run(ToolName::Bash, &input, &ctx))
+                .unwrap();
+            assert!(out.is_completed(), "{out:?}");
+        })
+    };
+    let bash_on = |tb: &Toolbox| {
+        measure(|| {
+            let out = rt.block_on(tb.run(ToolName::Bash, &input, &ctx)).unwrap();
+            assert!(out.is_completed(), "{out:?}");
+        })
+    };
+    let read_input = json!({"path": "small.txt"});
+    let read_on = |tb: &Toolbox| {
+        measure(|| {
+            let out = rt
+                .block_on(tb.run(ToolName::Read, &read_input, &ctx))
                 .unwrap();
             assert!(out.is_completed(), "{out:?}");
         })
@@ -90,6 +119,43 @@ pub fn main() {
         all_sup.extend(s);
     }
     report("all", &all_tool, &all_bare, &all_sup);
+
+    println!(
+        "confinement ({} kernel Landlock ABI, {ROUNDS} rounds × {ITERATIONS}, interleaved)",
+        podhost::exec::confine::kernel_abi()
+    );
+    let mut series: [Vec<Sample>; 5] = Default::default();
+    for _ in 0..WARM_UP {
+        bash_on(&off);
+        bash_on(&toolbox);
+        bash_on(&hiding);
+        read_on(&off);
+        read_on(&toolbox);
+    }
+    for _ in 0..ROUNDS {
+        for _ in 0..ITERATIONS {
+            series[0].push(bash_on(&off));
+            series[1].push(bash_on(&toolbox));
+            series[2].push(bash_on(&hiding));
+            series[3].push(read_on(&off));
+            series[4].push(read_on(&toolbox));
+        }
+    }
+    let m: Vec<(f64, f64)> = series.iter().map(|s| medians(s)).collect();
+    for (label, (wall, cpu), base) in [
+        ("bash, confinement off", m[0], m[0]),
+        ("bash, Landlock (default policy)", m[1], m[0]),
+        ("bash, Landlock + hidden data dir", m[2], m[0]),
+        ("read, confinement off", m[3], m[3]),
+        ("read, Landlock (fresh thread)", m[4], m[3]),
+    ] {
+        println!(
+            "{label:>34}: wall {wall:.3} ms ({:+.3} ms, {:.2}×) | cpu {cpu:.3} ms ({:+.3} ms)",
+            wall - base.0,
+            wall / base.0,
+            cpu - base.1
+        );
+    }
 }
 
 /// One call's wall time and CPU time (ours and our waited-for descendants').

@@ -28,13 +28,15 @@
 //!   captures both pipes concurrently ([`capture`]), owns the timeout and cancellation (SIGTERM
 //!   to the supervisor), and bounds every wait so the call returns on time.
 //! * [`supervise`] (the supervisor, plain std): child subreaper, `setsid`, starts the shell with
-//!   the limits ([`limits`]) and `PR_SET_NO_NEW_PRIVS`, reaps, and kills every descendant
-//!   ([`procs`]) before reporting the shell's status and exiting.
+//!   the limits ([`limits`]), `PR_SET_NO_NEW_PRIVS` and the confinement ([`confine`]: Landlock,
+//!   the network filter, the command user), reaps, and kills every descendant ([`procs`]) before
+//!   reporting the shell's status and exiting.
 //! * [`reaper`]: podhost itself as a child subreaper, reaping what a failed supervisor left.
 //! * [`env`](mod@env): the command's environment; [`egress`]: the CA bundle file its trust
 //!   variables name.
 
 pub mod capture;
+pub mod confine;
 pub mod egress;
 pub mod env;
 pub mod init;
@@ -51,6 +53,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
+pub use confine::Confinement;
 pub use env::{BaseEnv, CommandEnv};
 
 /// `argv[1]` that makes the podhost binary a command supervisor (see [`supervise`]). The binary's
@@ -121,17 +124,32 @@ pub struct ExecConfig {
 #[derive(Clone, Debug)]
 pub struct Executor {
     config: std::sync::Arc<ExecConfig>,
+    confinement: std::sync::Arc<Confinement>,
 }
 
 impl Executor {
+    /// An executor with the default confinement: Landlock where the kernel has it, nothing
+    /// hidden, the network allowed (see [`confine`]).
     pub fn new(config: ExecConfig) -> Self {
         Executor {
             config: std::sync::Arc::new(config),
+            confinement: std::sync::Arc::new(Confinement::default()),
         }
+    }
+
+    /// The same executor with another confinement policy.
+    pub fn with_confinement(mut self, confinement: Confinement) -> Self {
+        self.confinement = std::sync::Arc::new(confinement);
+        self
     }
 
     pub fn config(&self) -> &ExecConfig {
         &self.config
+    }
+
+    /// The confinement policy; a toolbox turns it into rules for its workspace.
+    pub fn confinement(&self) -> &Confinement {
+        &self.confinement
     }
 
     /// Runs one command to its end: it exited, timed out or was cancelled, and every process it
@@ -156,6 +174,8 @@ pub struct ExecRequest {
     pub cancel: CancellationToken,
     /// Characters of each stream the caller keeps (head and tail halves).
     pub stream_chars: usize,
+    /// The command's confinement (a toolbox's rules for its workspace).
+    pub confine: protocol::Confine,
 }
 
 /// One captured stream, already cut to the requested size.

@@ -46,14 +46,54 @@ pub struct Request {
     pub confine: Confine,
 }
 
-/// The confinement rules of one command: Landlock file-system rules and a seccomp filter.
+/// The confinement of one command, built by podhost ([`Confinement::for_workspace`]) and applied
+/// by the supervisor in the shell's process just before it execs.
 ///
-/// Empty for now: the "confinement" work fills this in and applies it in
-/// [`supervise`](super::supervise) right before the shell execs (after the resource limits and
-/// `PR_SET_NO_NEW_PRIVS`, which a seccomp filter needs).
+/// [`Confinement::for_workspace`]: super::confine::Confinement::for_workspace
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Confine {}
+pub struct Confine {
+    /// The Landlock rules; `None` when Landlock is off or the kernel has none.
+    pub landlock: Option<Landlock>,
+    /// Deny every socket family but `AF_UNIX` (a seccomp filter; with Landlock ≥ 4 also every
+    /// TCP bind and connect).
+    pub deny_network: bool,
+    /// The user the shell runs as, when podhost runs as root and drops commands to another user.
+    pub user: Option<CommandUser>,
+}
+
+/// Landlock file-system rules, as paths: the supervisor (or a file tool's thread) opens them
+/// when it builds the ruleset, so a rule always names what is at the path at that moment.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Landlock {
+    /// The Landlock ABI to use: at most what the kernel offers, at least 1.
+    pub abi: u8,
+    /// Read-only grants (read, list, execute), canonical.
+    #[serde(with = "bytes_paths")]
+    pub read: Vec<PathBuf>,
+    /// Read-write grants, canonical.
+    #[serde(with = "bytes_paths")]
+    pub write: Vec<PathBuf>,
+    /// Paths no grant reaches, canonical: a grant above one is split around it; a grant strictly
+    /// beneath one is an explicit exception and stays.
+    #[serde(with = "bytes_paths")]
+    pub hidden: Vec<PathBuf>,
+    /// The hidden paths whose names may be listed: a directory split only around these gets a
+    /// list-only rule (which, being inherited, lists the names beneath them too).
+    #[serde(with = "bytes_paths")]
+    pub names_visible: Vec<PathBuf>,
+    /// Scope signals and abstract Unix sockets to the sandbox (ABI ≥ 6).
+    pub scoped: bool,
+}
+
+/// A uid and gid to run the shell as (supplementary groups are cleared).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommandUser {
+    pub uid: u32,
+    pub gid: u32,
+}
 
 impl Request {
     pub fn encode(&self) -> Result<Vec<u8>, serde_json::Error> {
@@ -103,6 +143,25 @@ impl Status {
     }
 }
 
+/// Lists of paths as lists of byte arrays.
+mod bytes_paths {
+    use super::*;
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(paths: &[PathBuf], s: S) -> Result<S::Ok, S::Error> {
+        let bytes: Vec<&[u8]> = paths.iter().map(|p| p.as_os_str().as_bytes()).collect();
+        bytes.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<PathBuf>, D::Error> {
+        let all = Vec::<Vec<u8>>::deserialize(d)?;
+        Ok(all
+            .into_iter()
+            .map(|b| PathBuf::from(OsString::from_vec(b)))
+            .collect())
+    }
+}
+
 /// Paths as byte arrays, so that a path that is not UTF-8 still crosses.
 mod bytes_path {
     use super::*;
@@ -132,7 +191,21 @@ mod tests {
             cwd: PathBuf::from(OsString::from_vec(b"/tmp/\xff".to_vec())),
             env: vec![("A".to_owned(), "b c".to_owned())],
             limits: ResourceLimits::default(),
-            confine: Confine::default(),
+            confine: Confine {
+                landlock: Some(Landlock {
+                    abi: 6,
+                    read: vec![PathBuf::from("/")],
+                    write: vec![PathBuf::from(OsString::from_vec(b"/w/\xfe".to_vec()))],
+                    hidden: vec![PathBuf::from("/harness")],
+                    names_visible: vec![PathBuf::from("/harness")],
+                    scoped: true,
+                }),
+                deny_network: true,
+                user: Some(CommandUser {
+                    uid: 65534,
+                    gid: 65534,
+                }),
+            },
         };
         assert_eq!(Request::decode(&req.encode().unwrap()).unwrap(), req);
     }

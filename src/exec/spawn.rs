@@ -31,7 +31,7 @@ use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
 use super::capture::{StreamCapture, capture};
-use super::protocol::{Confine, MAX_STATUS_BYTES, Request, Status};
+use super::protocol::{MAX_STATUS_BYTES, Request, Status};
 use super::{ExecConfig, ExecError, ExecOutput, ExecRequest, SUPERVISOR_ARG, procs, reaper};
 
 /// How long the supervisor may take to kill the tree after SIGTERM before podhost does it.
@@ -72,7 +72,7 @@ pub(super) async fn run(config: &ExecConfig, req: ExecRequest) -> Result<ExecOut
             .filter(|(_, v)| !v.contains('\0'))
             .collect(),
         limits: config.limits.clone(),
-        confine: Confine::default(),
+        confine: req.confine,
     }
     .encode()
     .map_err(io::Error::other)?;

@@ -40,6 +40,7 @@ use nix::sys::signal::{SigSet, Signal};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, getpid, getppid, setsid};
 
+use super::confine;
 use super::limits::Prepared;
 use super::procs;
 use super::protocol::{MAX_REQUEST_BYTES, Request, Status};
@@ -250,8 +251,11 @@ impl Supervisor {
 /// Starts `<shell> -c <command>` in its own process group, stdin from /dev/null, stdout and stderr
 /// ours (podhost's pipes), with the request's environment, directory and limits.
 #[allow(unsafe_code)]
-fn spawn_shell(req: &Request, supervisor: Pid) -> io::Result<Pid> {
+fn spawn_shell(req: &Request, supervisor: Pid) -> Result<Pid, String> {
     let limits = Prepared::new(&req.limits);
+    // Opened and compiled here, before the fork: the child only makes system calls.
+    let confine = confine::Prepared::new(&req.confine)
+        .map_err(|e| format!("could not confine the command: {e}"))?;
     let mut cmd = Command::new(&req.shell);
     cmd.arg("-c")
         .arg(&req.command)
@@ -264,7 +268,8 @@ fn spawn_shell(req: &Request, supervisor: Pid) -> io::Result<Pid> {
         .process_group(0);
     // SAFETY: the closure runs in the forked child before exec. This process is single-threaded,
     // so no lock can be held by a thread that did not survive the fork, and the closure only
-    // makes system calls (sigprocmask, rt_sigaction, setrlimit, prctl, getppid) on values prepared before the fork.
+    // makes system calls (sigprocmask, rt_sigaction, setrlimit, set*id, prctl, getppid,
+    // landlock_restrict_self, seccomp) on values prepared before the fork.
     unsafe {
         cmd.pre_exec(move || {
             // The supervisor blocks the signals it waits for; the shell must not inherit that
@@ -272,18 +277,20 @@ fn spawn_shell(req: &Request, supervisor: Pid) -> io::Result<Pid> {
             SigSet::empty().thread_set_mask()?;
             reset_signal_dispositions();
             limits.apply()?;
+            // Before the parent-death signal: a credential change clears it.
+            confine.switch_user()?;
             // If the supervisor is killed outright, take the shell with it.
             prctl::set_pdeathsig(Signal::SIGKILL)?;
             if getppid() != supervisor {
                 return Err(io::Error::from_raw_os_error(libc::ESRCH));
             }
             prctl::set_no_new_privs()?;
-            // Confinement (Landlock rules, seccomp filter from `req.confine`) is applied here,
-            // last: seccomp needs no_new_privs, and nothing after it may need what it forbids.
-            Ok(())
+            // Last: the seccomp filter needs no_new_privs, and nothing after it may need what
+            // Landlock or the filter forbids.
+            confine.restrict()
         });
     }
-    let child = cmd.spawn()?;
+    let child = cmd.spawn().map_err(|e| e.to_string())?;
     Ok(Pid::from_raw(child.id() as i32))
 }
 

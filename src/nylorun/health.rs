@@ -1,6 +1,7 @@
 //! The pod's loopback health endpoint (v2 notes §6.1): `GET /health` on
 //! `127.0.0.1:NYLORUN_HARNESS_HEALTH_PORT` answers `{status: "ok", service: "podhost",
-//! connected}`, 200 while the Harness API connection is up and 503 otherwise.
+//! connected, confinement}` (the level `exec::confine` reported at start-up), 200 while the
+//! Harness API connection is up and 503 otherwise.
 //!
 //! Non-goals: anything a probe outside the pod can reach (it binds loopback only).
 
@@ -37,7 +38,12 @@ async fn health(State(connected): State<Arc<AtomicBool>>) -> (StatusCode, Json<V
     };
     (
         status,
-        Json(json!({"status": "ok", "service": "podhost", "connected": up})),
+        Json(json!({
+            "status": "ok",
+            "service": "podhost",
+            "connected": up,
+            "confinement": crate::exec::confine::reported(),
+        })),
     )
 }
 

@@ -172,7 +172,20 @@ fn pod_toolbox(config: &PodConfig, supervisor: PathBuf) -> Result<Toolbox, PodEr
         supervisor,
         CommandEnv::new(base, Some(egress)),
     );
-    Ok(Toolbox::new(ws, exec))
+    // The pod's state: contents hidden (their names say nothing, and `ls /` keeps working), the
+    // CA bundle the trust variables name still readable. Egress goes through the proxy, so the
+    // network filter does not apply in a pod.
+    if config.exec.confine.deny_network {
+        tracing::warn!("PODHOST_DENY_NETWORK is ignored in a pod: egress goes through its proxy");
+    }
+    let confinement = exec
+        .confinement()
+        .clone()
+        .hide_contents(&config.harness_root)
+        .hide_contents(&config.join_file)
+        .allow_read(&config.harness_root.join(crate::exec::egress::BUNDLE_FILE))
+        .deny_network(false);
+    Ok(Toolbox::new(ws, exec.with_confinement(confinement)))
 }
 
 struct Host {

@@ -54,13 +54,24 @@ pub async fn run(
     if let Err(message) = validate_command(&input.command) {
         return Ok(ToolOutcome::failed(codes::INVALID_INPUT, message));
     }
+    // A private temporary directory is the default; the call's own variables may still say
+    // otherwise (writes elsewhere then fail loudly).
+    let mut env = Vec::with_capacity(ctx.env.len() + 3);
+    if let Some(tmp) = &tb.rules().tmp {
+        let tmp = tmp.to_string_lossy().into_owned();
+        for name in ["TMPDIR", "TMP", "TEMP"] {
+            env.push((name.to_owned(), tmp.clone()));
+        }
+    }
+    env.extend(ctx.env.iter().cloned());
     let req = ExecRequest {
         command: input.command,
         cwd: tb.workspace().root().to_path_buf(),
-        env: ctx.env.clone(),
+        env,
         timeout: Duration::from_secs(timeout),
         cancel: ctx.cancel.clone(),
         stream_chars: STREAM_CHARS,
+        confine: tb.rules().command.clone(),
     };
     match tb.executor().run(req).await {
         Ok(out) => Ok(ToolOutcome::completed(output(out, timeout))),

@@ -35,6 +35,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::exec::Executor;
+use crate::exec::confine::WorkspaceRules;
 use locks::FileLocks;
 use paths::Workspace;
 
@@ -199,6 +200,8 @@ struct ToolboxInner {
     workspace: Workspace,
     executor: Executor,
     locks: FileLocks,
+    /// The executor's confinement made concrete for this workspace.
+    rules: WorkspaceRules,
 }
 
 impl fmt::Debug for Toolbox {
@@ -210,12 +213,15 @@ impl fmt::Debug for Toolbox {
 }
 
 impl Toolbox {
+    /// The tools of `workspace`, confined as `executor`'s policy says (see `exec::confine`).
     pub fn new(workspace: Workspace, executor: Executor) -> Self {
+        let rules = executor.confinement().for_workspace(&workspace);
         Toolbox {
             inner: Arc::new(ToolboxInner {
                 workspace,
                 executor,
                 locks: FileLocks::default(),
+                rules,
             }),
         }
     }
@@ -230,6 +236,11 @@ impl Toolbox {
 
     pub fn locks(&self) -> &FileLocks {
         &self.inner.locks
+    }
+
+    /// The confinement rules of this workspace's commands and file tools.
+    pub fn rules(&self) -> &WorkspaceRules {
+        &self.inner.rules
     }
 
     /// Runs one tool call. Input that does not match the tool's schema is a failed outcome.
@@ -258,7 +269,13 @@ impl Toolbox {
         }
     }
 
-    /// Runs a file tool on the blocking pool: they do plain file-system I/O.
+    /// Runs a file tool off the async workers: they do plain file-system I/O.
+    ///
+    /// Confined, each call gets a fresh thread that restricts itself with the workspace's
+    /// Landlock rules (and takes the command user's file-system identity, if any) before it
+    /// touches the file system (Landlock binds a thread and the threads
+    /// it spawns, such as grep's walkers; a pooled thread must never be restricted, since it
+    /// would carry the rules into unrelated work). Unconfined, the blocking pool is enough.
     async fn blocking<I, F>(
         &self,
         tool: ToolName,
@@ -276,12 +293,28 @@ impl Toolbox {
         };
         let this = self.clone();
         let cancel = ctx.cancel.clone();
-        tokio::task::spawn_blocking(move || f(&this, parsed, &cancel))
-            .await
-            .map_err(|e| ToolError::Worker {
-                tool,
-                message: e.to_string(),
+        let worker = |message: String| ToolError::Worker { tool, message };
+        if !self.inner.rules.confines_files() {
+            return tokio::task::spawn_blocking(move || f(&this, parsed, &cancel))
+                .await
+                .map_err(|e| worker(e.to_string()));
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name(format!("podhost-{tool}"))
+            .spawn(move || {
+                let result = crate::exec::confine::confine_thread(this.rules())
+                    .map(|()| f(&this, parsed, &cancel))
+                    .map_err(|e| format!("could not confine the call: {e}"));
+                let _ = tx.send(result);
             })
+            .map_err(|e| worker(format!("could not start a thread: {e}")))?;
+        match rx.await {
+            Ok(result) => result.map_err(worker),
+            Err(_) => Err(worker(
+                "the tool's thread ended without an answer".to_owned(),
+            )),
+        }
     }
 }
 

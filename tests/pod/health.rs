@@ -39,7 +39,8 @@ async fn health_says_whether_the_pod_is_connected() {
         get(port).await,
         (
             503,
-            json!({"status": "ok", "service": "podhost", "connected": false})
+            json!({"status": "ok", "service": "podhost", "connected": false,
+                   "confinement": pod_confinement()})
         )
     );
     core.set_tenant_closed(false);
@@ -49,7 +50,16 @@ async fn health_says_whether_the_pod_is_connected() {
         get(port).await,
         (
             200,
-            json!({"status": "ok", "service": "podhost", "connected": true})
+            json!({"status": "ok", "service": "podhost", "connected": true,
+                   "confinement": pod_confinement()})
         )
     );
+}
+
+/// The confinement level a pod on this machine reports: the default policy's, with podhost
+/// non-dumpable (this test process is not).
+fn pod_confinement() -> serde_json::Value {
+    let mut level = serde_json::to_value(podhost::exec::Confinement::default().level()).unwrap();
+    level["non_dumpable"] = json!(true);
+    level
 }

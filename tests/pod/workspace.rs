@@ -495,3 +495,39 @@ async fn sigterm_kills_running_commands_and_exits_0() {
     );
     assert!(gone(marker).await, "a command outlived podhost");
 }
+
+/// Confinement in a pod: a command cannot read the join file or anything in the harness root
+/// but the egress CA bundle its trust variables name; the names stay listable (`ls /` works).
+#[tokio::test]
+async fn commands_cannot_read_the_join_file_or_the_harness_root() {
+    let (core, dirs, _pod, conn) = start_pod(CoreOptions::default(), |_| {}).await;
+    let command = format!(
+        "cat {join}; cat {root}/volume-id; grep -c CERTIFICATE \"$SSL_CERT_FILE\" >/dev/null \
+         && echo bundle readable; ls {root} >/dev/null && echo root listable; ls / >/dev/null \
+         && echo / listable",
+        join = dirs.join_file.display(),
+        root = dirs.root.display()
+    );
+    let out = ask(
+        &core,
+        conn,
+        "workspace.exec",
+        json!({"session": session(), "tool": "bash", "input": {"command": command}}),
+    )
+    .await;
+    let redact = |s: &str| s.replace(dirs.dir.path().to_str().unwrap(), "DIR");
+    assert_eq!(
+        (
+            &out["output"]["exitCode"],
+            redact(out["output"]["stdout"].as_str().unwrap()),
+            redact(out["output"]["stderr"].as_str().unwrap())
+        ),
+        (
+            &json!(0),
+            "bundle readable\nroot listable\n/ listable\n".to_owned(),
+            "cat: DIR/join-token: Permission denied\ncat: DIR/harness/volume-id: Permission \
+             denied\n"
+                .to_owned()
+        )
+    );
+}

@@ -524,11 +524,13 @@ async fn an_environment_too_large_to_exec_is_a_start_failure() {
 
 #[test]
 fn nothing_of_podhosts_environment_reaches_a_command_or_its_supervisor() {
+    // The supervisor's environment is empty; a confined command (or a root one, which has fewer
+    // capabilities than its supervisor) cannot even open it, which prints nothing as well.
     let dir = tempfile::tempdir().unwrap();
     let unique = format!("PODHOST_LEAK_CHECK_{}", std::process::id());
     let input = json!({
         "command": "env | cut -d= -f1 | sort | tr '\\n' ' '; \
-                    echo; tr '\\0' '\\n' < /proc/$PPID/environ | wc -c"
+                    echo; tr '\\0' '\\n' 2>/dev/null < /proc/$PPID/environ | wc -c"
     });
     let env = [
         (unique.as_str(), "leaked"),
@@ -548,20 +550,26 @@ fn nothing_of_podhosts_environment_reaches_a_command_or_its_supervisor() {
     );
 }
 
-/// podhost is a child subreaper: when a supervisor is killed outright (here by its own command),
-/// what it left is re-parented to podhost, which kills it before answering.
+/// podhost is a child subreaper: when a supervisor is killed outright, what it left is
+/// re-parented to podhost, which kills it before answering. (The kill comes from here: a
+/// confined command cannot signal its supervisor, which is outside its Landlock domain.)
 #[test]
 fn a_supervisor_killed_outright_leaves_nothing_behind() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
     let dir = tempfile::tempdir().unwrap();
     let m = marker();
-    let input = json!({ "command": format!("setsid sleep {m} & kill -KILL $PPID; wait") });
-    let out = Command::new(podhost_bin())
-        .args(["tool", "bash", "--workspace"])
-        .arg(dir.path())
-        .arg("--input")
-        .arg(input.to_string())
-        .output()
+    let podhost = start_podhost_tool(
+        dir.path(),
+        &format!("echo $PPID > supervisor; setsid sleep {m} & touch started; wait"),
+    );
+    let supervisor: i32 = std::fs::read_to_string(dir.path().join("supervisor"))
+        .unwrap()
+        .trim()
+        .parse()
         .unwrap();
+    kill(Pid::from_raw(supervisor), Signal::SIGKILL).unwrap();
+    let out = podhost.wait_with_output().unwrap();
     assert_eq!(
         (out.status.code(), String::from_utf8(out.stderr).unwrap()),
         (

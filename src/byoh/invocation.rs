@@ -1,0 +1,430 @@
+//! What each protocol route means for an invocation: the state machine, idempotency,
+//! backpressure and cancellation.
+//!
+//! Owns: the [`Engine`] the routes call, the in-memory table of live turns (their cancellation
+//! token and the latest API key), and the per-invocation lock that makes a submission's
+//! check-and-insert atomic against its concurrent duplicates.
+//!
+//! Invariants:
+//! * Submissions are deduplicated on `invocation_id` alone: a retried start or resume answers
+//!   the current status and is applied once, also when it arrives while the first is still in
+//!   flight (both hold the invocation's lock).
+//! * A refused submission (busy, invalid) stores nothing.
+//! * A status only moves along the protocol's graph, through the store's conditional updates:
+//!   a turn that ends as a cancellation lands cannot overwrite `cancelled`.
+//! * API keys live only in [`Live`] entries, in memory, and go when the turn ends.
+//!
+//! Non-goals: HTTP (see `server`), running the turn itself (see `runner`).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::openai::ModelClient;
+use super::protocol::{ApiKey, CancelRequest, SessionAction, Status, SubmitRequest};
+use super::store::{InvocationRow, ResumeOutcome, StartOutcome, StatusRow, Store, StoreError};
+use crate::config::ExecArgs;
+
+/// Why a request was refused; `server` maps each to one HTTP status.
+#[derive(Debug, thiserror::Error)]
+pub enum ByohError {
+    /// The body is not JSON, or not the protocol's shape (400).
+    #[error("{0}")]
+    BadRequest(String),
+    /// The body is well-formed but breaks the protocol's rules (422).
+    #[error("{0}")]
+    Invalid(String),
+    /// The invocation was never submitted (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// Too many turns are running (409 without an invocation id).
+    #[error("{0}")]
+    Busy(String),
+    /// `collect_output` before output exists (409).
+    #[error("{0}")]
+    NoOutput(String),
+    #[error("{0}")]
+    Store(#[from] StoreError),
+}
+
+/// Settings of the engine.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// The data directory: the database and one workspace per session.
+    pub data_dir: PathBuf,
+    /// Most turns running at once; further submissions are answered busy.
+    pub max_running: usize,
+    /// How long terminal sessions are kept.
+    pub retention: Duration,
+    /// How long a turn interrupted by a restart waits for a retried submission to bring a key.
+    pub orphan_grace: Duration,
+    /// How long `cancel` waits for the turn to stop before answering.
+    pub cancel_wait: Duration,
+    /// Model calls one submission may make.
+    pub max_steps: u32,
+    /// How commands run, and the podhost binary that supervises them.
+    pub exec: ExecArgs,
+    pub supervisor: PathBuf,
+    /// What commands and file tools may reach: the data directory (the database, every
+    /// session's workspace) and the credential file hidden; each session adds its own workspace
+    /// and private tmp.
+    pub confinement: crate::exec::confine::Confinement,
+}
+
+/// A turn being run by a task of this process.
+#[derive(Debug)]
+pub struct Live {
+    pub cancel: CancellationToken,
+    /// The latest key a submission brought.
+    key: Mutex<Option<ApiKey>>,
+    /// Set to `true` when the task has stopped.
+    pub done: watch::Sender<bool>,
+}
+
+impl Live {
+    pub fn key(&self) -> Option<ApiKey> {
+        self.key
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set_key(&self, key: Option<ApiKey>) {
+        if key.is_some() {
+            *self.key.lock().unwrap_or_else(PoisonError::into_inner) = key;
+        }
+    }
+}
+
+/// The BYOH endpoint's core. Cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    pub(super) inner: Arc<Inner>,
+}
+
+pub(super) struct Inner {
+    pub store: Store,
+    pub client: ModelClient,
+    pub config: EngineConfig,
+    pub live: Mutex<HashMap<String, Arc<Live>>>,
+    pub permits: Arc<Semaphore>,
+    pub tracker: TaskTracker,
+    pub root: CancellationToken,
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// Holds one invocation's lock until dropped.
+pub(super) struct IdGuard<'a> {
+    engine: &'a Inner,
+    id: String,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for IdGuard<'_> {
+    fn drop(&mut self) {
+        self.guard.take();
+        let mut map = self
+            .engine
+            .locks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if map.get(&self.id).is_some_and(|l| Arc::strong_count(l) == 1) {
+            map.remove(&self.id);
+        }
+    }
+}
+
+impl Inner {
+    pub(super) async fn lock(&self, id: &str) -> IdGuard<'_> {
+        let lock = self
+            .locks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(id.to_owned())
+            .or_default()
+            .clone();
+        let guard = lock.lock_owned().await;
+        IdGuard {
+            engine: self,
+            id: id.to_owned(),
+            guard: Some(guard),
+        }
+    }
+
+    pub(super) fn live(&self, id: &str) -> Option<Arc<Live>> {
+        self.live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id)
+            .cloned()
+    }
+
+    /// Registers a live turn; call with the invocation's lock held.
+    pub(super) fn register(&self, id: &str, key: Option<ApiKey>) -> Arc<Live> {
+        let live = Arc::new(Live {
+            cancel: self.root.child_token(),
+            key: Mutex::new(key),
+            done: watch::Sender::new(false),
+        });
+        self.live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id.to_owned(), live.clone());
+        live
+    }
+
+    pub(super) fn unregister(&self, id: &str) {
+        let removed = self
+            .live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(id);
+        if let Some(live) = removed {
+            live.done.send_replace(true);
+        }
+    }
+
+    pub(super) fn running(&self) -> usize {
+        self.config.max_running - self.permits.available_permits()
+    }
+}
+
+fn not_found(id: &str) -> ByohError {
+    ByohError::NotFound(format!("no invocation {id:?} was ever submitted"))
+}
+
+fn check_session(row: &InvocationRow, session_id: &str) -> Result<(), ByohError> {
+    if row.session_id != session_id {
+        return Err(ByohError::Invalid(format!(
+            "invocation {:?} belongs to session {:?}, not {session_id:?}",
+            row.invocation_id, row.session_id
+        )));
+    }
+    Ok(())
+}
+
+impl Engine {
+    pub fn new(store: Store, client: ModelClient, config: EngineConfig) -> Self {
+        let permits = Arc::new(Semaphore::new(config.max_running));
+        Engine {
+            inner: Arc::new(Inner {
+                store,
+                client,
+                config,
+                live: Mutex::new(HashMap::new()),
+                permits,
+                tracker: TaskTracker::new(),
+                root: CancellationToken::new(),
+                locks: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.config
+    }
+
+    /// Turns running now.
+    pub fn running(&self) -> usize {
+        self.inner.running()
+    }
+
+    fn permit(&self) -> Result<OwnedSemaphorePermit, ByohError> {
+        self.inner.permits.clone().try_acquire_owned().map_err(|_| {
+            ByohError::Busy(format!(
+                "podhost is busy: {} turns are running, the most it runs at once; retry later",
+                self.inner.config.max_running
+            ))
+        })
+    }
+
+    /// `submit`: starts a session or resumes a paused turn, once per invocation id.
+    pub async fn submit(&self, req: SubmitRequest) -> Result<InvocationRow, ByohError> {
+        let id = req.invocation_id.clone();
+        let _lock = self.inner.lock(&id).await;
+        let existing = self.inner.store.get(&id).await?;
+        let key = req.model_connection.api_key.clone();
+        match req.session_action {
+            SessionAction::Start => {
+                if let Some(row) = existing {
+                    check_session(&row, &req.session_id)?;
+                    return Ok(self.adopt(row, key));
+                }
+                let permit = self.permit()?;
+                let row = InvocationRow {
+                    invocation_id: id.clone(),
+                    session_id: req.session_id.clone(),
+                    status: Status::Queued,
+                    error: None,
+                    connection: req.model_connection.stored(),
+                    needs_key: key.is_some(),
+                    output_start: req.input_messages.len(),
+                    pending: Vec::new(),
+                    last_resume: Vec::new(),
+                    finished_ms: None,
+                    swept: false,
+                };
+                match self
+                    .inner
+                    .store
+                    .insert_start(row.clone(), req.input_messages)
+                    .await?
+                {
+                    StartOutcome::Inserted => {
+                        let live = self.inner.register(&id, key);
+                        self.spawn(id, live, Some(permit));
+                        Ok(row)
+                    }
+                    StartOutcome::Exists(row) => Ok(self.adopt(row, key)),
+                    StartOutcome::SessionTaken(other) => Err(ByohError::Invalid(format!(
+                        "session {:?} already holds invocation {other:?}; a session has one \
+                         invocation",
+                        req.session_id
+                    ))),
+                }
+            }
+            SessionAction::Resume => {
+                let Some(row) = existing else {
+                    return Err(not_found(&id));
+                };
+                check_session(&row, &req.session_id)?;
+                let ids = req.validate_resume().map_err(|e| ByohError::Invalid(e.0))?;
+                let permit = if row.status == Status::InputRequired && ids != row.last_resume {
+                    Some(self.permit()?)
+                } else {
+                    None
+                };
+                let outcome = self
+                    .inner
+                    .store
+                    .apply_resume(
+                        &id,
+                        ids,
+                        req.input_messages,
+                        req.model_connection.stored(),
+                        key.is_some(),
+                    )
+                    .await?;
+                match outcome {
+                    ResumeOutcome::Applied(row) => {
+                        let live = self.inner.register(&id, key);
+                        self.spawn(id, live, permit);
+                        Ok(row)
+                    }
+                    ResumeOutcome::Duplicate(row) => Ok(self.adopt(row, key)),
+                    ResumeOutcome::Mismatch(msg) => Err(ByohError::Invalid(msg)),
+                    ResumeOutcome::NotWaiting(row) => Err(ByohError::Invalid(format!(
+                        "invocation {id:?} is {}, not waiting for input; a resume answers the \
+                         questions of an input_required turn",
+                        row.status
+                    ))),
+                    ResumeOutcome::NotFound => Err(not_found(&id)),
+                }
+            }
+        }
+    }
+
+    /// A retried submission of an existing invocation: its key replaces the old one; a turn a
+    /// restart interrupted is taken up again when it can now call the model. Call with the
+    /// invocation's lock held.
+    fn adopt(&self, row: InvocationRow, key: Option<ApiKey>) -> InvocationRow {
+        if let Some(live) = self.inner.live(&row.invocation_id) {
+            live.set_key(key);
+            return row;
+        }
+        let orphan = matches!(row.status, Status::Queued | Status::Running);
+        if orphan && (key.is_some() || !row.needs_key) {
+            let live = self.inner.register(&row.invocation_id, key);
+            let permit = self.inner.permits.clone().try_acquire_owned().ok();
+            self.spawn(row.invocation_id.clone(), live, permit);
+        }
+        row
+    }
+
+    pub(super) fn spawn(&self, id: String, live: Arc<Live>, permit: Option<OwnedSemaphorePermit>) {
+        let inner = self.inner.clone();
+        self.inner.tracker.spawn(async move {
+            super::runner::drive(&inner, &id, &live).await;
+            inner.unregister(&id);
+            drop(permit);
+        });
+    }
+
+    /// `get_status`: answered from memory while the status has not changed.
+    pub async fn status(&self, id: &str) -> Result<StatusRow, ByohError> {
+        self.inner
+            .store
+            .status(id)
+            .await?
+            .ok_or_else(|| not_found(id))
+    }
+
+    /// The whole stored row.
+    async fn row(&self, id: &str) -> Result<InvocationRow, ByohError> {
+        self.inner.store.get(id).await?.ok_or_else(|| not_found(id))
+    }
+
+    /// `collect_output`: the row and the messages of the current submission.
+    pub async fn collect(
+        &self,
+        id: &str,
+    ) -> Result<(InvocationRow, Vec<super::protocol::ChatMessage>), ByohError> {
+        let row = self.row(id).await?;
+        if row.swept {
+            return Err(ByohError::NoOutput(format!(
+                "the output of invocation {id:?} was removed {} s after it finished (the \
+                 retention period); its status is kept",
+                self.inner.config.retention.as_secs()
+            )));
+        }
+        if !row.status.has_output() {
+            let why = match row.status {
+                Status::Queued | Status::Running => "not available yet",
+                _ => "not available: the turn did not finish with output",
+            };
+            return Err(ByohError::NoOutput(format!(
+                "output of invocation {id:?} is {why} (status {})",
+                row.status
+            )));
+        }
+        let messages = self.inner.store.messages(id, row.output_start).await?;
+        Ok((row, messages))
+    }
+
+    /// `cancel`: any non-terminal status becomes `cancelled`; the turn's tool process group is
+    /// killed and its model call aborted. Waits a little for the turn to stop.
+    pub async fn cancel(&self, req: CancelRequest) -> Result<InvocationRow, ByohError> {
+        let id = req.invocation_id.as_str();
+        let row = self.row(id).await?;
+        check_session(&row, &req.session_id)?;
+        if row.status.is_terminal() {
+            return Ok(row);
+        }
+        const OPEN: &[Status] = &[Status::Queued, Status::Running, Status::InputRequired];
+        let (_, after) = self
+            .inner
+            .store
+            .transition(id, OPEN, Status::Cancelled, None, Vec::new())
+            .await?;
+        if let Some(live) = self.inner.live(id) {
+            live.cancel.cancel();
+            let mut done = live.done.subscribe();
+            let _ =
+                tokio::time::timeout(self.inner.config.cancel_wait, done.wait_for(|d| *d)).await;
+        }
+        after.ok_or_else(|| not_found(id))
+    }
+
+    /// Stops every turn (their statuses stay as stored, to be taken up after a restart) and
+    /// waits for the tasks, at most `deadline`.
+    pub async fn shutdown(&self, deadline: Duration) {
+        self.inner.tracker.close();
+        self.inner.root.cancel();
+        let _ = tokio::time::timeout(deadline, self.inner.tracker.wait()).await;
+    }
+}

@@ -1,0 +1,205 @@
+//! The Oumi Bring-Your-Own-Harness endpoint (`podhost serve`) and the local agent runner
+//! (`podhost run`), both over the one agent loop with an OpenAI-compatible model.
+//!
+//! Layout, by responsibility:
+//! * [`protocol`]: wire types and their validation.
+//! * [`server`]: axum routes, authentication, limits, the error → status mapping.
+//! * [`invocation`]: what each route means: idempotency, backpressure, cancellation.
+//! * [`runner`]: turn tasks, recovery after a restart, the retention sweeper.
+//! * [`session`]: the loop's host for a chat session (transcript, tools, `ask_user`).
+//! * [`store`]: the durable SQLite store.
+//! * [`openai`]: the model client.
+//! * [`local`]: `podhost run`.
+//!
+//! Trust boundary: callers of the endpoint are authenticated by a bearer credential (or the
+//! endpoint listens on loopback only). Model API keys stay in memory, are scrubbed from every
+//! message, and never reach the store, a log, or a command's environment.
+
+pub mod invocation;
+pub mod local;
+pub mod openai;
+pub mod protocol;
+pub mod runner;
+pub mod server;
+pub mod session;
+pub mod store;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use crate::config::ServeArgs;
+use crate::error::exit;
+use invocation::{Engine, EngineConfig};
+use openai::{ModelClient, RetryPolicy};
+use store::Store;
+
+/// Installs rustls's ring provider once (reqwest is built without a default provider).
+pub fn install_crypto_provider() {
+    // Err only means a provider is already installed.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Why `podhost serve` or `podhost run` could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("{0}")]
+    Config(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    #[error(transparent)]
+    Model(#[from] openai::ModelError),
+}
+
+/// The credential from `PODHOST_TOKEN`/`--token` or the token file.
+fn credential(args: &ServeArgs) -> Result<Option<String>, ServeError> {
+    let token = match (&args.token, &args.token_file) {
+        (Some(t), _) => Some(t.expose().trim().to_owned()),
+        (None, Some(path)) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|source| ServeError::Io {
+                    what: format!("could not read the token file {}", path.display()),
+                    source,
+                })?
+                .trim()
+                .to_owned(),
+        ),
+        (None, None) => None,
+    };
+    if token.as_deref() == Some("") {
+        return Err(ServeError::Config(
+            "the credential is empty: set PODHOST_TOKEN or PODHOST_TOKEN_FILE to a non-empty \
+             value"
+                .into(),
+        ));
+    }
+    Ok(token)
+}
+
+async fn resolve(listen: &str) -> Result<SocketAddr, ServeError> {
+    let bad = |why: String| ServeError::Config(format!("PODHOST_LISTEN {listen:?}: {why}"));
+    let mut addrs = tokio::net::lookup_host(listen)
+        .await
+        .map_err(|e| bad(e.to_string()))?;
+    addrs
+        .next()
+        .ok_or_else(|| bad("resolves to no address".into()))
+}
+
+/// The policy every session's commands start from: nothing of the data directory (the store,
+/// other sessions' workspaces) or the credential file is reachable; a session's toolbox grants
+/// its own workspace and tmp back.
+fn confinement(args: &ServeArgs) -> crate::exec::confine::Confinement {
+    let mut c = args.exec.confine.confinement().hide(&args.data);
+    if let Some(file) = &args.token_file {
+        c = c.hide(file);
+    }
+    c
+}
+
+/// `podhost serve`: runs the endpoint until SIGINT or SIGTERM.
+pub async fn serve(args: ServeArgs) -> Result<i32, ServeError> {
+    match serve_inner(args).await {
+        Err(ServeError::Config(msg)) => {
+            eprintln!("podhost serve: {msg}");
+            Ok(exit::USAGE)
+        }
+        other => other,
+    }
+}
+
+async fn serve_inner(args: ServeArgs) -> Result<i32, ServeError> {
+    install_crypto_provider();
+    let token = credential(&args)?;
+    let addr = resolve(&args.listen).await?;
+    if token.is_none() && !addr.ip().is_loopback() {
+        return Err(ServeError::Config(format!(
+            "refusing to listen on {addr} without a credential: set PODHOST_TOKEN or \
+             PODHOST_TOKEN_FILE, or listen on a loopback address"
+        )));
+    }
+    std::fs::create_dir_all(&args.data).map_err(|source| ServeError::Io {
+        what: format!(
+            "could not create the data directory {}",
+            args.data.display()
+        ),
+        source,
+    })?;
+    let supervisor = std::env::current_exe().map_err(|source| ServeError::Io {
+        what: "could not find podhost's own executable".into(),
+        source,
+    })?;
+    let store = Store::open(&args.data.join("podhost.sqlite"))?;
+    let client = ModelClient::new(RetryPolicy {
+        attempts: args.model_attempts,
+        ..RetryPolicy::default()
+    })?;
+    let engine = Engine::new(
+        store,
+        client,
+        EngineConfig {
+            data_dir: args.data.clone(),
+            max_running: args.max_running as usize,
+            retention: Duration::from_secs(args.retention_secs),
+            orphan_grace: Duration::from_secs(args.orphan_grace_secs),
+            cancel_wait: Duration::from_secs(5),
+            max_steps: args.max_steps,
+            exec: args.exec.clone(),
+            supervisor,
+            confinement: confinement(&args),
+        },
+    );
+    engine.recover().await?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Io {
+            what: format!("could not listen on {addr}"),
+            source,
+        })?;
+    let local = listener.local_addr().map_err(|source| ServeError::Io {
+        what: "could not read the listening address".into(),
+        source,
+    })?;
+    if token.is_none() {
+        warn!("no credential is configured: the endpoint is open to every caller on this machine");
+    }
+    info!(
+        addr = %local,
+        data = %args.data.display(),
+        max_running = args.max_running,
+        "podhost serve listening on http://{local}"
+    );
+    let app = server::router(engine.clone(), token);
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await;
+    info!("shutting down: stopping turns");
+    engine.shutdown(Duration::from_secs(10)).await;
+    served.map_err(|source| ServeError::Io {
+        what: "the server failed".into(),
+        source,
+    })?;
+    Ok(exit::OK)
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}

@@ -1,0 +1,500 @@
+//! The HTTP side of the BYOH endpoint: axum routes, authentication, body limits, the one mapping
+//! from errors to status codes, and request logs.
+//!
+//! Routes (at the root): `POST /submit`, `GET /get_status`, `GET /collect_output`,
+//! `POST /cancel`, and `GET /healthz`, `GET /openapi.yaml`. Every route needs
+//! `Authorization: Bearer <credential>` when a credential is configured.
+//!
+//! Invariants:
+//! * Status codes are the protocol's: `202` for queued, running and input_required, `200` for
+//!   terminal statuses and outputs, `404` only for an invocation never submitted, `409` from
+//!   `collect_output` until output exists and from `submit` when busy (without an invocation
+//!   id), `400` for bodies that are not the protocol's shape, `422` for well-formed bodies that
+//!   break its rules, `413` past 10 MiB, `401` without the credential.
+//! * Every body is JSON and under 10 MiB: `collect_output` shrinks the largest contents until
+//!   its body fits.
+//! * Logs name the route, invocation id, status and duration — never a body or a key.
+//!
+//! Non-goals: what a submission means (see `invocation`).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures_util::StreamExt;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use tracing::{info, warn};
+
+use super::invocation::{ByohError, Engine};
+use super::protocol::{
+    CancelRequest, ChatMessage, ErrorBody, ErrorDetail, MAX_BODY_BYTES, OutputBody,
+    PROTOCOL_VERSION, Status, StatusBody, SubmitRequest,
+};
+use super::store::{InvocationRow, StatusRow};
+use crate::tools::text::truncate_middle;
+
+/// The OpenAPI document of the routes, served at `/openapi.yaml`.
+pub const OPENAPI: &str = include_str!("../../openapi.yaml");
+
+#[derive(Clone)]
+struct App {
+    engine: Engine,
+    token: Option<Arc<str>>,
+}
+
+/// The invocation a response concerns, for the request log.
+#[derive(Clone)]
+struct Tag(String);
+
+/// A refused request: a status code and the message of `{"error": {"message": …}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<ByohError> for ApiError {
+    fn from(e: ByohError) -> Self {
+        let status = match &e {
+            ByohError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ByohError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ByohError::NotFound(_) => StatusCode::NOT_FOUND,
+            ByohError::Busy(_) | ByohError::NoOutput(_) => StatusCode::CONFLICT,
+            ByohError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        if status.is_server_error() {
+            warn!(error = %e, "request failed");
+        }
+        ApiError::new(status, e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: ErrorDetail {
+                message: self.message,
+            },
+        };
+        let mut resp = json(self.status, &body);
+        if self.status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        resp
+    }
+}
+
+fn json<T: serde::Serialize>(status: StatusCode, body: &T) -> Response {
+    match serde_json::to_vec(body) {
+        Ok(bytes) => (
+            status,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            bytes,
+        )
+            .into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+/// The router of the endpoint; `token` is the credential callers must send, if any.
+pub fn router(engine: Engine, token: Option<String>) -> Router {
+    let app = App {
+        engine,
+        token: token.map(Arc::from),
+    };
+    Router::new()
+        .route("/submit", post(submit))
+        .route("/get_status", get(get_status))
+        .route("/collect_output", get(collect_output))
+        .route("/cancel", post(cancel))
+        .route("/healthz", get(healthz))
+        .route("/openapi.yaml", get(openapi))
+        .layer(middleware::from_fn_with_state(app.clone(), authenticate))
+        .layer(middleware::from_fn(log_request))
+        .with_state(app)
+}
+
+/// Compares in time independent of where the inputs differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() ^ b.len()) as u64;
+    for i in 0..a.len().max(b.len()) {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= u64::from(x ^ y);
+    }
+    diff == 0
+}
+
+async fn authenticate(State(app): State<App>, req: Request, next: Next) -> Response {
+    let Some(token) = &app.token else {
+        return next.run(req).await;
+    };
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match presented {
+        Some(p) if constant_time_eq(p.as_bytes(), token.as_bytes()) => next.run(req).await,
+        Some(_) => {
+            ApiError::new(StatusCode::UNAUTHORIZED, "the credential is wrong").into_response()
+        }
+        None => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "an Authorization: Bearer credential is required",
+        )
+        .into_response(),
+    }
+}
+
+async fn log_request(req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let resp = next.run(req).await;
+    let invocation_id = resp
+        .extensions()
+        .get::<Tag>()
+        .map(|t| t.0.as_str())
+        .unwrap_or("");
+    info!(
+        method = %method,
+        path,
+        invocation_id,
+        status = resp.status().as_u16(),
+        duration_us = started.elapsed().as_micros() as u64,
+        "request"
+    );
+    resp
+}
+
+fn tagged(mut resp: Response, id: &str) -> Response {
+    resp.extensions_mut().insert(Tag(id.to_owned()));
+    resp
+}
+
+/// How much of a too-large body is read and dropped before answering 413.
+const DRAIN_LIMIT: usize = 4 * MAX_BODY_BYTES;
+
+/// Reads a request body of at most 10 MiB.
+async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body is larger than {MAX_BODY_BYTES} bytes (10 MiB)"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > DRAIN_LIMIT as u64) {
+        return Err(too_large());
+    }
+    let mut stream = body.into_data_stream();
+    let mut buf: Vec<u8> = Vec::with_capacity(declared.unwrap_or(0) as usize);
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!("could not read the body: {e}"),
+            )
+        })?;
+        if buf.len() + chunk.len() > MAX_BODY_BYTES {
+            return Err(too_large());
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(Bytes::from(buf))
+}
+
+/// Parses a JSON body: not JSON → 400; JSON of the wrong shape → 422.
+fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        use serde_json::error::Category;
+        let status = match e.classify() {
+            Category::Data => StatusCode::UNPROCESSABLE_ENTITY,
+            _ => StatusCode::BAD_REQUEST,
+        };
+        let what = if status == StatusCode::BAD_REQUEST {
+            "the body is not valid JSON"
+        } else {
+            "the body does not match the protocol"
+        };
+        ApiError::new(status, format!("{what}: {e}"))
+    })
+}
+
+fn status_body(invocation_id: &str, row: &StatusRow) -> StatusBody {
+    StatusBody {
+        protocol_version: PROTOCOL_VERSION.to_owned(),
+        session_id: row.session_id.clone(),
+        invocation_id: invocation_id.to_owned(),
+        status: row.status,
+        error: (row.status == Status::Failed).then(|| ErrorDetail {
+            message: row
+                .error
+                .clone()
+                .filter(|m| !m.is_empty())
+                .unwrap_or_else(|| "the turn failed".to_owned()),
+        }),
+    }
+}
+
+/// `202` while the turn is in progress, `200` once terminal.
+fn status_response(row: &InvocationRow) -> Response {
+    let code = if row.status.is_terminal() {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    let body = status_body(&row.invocation_id, &row.status_row());
+    tagged(json(code, &body), &row.invocation_id)
+}
+
+async fn submit(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
+    let result = async {
+        let bytes = read_body(&headers, body).await?;
+        let req: SubmitRequest = parse(&bytes)?;
+        req.validate()
+            .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.0))?;
+        let action = req.session_action;
+        let row = app.engine.submit(req).await?;
+        info!(invocation_id = %row.invocation_id, ?action, status = %row.status, "submit");
+        Ok::<_, ApiError>(status_response(&row))
+    };
+    result.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn cancel(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
+    let result = async {
+        let bytes = read_body(&headers, body).await?;
+        let req: CancelRequest = parse(&bytes)?;
+        req.validate()
+            .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.0))?;
+        let row = app.engine.cancel(req).await?;
+        // Cancel answers 200 whatever the status (the protocol's rule for this route).
+        Ok::<_, ApiError>(tagged(
+            json(
+                StatusCode::OK,
+                &status_body(&row.invocation_id, &row.status_row()),
+            ),
+            &row.invocation_id,
+        ))
+    };
+    result.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+#[derive(Deserialize)]
+struct IdQuery {
+    invocation_id: String,
+}
+
+fn query_id(q: Result<Query<IdQuery>, QueryRejection>) -> Result<String, ApiError> {
+    q.map(|Query(q)| q.invocation_id).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("the invocation_id query parameter is required: {e}"),
+        )
+    })
+}
+
+async fn get_status(
+    State(app): State<App>,
+    q: Result<Query<IdQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let id = query_id(q)?;
+    let resp = match app.engine.status(&id).await {
+        // get_status answers 200 for every status (the protocol's rule for this route).
+        Ok(row) => json(StatusCode::OK, &status_body(&id, &row)),
+        Err(e) => ApiError::from(e).into_response(),
+    };
+    Ok(tagged(resp, &id))
+}
+
+async fn collect_output(
+    State(app): State<App>,
+    q: Result<Query<IdQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let id = query_id(q)?;
+    let (row, messages) = match app.engine.collect(&id).await {
+        Ok(r) => r,
+        Err(e) => return Ok(tagged(ApiError::from(e).into_response(), &id)),
+    };
+    let mut body = OutputBody {
+        protocol_version: PROTOCOL_VERSION.to_owned(),
+        session_id: row.session_id,
+        invocation_id: row.invocation_id,
+        status: row.status,
+        messages,
+    };
+    fit(&mut body, MAX_BODY_BYTES - 1024);
+    Ok(tagged(json(StatusCode::OK, &body), &id))
+}
+
+async fn healthz(State(app): State<App>) -> Response {
+    json(
+        StatusCode::OK,
+        &serde_json::json!({
+            "status": "ok",
+            "protocol_version": PROTOCOL_VERSION,
+            "running": app.engine.running(),
+            "confinement": crate::exec::confine::reported(),
+        }),
+    )
+}
+
+async fn openapi() -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/yaml"),
+        )],
+        OPENAPI,
+    )
+        .into_response()
+}
+
+/// Shrinks the largest contents and arguments of `body`, middle-truncated with a marker, until
+/// its JSON is at most `limit` bytes. The cut is level: every text longer than a cap is cut to
+/// it, and the cap is the highest one that fits, so big texts share the loss and small ones keep
+/// theirs. A few passes at most (escapes and markers make the first estimate inexact).
+pub fn fit(body: &mut OutputBody, limit: usize) {
+    /// Room for a marker and the rounding of a cut, per text.
+    const SLACK: usize = 96;
+    for _ in 0..16 {
+        let size = serde_json::to_vec(body).map(|v| v.len()).unwrap_or(0);
+        if size <= limit {
+            return;
+        }
+        let mut texts = texts(&mut body.messages);
+        let lens: Vec<usize> = texts.iter().map(|t| encoded_len(t)).collect();
+        let fixed = size - lens.iter().sum::<usize>();
+        let Some(cap) = level(&lens, limit.saturating_sub(fixed), SLACK) else {
+            return;
+        };
+        for (t, len) in texts.iter_mut().zip(&lens) {
+            if *len > cap {
+                let chars = t.chars().count();
+                let keep = (chars as f64 * cap.saturating_sub(SLACK) as f64 / *len as f64) as usize;
+                **t = truncate_middle(t, keep.min(chars.saturating_sub(1))).0;
+            }
+        }
+    }
+}
+
+/// The largest cap such that the texts, each cut to at most `cap` (plus `slack` when cut), fit
+/// in `budget`; `None` when even empty texts would not fit.
+fn level(lens: &[usize], budget: usize, slack: usize) -> Option<usize> {
+    let mut sorted = lens.to_vec();
+    sorted.sort_unstable_by(|a, b| b.cmp(a));
+    // With the `k` largest cut to `cap`: total = k * (cap + slack) + sum(rest) <= budget.
+    let mut rest: usize = sorted.iter().sum();
+    for k in 1..=sorted.len() {
+        rest -= sorted[k - 1];
+        let Some(avail) = budget.checked_sub(rest) else {
+            continue;
+        };
+        let cap = (avail / k).saturating_sub(slack);
+        let next = sorted.get(k).copied().unwrap_or(0);
+        if cap >= next {
+            return Some(cap);
+        }
+    }
+    None
+}
+
+fn encoded_len(s: &str) -> usize {
+    serde_json::to_string(s).map_or(s.len(), |e| e.len())
+}
+
+/// Every content and arguments string of the messages.
+fn texts(messages: &mut [ChatMessage]) -> Vec<&mut String> {
+    let mut out = Vec::new();
+    for m in messages.iter_mut() {
+        let ChatMessage {
+            content,
+            tool_calls,
+            ..
+        } = m;
+        out.extend(content.iter_mut());
+        out.extend(
+            tool_calls
+                .iter_mut()
+                .flatten()
+                .map(|c| &mut c.function.arguments),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::byoh::protocol::ToolCall;
+
+    #[test]
+    fn outputs_are_shrunk_until_they_fit() {
+        let big = "x".repeat(600_000);
+        let mut body = OutputBody {
+            protocol_version: "1".into(),
+            session_id: "s".into(),
+            invocation_id: "i".into(),
+            status: Status::Completed,
+            messages: vec![
+                ChatMessage::assistant(big.clone(), vec![ToolCall::new("a", "write", big.clone())]),
+                ChatMessage::tool("a", "\"".repeat(400_000)),
+                ChatMessage::assistant("done".into(), vec![]),
+            ],
+        };
+        fit(&mut body, 1_000_000);
+        let size = serde_json::to_vec(&body).unwrap().len();
+        assert!(size <= 1_000_000, "{size}");
+        assert!(size > 900_000, "cut too much: {size}");
+        assert!(
+            body.messages[1]
+                .content
+                .as_ref()
+                .unwrap()
+                .contains("characters omitted")
+        );
+        assert_eq!(body.messages[2].content.as_deref(), Some("done"));
+    }
+
+    #[test]
+    fn the_level_cuts_the_largest_first() {
+        assert_eq!(level(&[100, 10, 10], 60, 0), Some(40));
+        assert_eq!(level(&[100, 90, 10], 60, 0), Some(25));
+        assert_eq!(level(&[100, 90, 10], 5, 0), Some(1));
+    }
+
+    #[test]
+    fn credentials_compare_whole() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+        assert!(!constant_time_eq(b"", b"a"));
+    }
+}

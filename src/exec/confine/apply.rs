@@ -1,0 +1,272 @@
+//! Applying a command's confinement in its process: prepared in the supervisor before `fork`
+//! ([`Prepared::new`]: the Landlock ruleset opened, the seccomp filter compiled), applied in the
+//! child with plain system calls only ([`Prepared::switch_user`], [`Prepared::restrict`]).
+//!
+//! Invariants: nothing in the child allocates or takes a lock; a root command sheds every
+//! capability but [`ROOT_KEEPS`] before its `exec`.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
+
+use super::{ConfineError, ruleset};
+use crate::exec::protocol::{CommandUser, Confine};
+
+/// The seccomp filter that denies the network: `socket` and `socketpair` for any family but
+/// `AF_UNIX`, and `io_uring` (which opens sockets without those calls) fail with `EPERM`.
+/// Other architectures' system calls (32-bit x86 on x86-64) kill the process, since the filter
+/// cannot see their numbers.
+pub fn network_filter() -> Result<BpfProgram, ConfineError> {
+    let err = |e: seccompiler::BackendError| ConfineError::Seccomp(e.to_string());
+    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(err)?;
+    let not_unix = || -> Result<Vec<SeccompRule>, ConfineError> {
+        Ok(vec![
+            SeccompRule::new(vec![
+                SeccompCondition::new(
+                    0,
+                    SeccompCmpArgLen::Dword,
+                    SeccompCmpOp::Ne,
+                    libc::AF_UNIX as u64,
+                )
+                .map_err(err)?,
+            ])
+            .map_err(err)?,
+        ])
+    };
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    let mut add = |nr: i64, r: Vec<SeccompRule>| {
+        // x32 system calls share the x86-64 audit arch but carry this bit in their number.
+        if cfg!(target_arch = "x86_64") {
+            rules.insert(nr | 0x4000_0000, r.clone());
+        }
+        rules.insert(nr, r);
+    };
+    add(libc::SYS_socket, not_unix()?);
+    add(libc::SYS_socketpair, not_unix()?);
+    for nr in [
+        libc::SYS_io_uring_setup,
+        libc::SYS_io_uring_enter,
+        libc::SYS_io_uring_register,
+    ] {
+        add(nr, Vec::new());
+    }
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )
+    .map_err(err)?;
+    BpfProgram::try_from(filter).map_err(err)
+}
+
+/// Takes `user`'s file-system identity on the calling thread only: no supplementary groups, its
+/// fsgid and fsuid (which also drops the thread's file-system capabilities). Raw system calls:
+/// glibc's wrappers would change every thread of podhost.
+#[allow(unsafe_code)]
+pub(super) fn become_user_on_thread(user: CommandUser) -> io::Result<()> {
+    // SAFETY: plain system calls on integers and a null list (setgroups with size 0), affecting
+    // only this thread's credentials.
+    unsafe {
+        if libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        libc::syscall(libc::SYS_setfsgid, user.gid);
+        libc::syscall(libc::SYS_setfsuid, user.uid);
+        // setfs*id report the previous id, never an error: ask again to see that it took.
+        let uid = libc::syscall(libc::SYS_setfsuid, u32::MAX);
+        let gid = libc::syscall(libc::SYS_setfsgid, u32::MAX);
+        if uid != i64::from(user.uid) || gid != i64::from(user.gid) {
+            return Err(io::Error::from_raw_os_error(libc::EPERM));
+        }
+    }
+    Ok(())
+}
+
+/// The capabilities a command keeps when it runs as root: Docker's default set without
+/// `CAP_MKNOD` and `CAP_NET_RAW`. Gone in particular: `CAP_SYS_PTRACE` (with it, root reads a
+/// non-dumpable podhost's `/proc/<pid>/environ`, which Landlock does not stop for reads),
+/// `CAP_DAC_READ_SEARCH` (`open_by_handle_at` opens files without a path), `CAP_MKNOD` (a block
+/// device in the workspace reads the disk under every path rule), `CAP_SYS_RESOURCE` (raising the
+/// limits back), `CAP_SYS_ADMIN`, `CAP_SYS_MODULE`, `CAP_SYS_RAWIO`, `CAP_NET_ADMIN`, `CAP_BPF`.
+pub const ROOT_KEEPS: [u32; 12] = [
+    0,  // CAP_CHOWN
+    1,  // CAP_DAC_OVERRIDE
+    3,  // CAP_FOWNER
+    4,  // CAP_FSETID
+    5,  // CAP_KILL (signals outside the sandbox are still scoped away)
+    6,  // CAP_SETGID
+    7,  // CAP_SETUID
+    8,  // CAP_SETPCAP
+    10, // CAP_NET_BIND_SERVICE
+    18, // CAP_SYS_CHROOT
+    29, // CAP_AUDIT_WRITE
+    31, // CAP_SETFCAP
+];
+
+/// A command's confinement, prepared in the supervisor before `fork` and applied in the child.
+#[derive(Debug, Default)]
+pub struct Prepared {
+    ruleset: Option<OwnedFd>,
+    filter: Option<BpfProgram>,
+    user: Option<CommandUser>,
+    /// The highest capability number, when the command will run as root and must shed
+    /// capabilities (`None`: it does not run as root).
+    root_caps_up_to: Option<u32>,
+}
+
+impl Prepared {
+    /// Builds the Landlock ruleset (opening every rule's path now) and the seccomp filter.
+    pub fn new(c: &Confine) -> Result<Self, ConfineError> {
+        let ruleset = match &c.landlock {
+            Some(spec) => Option::<OwnedFd>::from(ruleset(spec, c.deny_network)?),
+            None => None,
+        };
+        let filter = if c.deny_network {
+            Some(network_filter()?)
+        } else {
+            None
+        };
+        let root_caps_up_to = (nix::unistd::geteuid().is_root() && c.user.is_none()).then(|| {
+            fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(63)
+        });
+        Ok(Prepared {
+            ruleset,
+            filter,
+            user: c.user,
+            root_caps_up_to,
+        })
+    }
+
+    /// Drops to the command user: supplementary groups cleared, then gid, then uid. Runs in the
+    /// forked child, before anything that a credential change resets (the parent-death signal).
+    #[allow(unsafe_code)]
+    pub fn switch_user(&self) -> io::Result<()> {
+        let Some(user) = self.user else {
+            return Ok(());
+        };
+        // SAFETY: plain system calls on integers and a null list (setgroups with size 0);
+        // async-signal-safe. Raw calls, not glibc's wrappers: the child has one thread, and
+        // glibc's set*id broadcast machinery is not async-signal-safe.
+        unsafe {
+            if libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) != 0
+                || libc::syscall(libc::SYS_setresgid, user.gid, user.gid, user.gid) != 0
+                || libc::syscall(libc::SYS_setresuid, user.uid, user.uid, user.uid) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+
+    /// Sheds every capability but [`ROOT_KEEPS`] from the bounding, inheritable and ambient sets
+    /// of a command that runs as root, so that its `exec` gets no more. Async-signal-safe.
+    #[allow(unsafe_code)]
+    fn shed_root_capabilities(last: u32) -> io::Result<()> {
+        let keep = |cap: u32| ROOT_KEEPS.contains(&cap);
+        for cap in (0..=last).filter(|c| !keep(*c)) {
+            // SAFETY: a plain prctl on integers. EINVAL (a capability this kernel lacks) is fine.
+            let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+            if rc != 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        // SAFETY: a plain prctl on integers.
+        unsafe {
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+                0,
+                0,
+                0,
+            );
+        }
+        // The kernel's version-3 header and two 32-bit words per set.
+        #[repr(C)]
+        struct Header {
+            version: u32,
+            pid: i32,
+        }
+        #[repr(C)]
+        #[derive(Clone, Copy)]
+        struct Data {
+            effective: u32,
+            permitted: u32,
+            inheritable: u32,
+        }
+        let mut header = Header {
+            version: 0x2008_0522,
+            pid: 0,
+        };
+        let mut data = [Data {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        }; 2];
+        // SAFETY: capget fills two `Data` words for a version-3 header; both are live.
+        if unsafe {
+            libc::syscall(
+                libc::SYS_capget,
+                &mut header as *mut Header,
+                data.as_mut_ptr(),
+            )
+        } != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        let mut mask = [0u32; 2];
+        for cap in ROOT_KEEPS {
+            mask[(cap / 32) as usize] |= 1 << (cap % 32);
+        }
+        for (d, m) in data.iter_mut().zip(mask) {
+            d.inheritable &= m;
+        }
+        // SAFETY: as above; capset reads the header and two `Data` words.
+        if unsafe { libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()) }
+            != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Sheds root's capabilities (see [`ROOT_KEEPS`]), then enforces the Landlock ruleset, then
+    /// the seccomp filter. Runs in the forked child, last, after `no_new_privs`.
+    #[allow(unsafe_code)]
+    pub fn restrict(&self) -> io::Result<()> {
+        if let Some(last) = self.root_caps_up_to {
+            Self::shed_root_capabilities(last)?;
+        }
+        if let Some(fd) = &self.ruleset {
+            // SAFETY: a plain system call on a descriptor this process owns.
+            let rc =
+                unsafe { libc::syscall(libc::SYS_landlock_restrict_self, fd.as_raw_fd(), 0u32) };
+            if rc != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        if let Some(filter) = &self.filter {
+            seccompiler::apply_filter(filter).map_err(io::Error::other)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_network_filter_compiles() {
+        assert!(!network_filter().unwrap().is_empty());
+    }
+}

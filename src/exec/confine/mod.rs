@@ -1,0 +1,616 @@
+//! Confinement: what a command or a file tool can reach, and the hardening that keeps podhost's
+//! own secrets away from processes of the same user.
+//!
+//! Owns: the [`Confinement`] policy of a front (built once from the settings, plus the paths the
+//! front hides), its rules for one workspace ([`Confinement::for_workspace`]), the Landlock
+//! ruleset those rules become ([`ruleset`]), the seccomp network filter, applying both in a
+//! command's process ([`Prepared`], from the supervisor) or on a file tool's thread
+//! ([`restrict_thread`]), the level reported at start-up and by the health endpoints ([`Level`]),
+//! and the process hardening of podhost itself ([`harden_process`]).
+//!
+//! # What a command can reach
+//!
+//! * Read-only: the whole system (`/`), minus the hidden paths.
+//! * Read-write: its own workspace roots (read-only roots such as `/skills` stay read-only), its
+//!   temporary directory, and a few device files (`/dev/null`, `/dev/tty`, `/dev/pts`, …).
+//! * Nothing at all: the hidden paths — podhost's state (in a pod the harness root and the join
+//!   file; on a BYOH host the data directory, which holds the database and every session's
+//!   workspace), and whatever `PODHOST_CONFINE_DENY` adds. A grant strictly beneath a hidden path
+//!   is an explicit exception: the egress CA bundle in the harness root, the session's own
+//!   workspace in the data directory.
+//!
+//! Landlock can only allow, never deny, so "all of `/` but the hidden paths" is built by
+//! splitting: a grant on a directory that contains a hidden path becomes one rule per entry of
+//! that directory that is not on the way to it, recursing into the one that is ([`expand`]).
+//! Consequences, by design: an entry created in a split directory after the rules were built is
+//! not reachable (rules are rebuilt for every command, so only for that command), and nothing
+//! new can be created directly in a *writable* split directory.
+//!
+//! # Where temporary files go
+//!
+//! * Pod: `/tmp` is the pod's own (spec §9) and stays writable; so do `/var/tmp` and `/dev/shm`.
+//! * BYOH: each session gets a private directory (the front passes it, `TMPDIR` points at it);
+//!   `/tmp` and `/var/tmp` are read-only, so sessions cannot leave files for each other there.
+//!   `/dev/shm` stays writable (POSIX semaphores, Python's multiprocessing need it): it is the
+//!   one shared writable directory left, and it holds nothing of podhost's.
+//! * Local (`podhost tool`): like the pod, unless `PODHOST_TMP_DIR` names a private directory.
+//!
+//! # Process hardening
+//!
+//! Every front but the supervisor marks podhost non-dumpable at start-up, so a process of the
+//! same user cannot read `/proc/<podhost>/environ` or `/proc/<podhost>/mem`, nor ptrace it.
+//! Secrets that arrive in podhost's environment (`PODHOST_TOKEN`, …) are overwritten in place
+//! and removed once read. `/proc/<pid>/environ` shows the process's *initial* environment block,
+//! which removing a variable does not change — overwriting it does, and non-dumpable protects it
+//! either way. The supervisor stays dumpable: it holds only its command's request, nothing the
+//! command does not get anyway, and a confined command cannot ptrace it (Landlock forbids
+//! tracing a process outside the sandbox).
+//!
+//! Layout: this file holds the policy and its reporting; `rules` turns a policy into Landlock
+//! rules and rulesets; `apply` applies them (and the network filter, and the command user) in a
+//! command's process; `harden` hardens podhost's own process.
+//!
+//! Invariants:
+//! * Confinement never silently weakens: a ruleset that cannot be built or enforced fails the
+//!   command (or the file tool call) with the reason; the kernel lacking Landlock is reported at
+//!   start-up and in [`Level`], and `PODHOST_REQUIRE_CONFINEMENT` refuses to start.
+//! * A rule is opened without following symlinks (`openat2` with `RESOLVE_NO_SYMLINKS`), and a
+//!   symlink met while splitting is granted by its canonical target, checked against the hidden
+//!   paths: a symlink planted next to a hidden path cannot carry a grant onto it.
+//!
+//! Non-goals: hiding paths the kernel reaches by another name (a bind mount, a hard link made
+//! before podhost started); per-command cgroups (limits are `setrlimit`, see `limits`).
+
+mod apply;
+mod harden;
+mod rules;
+
+pub use apply::{Prepared, ROOT_KEEPS, network_filter};
+pub use harden::{Hardened, harden_process, is_non_dumpable, take_secret_env};
+pub use rules::{Grant, Rule, expand, restrict_thread, ruleset};
+
+use std::fs;
+use std::path::{Component, Path, PathBuf};
+use std::sync::OnceLock;
+
+use landlock::RulesetStatus;
+use serde::Serialize;
+
+use super::protocol::{CommandUser, Confine, Landlock};
+use crate::tools::paths::Workspace;
+
+/// The newest Landlock ABI whose features podhost uses: file rights of ABI 5 (device ioctls),
+/// TCP rules of 4, signal and abstract-socket scoping of 6. A newer kernel is used at this level.
+pub const TARGET_ABI: u8 = 6;
+
+/// The most rules one ruleset may have: splitting around a hidden path in a huge directory
+/// fails loudly instead of taking seconds per command.
+pub const MAX_RULES: usize = 10_000;
+
+/// Device files every command may open for writing.
+const DEVICES: [&str; 8] = [
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
+    "/dev/ptmx",
+    "/dev/pts",
+];
+
+/// Writable temporary directories shared by every command, unless the front gives each
+/// workspace a private one (then only `/dev/shm` stays).
+const SHARED_TMP: [&str; 3] = ["/tmp", "/var/tmp", "/dev/shm"];
+
+/// Name parts of environment variables that hold secrets: podhost removes such `PODHOST_*` and
+/// `NYLORUN_*` variables from its environment at start-up.
+const SECRET_WORDS: [&str; 5] = ["TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL"];
+
+/// Why confinement could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfineError {
+    #[error("Landlock: {0}")]
+    Landlock(#[from] landlock::RulesetError),
+    #[error("Landlock did not fully enforce the ruleset ({0:?})")]
+    NotEnforced(RulesetStatus),
+    #[error(
+        "more than {MAX_RULES} Landlock rules are needed to hide paths beneath {0}; hide a \
+         directory closer to the root or move the hidden path"
+    )]
+    TooManyRules(PathBuf),
+    #[error("the network filter: {0}")]
+    Seccomp(String),
+    #[error("confinement is required (PODHOST_REQUIRE_CONFINEMENT), but {0}; refusing to start")]
+    Required(String),
+    #[error("PODHOST_COMMAND_USER {spec:?}: {message}")]
+    User { spec: String, message: String },
+}
+
+/// The settings confinement is built from (the configuration's `PODHOST_CONFINE*` values).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// Use Landlock when the kernel has it (`PODHOST_CONFINE`, default on).
+    pub enabled: bool,
+    /// Refuse to start without Landlock (`PODHOST_REQUIRE_CONFINEMENT`).
+    pub require: bool,
+    /// Deny commands every socket but `AF_UNIX` (`PODHOST_DENY_NETWORK`).
+    pub deny_network: bool,
+    /// More paths to hide (`PODHOST_CONFINE_DENY`).
+    pub hidden: Vec<PathBuf>,
+    /// A private temporary directory for commands (`PODHOST_TMP_DIR`); `/tmp` is then read-only.
+    pub tmp: Option<PathBuf>,
+    /// The user commands run as when podhost runs as root (`PODHOST_COMMAND_USER`).
+    pub user: Option<CommandUser>,
+    /// Testing: use at most this Landlock ABI (0 behaves as a kernel without Landlock).
+    pub abi_max: Option<u8>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            enabled: true,
+            require: false,
+            deny_network: false,
+            hidden: Vec::new(),
+            tmp: None,
+            user: None,
+            abi_max: None,
+        }
+    }
+}
+
+/// The confinement level in force: logged at start-up, reported by `/health` and `/healthz`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Level {
+    /// The Landlock ABI commands and file tools are confined with; 0 for none (off, or the
+    /// kernel has no Landlock).
+    pub landlock_abi: u8,
+    /// The Landlock ABI the kernel offers (0: none).
+    pub kernel_landlock_abi: u8,
+    /// Commands cannot signal (or connect to abstract sockets of) processes outside their
+    /// sandbox: Landlock scoping, ABI ≥ 6.
+    pub scoped_signals: bool,
+    /// Commands can open no socket but `AF_UNIX`.
+    pub network_filter: bool,
+    /// podhost is non-dumpable: its memory and environment are closed to same-user processes.
+    pub non_dumpable: bool,
+    /// Commands start with `no_new_privs` (always).
+    pub no_new_privs: bool,
+    /// The uid commands run as, when podhost drops them to another user.
+    pub command_uid: Option<u32>,
+}
+
+impl Level {
+    /// Whether commands are confined by Landlock.
+    pub fn is_confined(&self) -> bool {
+        self.landlock_abi > 0
+    }
+
+    /// One line for logs.
+    pub fn summary(&self) -> String {
+        let landlock = if self.landlock_abi > 0 {
+            format!(
+                "Landlock ABI {} (kernel {})",
+                self.landlock_abi, self.kernel_landlock_abi
+            )
+        } else if self.kernel_landlock_abi > 0 {
+            format!(
+                "no Landlock (off; kernel offers ABI {})",
+                self.kernel_landlock_abi
+            )
+        } else {
+            "no Landlock (the kernel has none)".to_owned()
+        };
+        let on = |b: bool| if b { "on" } else { "off" };
+        format!(
+            "{landlock}, signal scoping {}, network filter {}, non-dumpable {}, \
+             no_new_privs {}, command user {}",
+            on(self.scoped_signals),
+            on(self.network_filter),
+            on(self.non_dumpable),
+            on(self.no_new_privs),
+            self.command_uid
+                .map_or_else(|| "podhost's own".to_owned(), |u| format!("uid {u}"))
+        )
+    }
+}
+
+/// The level this process reported at start-up ([`report_startup`]).
+static REPORTED: OnceLock<Level> = OnceLock::new();
+
+/// Logs the confinement level of a front starting up, remembers it for the health endpoints, and
+/// refuses (`Err`) when `require` is set and commands would not be confined. A missing Landlock
+/// is always a warning; a confined start is logged at `info` when `loud` (long-running fronts),
+/// else at `debug` (one-shot `podhost tool`).
+pub fn report_startup(
+    confinement: &Confinement,
+    require: bool,
+    loud: bool,
+) -> Result<Level, ConfineError> {
+    let level = confinement.level();
+    let _ = REPORTED.set(level.clone());
+    confinement.check_required(require)?;
+    if !level.is_confined() {
+        tracing::warn!(
+            confinement = %level.summary(),
+            "commands and file tools are NOT confined: they can read everything podhost's user \
+             can (set PODHOST_REQUIRE_CONFINEMENT to refuse to start instead)"
+        );
+    } else if loud {
+        tracing::info!(confinement = %level.summary(), "commands and file tools are confined");
+    } else {
+        tracing::debug!(confinement = %level.summary(), "commands and file tools are confined");
+    }
+    Ok(level)
+}
+
+/// The level reported at start-up; before that (tests that build fronts in-process), the
+/// default policy's.
+pub fn reported() -> Level {
+    REPORTED
+        .get()
+        .cloned()
+        .unwrap_or_else(|| Confinement::default().level())
+}
+
+/// The Landlock ABI of the running kernel (0 without Landlock), asked once.
+#[allow(unsafe_code)]
+pub fn kernel_abi() -> u8 {
+    static ABI_CACHE: OnceLock<u8> = OnceLock::new();
+    *ABI_CACHE.get_or_init(|| {
+        const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+        // SAFETY: with a null attribute pointer, size 0 and the VERSION flag, the call only
+        // returns the ABI version (or an error); it reads and writes no memory.
+        let v = unsafe {
+            libc::syscall(
+                libc::SYS_landlock_create_ruleset,
+                std::ptr::null::<u8>(),
+                0usize,
+                LANDLOCK_CREATE_RULESET_VERSION,
+            )
+        };
+        u8::try_from(v).unwrap_or(0)
+    })
+}
+
+/// A front's confinement policy. Cheap to clone; build it once, then [`hide`](Self::hide) the
+/// front's own state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Confinement {
+    /// The Landlock ABI to use; 0 for none.
+    abi: u8,
+    kernel_abi: u8,
+    deny_network: bool,
+    /// Canonical (the missing tail of a path that does not exist yet kept as given).
+    hidden: Vec<PathBuf>,
+    /// Hidden paths whose names may be listed (see [`hide_contents`](Self::hide_contents)).
+    names_visible: Vec<PathBuf>,
+    /// Read-only exceptions inside hidden paths.
+    readable: Vec<PathBuf>,
+    tmp: Option<PathBuf>,
+    user: Option<CommandUser>,
+}
+
+impl Default for Confinement {
+    /// Landlock where the kernel has it, nothing hidden, network allowed, shared `/tmp`.
+    fn default() -> Self {
+        Confinement::new(&Settings::default())
+    }
+}
+
+impl Confinement {
+    pub fn new(settings: &Settings) -> Self {
+        // The test knob stands for the kernel: 0 behaves (and reports) as a kernel without
+        // Landlock.
+        let kernel_abi = settings
+            .abi_max
+            .map_or(kernel_abi(), |max| kernel_abi().min(max));
+        let mut abi = kernel_abi.min(TARGET_ABI);
+        if !settings.enabled {
+            abi = 0;
+        }
+        let mut c = Confinement {
+            abi,
+            kernel_abi,
+            deny_network: settings.deny_network,
+            hidden: Vec::new(),
+            names_visible: Vec::new(),
+            readable: Vec::new(),
+            tmp: settings.tmp.as_deref().map(canonical_lenient),
+            user: settings.user,
+        };
+        for h in &settings.hidden {
+            c = c.hide(h);
+        }
+        c
+    }
+
+    /// No confinement at all (only `no_new_privs` and the resource limits).
+    pub fn off() -> Self {
+        Confinement::new(&Settings {
+            enabled: false,
+            ..Settings::default()
+        })
+    }
+
+    /// Hides `path` and everything beneath it from commands and file tools, names included: the
+    /// directories above it cannot be listed either (Landlock's list right is inherited, so
+    /// listing a parent would list the hidden directory too). For state whose file names are
+    /// private too: a BYOH data directory, other sessions' workspaces.
+    pub fn hide(mut self, path: &Path) -> Self {
+        let p = canonical_lenient(path);
+        self.names_visible.retain(|q| q != &p);
+        if !self.hidden.contains(&p) {
+            self.hidden.push(p);
+        }
+        self
+    }
+
+    /// Hides the contents of `path` (no file beneath it can be opened) but lets the directories
+    /// above it, and so the names beneath it, be listed: for state whose names say nothing, such
+    /// as a pod's harness root and join file, so that `ls /` still works in the pod.
+    pub fn hide_contents(mut self, path: &Path) -> Self {
+        let p = canonical_lenient(path);
+        if !self.hidden.contains(&p) {
+            self.hidden.push(p.clone());
+            self.names_visible.push(p);
+        }
+        self
+    }
+
+    /// Keeps `path` readable even though it lies beneath a hidden path (the egress CA bundle).
+    pub fn allow_read(mut self, path: &Path) -> Self {
+        let p = canonical_lenient(path);
+        if !self.readable.contains(&p) {
+            self.readable.push(p);
+        }
+        self
+    }
+
+    /// Gives commands `dir` as their temporary directory; `/tmp` and `/var/tmp` become
+    /// read-only. The caller points `TMPDIR` at it (see `BaseEnv::tmp`).
+    pub fn private_tmp(mut self, dir: &Path) -> Self {
+        self.tmp = Some(canonical_lenient(dir));
+        self
+    }
+
+    pub fn deny_network(mut self, deny: bool) -> Self {
+        self.deny_network = deny;
+        self
+    }
+
+    pub fn hidden(&self) -> &[PathBuf] {
+        &self.hidden
+    }
+
+    pub fn tmp(&self) -> Option<&Path> {
+        self.tmp.as_deref()
+    }
+
+    pub fn user(&self) -> Option<CommandUser> {
+        self.user
+    }
+
+    /// The level this policy gives, with the process's own state (non-dumpable) read now.
+    pub fn level(&self) -> Level {
+        Level {
+            landlock_abi: self.abi,
+            kernel_landlock_abi: self.kernel_abi,
+            scoped_signals: self.abi >= 6,
+            network_filter: self.deny_network,
+            non_dumpable: is_non_dumpable(),
+            no_new_privs: true,
+            command_uid: self.user.map(|u| u.uid),
+        }
+    }
+
+    /// Errors when `require` is set and commands would not be confined by Landlock.
+    pub fn check_required(&self, require: bool) -> Result<(), ConfineError> {
+        if !require || self.abi > 0 {
+            return Ok(());
+        }
+        Err(ConfineError::Required(if self.kernel_abi == 0 {
+            "this kernel has no Landlock".to_owned()
+        } else {
+            "confinement is turned off (PODHOST_CONFINE=off)".to_owned()
+        }))
+    }
+
+    /// The rules for commands and file tools working in `ws`.
+    pub fn for_workspace(&self, ws: &Workspace) -> WorkspaceRules {
+        let landlock = (self.abi > 0).then(|| self.command_landlock(ws));
+        let files = (self.abi > 0).then(|| {
+            let mut l = Landlock {
+                abi: self.abi,
+                read: Vec::new(),
+                write: Vec::new(),
+                hidden: self.hidden.clone(),
+                names_visible: self.names_visible.clone(),
+                scoped: false,
+            };
+            for root in ws.roots() {
+                push_unique(
+                    if root.writable {
+                        &mut l.write
+                    } else {
+                        &mut l.read
+                    },
+                    &root.host,
+                );
+            }
+            l
+        });
+        WorkspaceRules {
+            command: Confine {
+                landlock,
+                deny_network: self.deny_network,
+                user: self.user,
+            },
+            files,
+            tmp: self.tmp.clone(),
+        }
+    }
+
+    fn command_landlock(&self, ws: &Workspace) -> Landlock {
+        let mut l = Landlock {
+            abi: self.abi,
+            read: vec![PathBuf::from("/")],
+            write: Vec::new(),
+            hidden: self.hidden.clone(),
+            names_visible: self.names_visible.clone(),
+            scoped: self.abi >= 6,
+        };
+        for p in &self.readable {
+            push_unique(&mut l.read, p);
+        }
+        for root in ws.roots() {
+            let list = if root.writable {
+                &mut l.write
+            } else {
+                &mut l.read
+            };
+            push_unique(list, &root.host);
+        }
+        for d in DEVICES {
+            push_unique(&mut l.write, Path::new(d));
+        }
+        match &self.tmp {
+            Some(tmp) => {
+                push_unique(&mut l.write, tmp);
+                push_unique(&mut l.write, Path::new("/dev/shm"));
+            }
+            None => {
+                for d in SHARED_TMP {
+                    push_unique(&mut l.write, &canonical_lenient(Path::new(d)));
+                }
+            }
+        }
+        l
+    }
+}
+
+/// What [`Confinement::for_workspace`] gives one workspace.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WorkspaceRules {
+    /// Sent with every command (the supervisor applies it).
+    pub command: Confine,
+    /// The file tools' thread ruleset: the workspace's roots and nothing else.
+    pub files: Option<Landlock>,
+    /// The commands' private temporary directory (`TMPDIR`), if the policy gives one.
+    pub tmp: Option<PathBuf>,
+}
+
+impl WorkspaceRules {
+    /// Whether a file tool call needs a thread of its own ([`confine_thread`]).
+    pub fn confines_files(&self) -> bool {
+        self.files.is_some() || self.command.user.is_some()
+    }
+}
+
+/// Confines the calling thread (a fresh one, which dies with the call) for a file tool: as the
+/// command user's file-system identity when there is one (so files it writes belong to that user
+/// and permissions are checked as that user, like a command's), then to the Landlock rules.
+pub fn confine_thread(rules: &WorkspaceRules) -> Result<(), ConfineError> {
+    if let Some(user) = rules.command.user {
+        apply::become_user_on_thread(user).map_err(|e| ConfineError::User {
+            spec: format!("{}:{}", user.uid, user.gid),
+            message: format!("could not take its file-system identity: {e}"),
+        })?;
+    }
+    match &rules.files {
+        Some(spec) => restrict_thread(spec),
+        None => Ok(()),
+    }
+}
+
+fn push_unique(list: &mut Vec<PathBuf>, p: &Path) {
+    if !list.iter().any(|q| q == p) {
+        list.push(p.to_path_buf());
+    }
+}
+
+/// `path` made absolute and canonical as far as it exists; the missing tail is appended as
+/// given (without `.` and `..`), so a hidden path that appears later is still hidden.
+pub fn canonical_lenient(path: &Path) -> PathBuf {
+    let abs = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir().unwrap_or_default().join(path)
+    };
+    let mut existing = abs.as_path();
+    let mut tail = Vec::new();
+    loop {
+        if let Ok(c) = fs::canonicalize(existing) {
+            let mut out = c;
+            for part in tail.iter().rev() {
+                out.push(part);
+            }
+            return out;
+        }
+        match (existing.parent(), existing.file_name()) {
+            (Some(parent), Some(name)) => {
+                tail.push(name.to_owned());
+                existing = parent;
+            }
+            _ => break,
+        }
+    }
+    // Nothing exists (not even `/`): normalize lexically.
+    let mut out = PathBuf::from("/");
+    for c in abs.components() {
+        match c {
+            Component::Normal(n) => out.push(n),
+            Component::ParentDir => {
+                out.pop();
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    #[test]
+    fn the_level_follows_the_settings() {
+        let kernel = kernel_abi();
+        assert!(kernel >= 1, "these tests expect a kernel with Landlock");
+        let c = Confinement::new(&Settings {
+            abi_max: Some(0),
+            deny_network: true,
+            ..Settings::default()
+        });
+        let level = c.level();
+        assert_eq!(
+            (
+                level.landlock_abi,
+                level.kernel_landlock_abi,
+                level.scoped_signals,
+                level.network_filter
+            ),
+            (0, 0, false, true)
+        );
+        assert_eq!(
+            c.check_required(true).unwrap_err().to_string(),
+            "confinement is required (PODHOST_REQUIRE_CONFINEMENT), but this kernel has no \
+             Landlock; refusing to start"
+        );
+        let capped = Confinement::new(&Settings {
+            abi_max: Some(2),
+            ..Settings::default()
+        });
+        assert_eq!(capped.level().landlock_abi, kernel.min(2));
+        assert!(
+            c.check_required(true)
+                .unwrap_err()
+                .to_string()
+                .contains("refusing to start")
+        );
+        assert!(c.check_required(false).is_ok());
+        assert_eq!(Confinement::off().level().landlock_abi, 0);
+    }
+}

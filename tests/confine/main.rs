@@ -1,0 +1,278 @@
+//! Adversarial tests of confinement: from `bash` and from the file tools, a command or a call
+//! tries to reach podhost's secrets (its memory and environment, the join file, the harness
+//! root, another session's workspace, the BYOH database), to escape through links, to take
+//! podhost down (fork bomb, a 10 GB file, a signal, ptrace), or to reach the network when it is
+//! denied. Each test asserts that the attempt fails AND that podhost keeps working: a following
+//! normal tool call succeeds.
+//!
+//! The layout every test gets ([`Host`]) mimics both fronts' state in one temporary directory:
+//! a harness root with a host token and the egress CA bundle, a join file, and a BYOH data
+//! directory holding a SQLite database and two sessions' workspaces and temporary directories.
+//! Tests run the tools in-process (`Toolbox` on the test build of podhost as supervisor) or run
+//! the real binary (`podhost tool`) where podhost's own process is the target.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::new_without_default)]
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod degraded;
+mod limits;
+mod network;
+mod paths;
+mod process;
+
+use std::ffi::OsString;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use podhost::exec::Confinement;
+use podhost::exec::confine::Settings;
+use podhost::tools::paths::Workspace;
+use podhost::tools::{CallContext, ToolName, ToolOutcome, Toolbox};
+use pretty_assertions::assert_eq;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::support::{executor, podhost_bin};
+
+/// What every secret file holds; no output may ever contain it.
+pub const SECRET: &str = "s3cr3t-host-token-7f3a";
+
+/// One temporary directory laid out like a host running podhost.
+pub struct Host {
+    _dir: tempfile::TempDir,
+    /// Canonical path of the temporary directory.
+    pub root: PathBuf,
+    /// A harness root (podhost's state in a pod): `host-token`, `egress-ca.pem`.
+    pub harness: PathBuf,
+    /// The join file.
+    pub join: PathBuf,
+    /// A BYOH data directory: `podhost.db`, `sessions/{a,b}/workspace`, `tmp/{a,b}`.
+    pub data: PathBuf,
+    /// Session a's workspace: the one the tools work in.
+    pub ws: PathBuf,
+    /// Session b's workspace, with `notes.txt` holding the secret.
+    pub other_ws: PathBuf,
+    /// Session a's private temporary directory.
+    pub tmp: PathBuf,
+}
+
+impl Host {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        let harness = root.join("harness");
+        let data = root.join("data");
+        let ws = data.join("sessions/a/workspace");
+        let other_ws = data.join("sessions/b/workspace");
+        let tmp = data.join("tmp/a");
+        for d in [&harness, &ws, &other_ws, &tmp, &data.join("tmp/b")] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(harness.join("host-token"), SECRET).unwrap();
+        std::fs::write(harness.join("egress-ca.pem"), "CA BUNDLE\n").unwrap();
+        std::fs::write(root.join("join"), SECRET).unwrap();
+        std::fs::write(other_ws.join("notes.txt"), SECRET).unwrap();
+        std::fs::write(root.join("sibling.txt"), "a sibling of the hidden paths\n").unwrap();
+        std::fs::write(ws.join("hello.txt"), "hello\n").unwrap();
+        let db = rusqlite::Connection::open(data.join("podhost.db")).unwrap();
+        db.execute_batch(&format!(
+            "CREATE TABLE keys (k TEXT); INSERT INTO keys VALUES ('{SECRET}');"
+        ))
+        .unwrap();
+        drop(db);
+        Host {
+            _dir: dir,
+            join: root.join("join"),
+            root,
+            harness,
+            data,
+            ws,
+            other_ws,
+            tmp,
+        }
+    }
+
+    /// podhost's policy for this host: the contents of the harness root and the join file hidden
+    /// (as in a pod), the data directory hidden with its names (as on a BYOH host), the CA
+    /// bundle readable, session a's private tmp.
+    pub fn confinement(&self, settings: &Settings) -> Confinement {
+        Confinement::new(settings)
+            .hide_contents(&self.harness)
+            .hide_contents(&self.join)
+            .hide(&self.data)
+            .allow_read(&self.harness.join("egress-ca.pem"))
+            .private_tmp(&self.tmp)
+    }
+
+    /// Session a's toolbox under `confinement`.
+    pub fn toolbox(&self, confinement: Confinement) -> Toolbox {
+        let ws = Workspace::new(&self.ws, Some(Path::new("/workspace"))).unwrap();
+        Toolbox::new(ws, executor(&self.ws).with_confinement(confinement))
+    }
+
+    pub fn confined(&self) -> Toolbox {
+        self.toolbox(self.confinement(&Settings::default()))
+    }
+
+    /// `podhost tool` arguments for session a with this host's policy (the CA-bundle exception
+    /// is the pod front's and has no flag).
+    pub fn tool_args(&self) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec!["--workspace".into(), self.ws.clone().into()];
+        for p in [&self.harness, &self.join, &self.data] {
+            args.push("--confine-deny".into());
+            args.push(p.clone().into());
+        }
+        args.push("--tmp-dir".into());
+        args.push(self.tmp.clone().into());
+        args
+    }
+
+    /// Replaces this host's root in `s` with `ROOT`, so outputs can be compared whole.
+    pub fn redact(&self, s: &str) -> String {
+        s.replace(self.root.to_str().unwrap(), "ROOT")
+    }
+
+    /// Makes the whole tree usable by nobody (tests that run podhost as nobody) and returns a
+    /// podhost binary nobody can run: a link to (or copy of) the test build inside this tree,
+    /// since the build directory may sit where nobody cannot reach it.
+    pub fn open_to_everyone(&self) -> PathBuf {
+        let bin = self.root.join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let podhost = bin.join("podhost");
+        if std::fs::hard_link(podhost_bin(), &podhost).is_err() {
+            std::fs::copy(podhost_bin(), &podhost).unwrap();
+        }
+        self.open_dirs();
+        podhost
+    }
+
+    fn open_dirs(&self) {
+        let mut p = self.ws.clone();
+        loop {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777)).unwrap();
+            if p == self.root || !p.pop() {
+                break;
+            }
+        }
+        std::fs::set_permissions(&self.tmp, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+}
+
+/// Runs one tool, failing the test after 30 s or on a harness fault.
+pub async fn run(tb: &Toolbox, tool: ToolName, input: Value) -> ToolOutcome {
+    let ctx = CallContext::new(CancellationToken::new());
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        tb.run(tool, &input, &ctx),
+    )
+    .await
+    .expect("tool call timed out")
+    .expect("harness fault")
+}
+
+/// The output object of a completed bash call, with the host's root redacted in both streams.
+pub async fn bash(host: &Host, tb: &Toolbox, command: &str) -> Value {
+    match run(tb, ToolName::Bash, json!({ "command": command })).await {
+        ToolOutcome::Completed { mut output } => {
+            for stream in ["stdout", "stderr"] {
+                if let Some(Value::String(s)) = output.get_mut(stream) {
+                    *s = host.redact(s);
+                }
+            }
+            output
+        }
+        other => panic!("expected a completed bash call, got {other:?}"),
+    }
+}
+
+/// A normal call after an attack: bash runs and `read` reads a workspace file.
+pub async fn assert_still_works(tb: &Toolbox) {
+    let out = run(tb, ToolName::Bash, json!({"command": "echo still here"})).await;
+    assert_eq!(
+        out,
+        ToolOutcome::completed(json!({"exitCode": 0, "stdout": "still here\n", "stderr": ""}))
+    );
+    let read = run(tb, ToolName::Read, json!({"path": "hello.txt"})).await;
+    assert!(read.is_completed(), "{read:?}");
+}
+
+/// The user tests run an unprivileged podhost (or its commands) as.
+pub const NOBODY: u32 = 65534;
+
+/// Held by every test whose processes run as nobody: the fork bomb's process limit and its
+/// "nothing of nobody is left" check count all of nobody's processes.
+pub fn nobody_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The output of `podhost tool NAME` run with `args`, `env` and `input`: (outcome, stderr, exit
+/// code). `as_nobody` runs that podhost binary (see [`Host::open_to_everyone`]) as nobody.
+pub fn podhost_tool(
+    name: &str,
+    args: &[OsString],
+    input: &Value,
+    env: &[(&str, &str)],
+    as_nobody: Option<&Path>,
+) -> (Value, String, i32) {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(as_nobody.unwrap_or(podhost_bin()));
+    cmd.args(["tool", name])
+        .args(args)
+        .arg("--input")
+        .arg(input.to_string())
+        .env_remove("RUST_LOG")
+        .envs(env.iter().copied());
+    if as_nobody.is_some() {
+        cmd.uid(NOBODY).gid(NOBODY);
+    }
+    let out = run_bounded(cmd);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let outcome = if stdout.trim().is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(stdout.trim_end())
+            .unwrap_or_else(|e| panic!("podhost printed no outcome ({e}): {stdout}"))
+    };
+    (
+        outcome,
+        String::from_utf8(out.stderr).unwrap(),
+        out.status.code().unwrap_or(-1),
+    )
+}
+
+/// Runs `cmd` to its end, killing it after 60 s.
+fn run_bounded(mut cmd: Command) -> std::process::Output {
+    use std::process::Stdio;
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            panic!("podhost tool did not finish within 60 s");
+        }
+    }
+}
+
+/// The `output` object of a completed outcome printed by `podhost tool`.
+pub fn completed(outcome: &Value) -> &Value {
+    assert_eq!(outcome["kind"], "completed", "{outcome}");
+    &outcome["output"]
+}

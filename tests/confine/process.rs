@@ -1,0 +1,210 @@
+//! podhost's own process, attacked from a command it runs (the real binary, `podhost tool`):
+//! its environment and memory through `/proc`, ptrace, and signals. The command finds podhost as
+//! the parent of its supervisor (`$PPID`).
+
+use std::ffi::OsString;
+use std::path::Path;
+
+use pretty_assertions::assert_eq;
+use serde_json::json;
+
+use crate::{Host, SECRET, completed, podhost_tool};
+
+/// The environment podhost is started with: a secret it reads (and scrubs) and a setting that
+/// is no secret (so it stays in the environment block).
+const ENV: [(&str, &str); 2] = [
+    ("PODHOST_TOKEN", SECRET),
+    ("PODHOST_CANARY_SETTING", "canary-visible"),
+];
+
+/// Shell that sets `$P` to podhost's pid, then runs `body`; pids are printed as `PID`.
+fn against_podhost(body: &str) -> serde_json::Value {
+    json!({ "command": format!(
+        "P=$(cut -d' ' -f4 /proc/$PPID/stat); {{ {body}; }} 2>&1 | sed \"s/$P/PID/g; s/$PPID/SUP/g\""
+    )})
+}
+
+/// Python that tries PTRACE_ATTACH on each pid given after it and prints the errno name (or
+/// "attached").
+const PTRACE: &str = "python3 -c '
+import ctypes, errno, sys
+libc = ctypes.CDLL(None, use_errno=True)
+for pid in sys.argv[1:]:
+    r = libc.ptrace(16, int(pid), None, None)
+    print(\"attached\" if r == 0 else errno.errorcode[ctypes.get_errno()])
+'";
+
+fn run_as(args: &[OsString], input: &serde_json::Value, as_nobody: Option<&Path>) -> String {
+    let (outcome, stderr, code) = podhost_tool("bash", args, input, &ENV, as_nobody);
+    assert_eq!(code, 0, "{stderr}");
+    let out = completed(&outcome);
+    assert!(!outcome.to_string().contains(SECRET), "{outcome}");
+    out["stdout"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn podhosts_environment_and_memory_are_closed_to_its_commands() {
+    let host = Host::new();
+    let stdout = run_as(
+        &host.tool_args(),
+        &against_podhost(
+            "cat /proc/$P/comm; cat /proc/$P/environ; cat /proc/$P/mem; cat /proc/$P/maps; \
+             readlink /proc/$P/cwd || echo no cwd; cat /proc/$PPID/environ; echo end",
+        ),
+        None,
+    );
+    assert_eq!(
+        stdout,
+        "podhost\n\
+         cat: /proc/PID/environ: Permission denied\n\
+         cat: /proc/PID/mem: Permission denied\n\
+         cat: /proc/PID/maps: Permission denied\n\
+         no cwd\n\
+         cat: /proc/SUP/environ: Permission denied\n\
+         end\n"
+    );
+}
+
+#[test]
+fn ptrace_of_podhost_and_of_the_supervisor_fails() {
+    let host = Host::new();
+    let stdout = run_as(
+        &host.tool_args(),
+        &against_podhost(&format!("{PTRACE} $P $PPID")),
+        None,
+    );
+    assert_eq!(stdout, "EPERM\nEPERM\n");
+}
+
+/// Landlock's signal scoping (ABI 6): a command cannot signal podhost or its supervisor, and
+/// podhost answers as usual afterwards.
+#[test]
+fn commands_cannot_signal_podhost_or_their_supervisor() {
+    let host = Host::new();
+    let stdout = run_as(
+        &host.tool_args(),
+        &against_podhost("kill -TERM $P; kill -KILL $P; kill -KILL $PPID; echo alive"),
+        None,
+    );
+    assert_eq!(
+        stdout,
+        "/bin/bash: line 1: kill: (PID) - Operation not permitted\n\
+         /bin/bash: line 1: kill: (PID) - Operation not permitted\n\
+         /bin/bash: line 1: kill: (SUP) - Operation not permitted\n\
+         alive\n"
+    );
+}
+
+/// Without Landlock, non-dumpable alone closes podhost to a command of the same (unprivileged)
+/// user: podhost runs as nobody here, on a kernel pretending to have no Landlock. (Its
+/// supervisor is not closed that way: it holds nothing the command lacks, but a command could
+/// ptrace-stop it; podhost's timeout then kills it from outside.)
+#[test]
+fn without_landlock_non_dumpable_still_closes_podhost_to_the_same_user() {
+    let _nobody = crate::nobody_lock();
+    let host = Host::new();
+    let podhost = host.open_to_everyone();
+    let mut args = host.tool_args();
+    args.extend(["--landlock-abi-max".into(), "0".into()]);
+    let stdout = run_as(
+        &args,
+        &against_podhost(&format!(
+            "id -u; cat /proc/$P/environ; cat /proc/$P/mem; {PTRACE} $P"
+        )),
+        Some(&podhost),
+    );
+    assert_eq!(
+        stdout,
+        "65534\n\
+         cat: /proc/PID/environ: Permission denied\n\
+         cat: /proc/PID/mem: Permission denied\n\
+         EPERM\n"
+    );
+}
+
+/// A secret read from podhost's environment is overwritten in the initial environment block
+/// that `/proc/<pid>/environ` shows, while settings that are no secret stay. Seen from this test
+/// (root with every capability, outside any sandbox), the one observer that may still read a
+/// non-dumpable process.
+#[test]
+fn secrets_are_overwritten_in_podhosts_initial_environment() {
+    use std::time::{Duration, Instant};
+    let host = Host::new();
+    let child = std::process::Command::new(crate::support::podhost_bin())
+        .args(["tool", "bash"])
+        .args(host.tool_args())
+        .arg("--input")
+        .arg(
+            json!({"command": "touch started; while [ ! -e done ]; do sleep 0.05; done"})
+                .to_string(),
+        )
+        .envs(ENV)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !host.ws.join("started").exists() {
+        assert!(Instant::now() < deadline, "the command never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let environ = std::fs::read(format!("/proc/{}/environ", child.id()));
+    std::fs::write(host.ws.join("done"), "").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let mut podhost_vars: Vec<String> = environ
+        .unwrap()
+        .split(|&b| b == 0)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .filter(|v| v.starts_with("PODHOST_"))
+        .collect();
+    podhost_vars.sort();
+    assert_eq!(
+        podhost_vars,
+        vec![
+            "PODHOST_CANARY_SETTING=canary-visible".to_owned(),
+            format!("PODHOST_TOKEN={}", "*".repeat(SECRET.len())),
+        ]
+    );
+}
+
+/// A command of a root podhost keeps only a container's usual capabilities: no ptrace (which
+/// would open a non-dumpable podhost's `/proc` files to it), no device nodes in the workspace
+/// (which would read the disk beneath every path rule), no raising its limits back.
+#[test]
+fn root_commands_shed_dangerous_capabilities() {
+    let host = Host::new();
+    let stdout = run_as(
+        &host.tool_args(),
+        &json!({"command": "id -u; grep -E '^Cap(Inh|Bnd|Amb)' /proc/self/status; \
+                            mknod disk b 8 0 2>&1; ulimit -Hn unlimited 2>&1; echo end"}),
+        None,
+    );
+    assert_eq!(
+        stdout,
+        "0\nCapInh:\t0000000000000000\nCapBnd:\t00000000a00405fb\nCapAmb:\t0000000000000000\n\
+         mknod: disk: Operation not permitted\n\
+         /bin/bash: line 1: ulimit: open files: cannot modify limit: Operation not permitted\n\
+         end\n"
+    );
+}
+
+/// `PODHOST_COMMAND_USER`: a root podhost runs commands as another user, without its
+/// supplementary groups; the workspace must be writable by that user.
+#[test]
+fn a_root_podhost_drops_commands_to_the_command_user() {
+    let _nobody = crate::nobody_lock();
+    let host = Host::new();
+    let _ = host.open_to_everyone();
+    let mut args = host.tool_args();
+    args.extend(["--command-user".into(), "nobody".into()]);
+    let stdout = run_as(
+        &args,
+        &json!({"command": "id -u; id -g; id -G; grep -E '^Cap(Eff|Prm)' /proc/self/status; \
+                            touch made; stat -c %u made"}),
+        None,
+    );
+    assert_eq!(
+        stdout,
+        "65534\n65534\n65534\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n65534\n"
+    );
+}

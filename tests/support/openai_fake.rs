@@ -1,0 +1,330 @@
+//! A scripted OpenAI-compatible model server on `127.0.0.1:0`.
+//!
+//! It answers `POST /v1/chat/completions` from a per-test script (or a responder function),
+//! records every request (headers and body), and is strict like a real server: a wrong key is
+//! answered 401 (echoing the key, as real servers do, so that tests check podhost scrubs it), an
+//! unknown model 404, and a transcript that breaks the chat rules (a tool message without a
+//! matching earlier call, a call left unanswered) 400.
+#![allow(dead_code)]
+
+use std::collections::{HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde_json::{Value, json};
+use tokio::sync::{Notify, watch};
+
+/// One scripted answer.
+#[derive(Clone, Debug)]
+pub enum Reply {
+    /// An answer without tool calls.
+    Text(String),
+    /// Tool calls `(id, name, arguments as written)`, with optional text.
+    Calls {
+        text: Option<String>,
+        calls: Vec<(String, String, String)>,
+    },
+    /// An error status with a body, and an optional `Retry-After` in seconds.
+    Status(u16, String, Option<u64>),
+    /// Waits, then answers.
+    Delay(Duration, Box<Reply>),
+    /// Waits until [`FakeModel::release`], then answers with the inner reply.
+    Hang(Box<Reply>),
+    /// A raw 200 body.
+    Raw(Value),
+}
+
+impl Reply {
+    pub fn text(t: &str) -> Reply {
+        Reply::Text(t.to_owned())
+    }
+
+    pub fn call(id: &str, name: &str, args: Value) -> Reply {
+        Reply::Calls {
+            text: None,
+            calls: vec![(id.to_owned(), name.to_owned(), args.to_string())],
+        }
+    }
+
+    pub fn calls(calls: &[(&str, &str, Value)]) -> Reply {
+        Reply::Calls {
+            text: None,
+            calls: calls
+                .iter()
+                .map(|(i, n, a)| (i.to_string(), n.to_string(), a.to_string()))
+                .collect(),
+        }
+    }
+}
+
+/// A request as the fake received it.
+#[derive(Clone, Debug)]
+pub struct Recorded {
+    pub authorization: Option<String>,
+    pub headers: Vec<(String, String)>,
+    pub body: Value,
+    pub at: Instant,
+}
+
+type Responder = Arc<dyn Fn(&Value) -> Reply + Send + Sync>;
+
+struct Shared {
+    model: String,
+    keys: Mutex<HashSet<String>>,
+    script: Mutex<VecDeque<Reply>>,
+    responder: Mutex<Option<Responder>>,
+    requests: Mutex<Vec<Recorded>>,
+    count: watch::Sender<usize>,
+    release: Notify,
+    in_flight: AtomicUsize,
+    in_flight_tx: watch::Sender<usize>,
+}
+
+/// The running fake. Stops when dropped.
+pub struct FakeModel {
+    pub addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeModel {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct InFlight(Arc<Shared>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let n = self.0.in_flight.fetch_sub(1, Ordering::SeqCst) - 1;
+        self.0.in_flight_tx.send_replace(n);
+    }
+}
+
+impl FakeModel {
+    /// Starts a fake serving `model`, accepting `key` (no key check when `None`).
+    pub async fn start(model: &str, key: Option<&str>) -> FakeModel {
+        let shared = Arc::new(Shared {
+            model: model.to_owned(),
+            keys: Mutex::new(key.into_iter().map(str::to_owned).collect()),
+            script: Mutex::new(VecDeque::new()),
+            responder: Mutex::new(None),
+            requests: Mutex::new(Vec::new()),
+            count: watch::Sender::new(0),
+            release: Notify::new(),
+            in_flight: AtomicUsize::new(0),
+            in_flight_tx: watch::Sender::new(0),
+        });
+        let app = Router::new()
+            .route("/v1/chat/completions", post(complete))
+            .layer(axum::extract::DefaultBodyLimit::max(64 << 20))
+            .with_state(shared.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        FakeModel { addr, shared, task }
+    }
+
+    /// The base URL to give podhost.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    pub fn push(&self, replies: impl IntoIterator<Item = Reply>) {
+        self.shared.script.lock().unwrap().extend(replies);
+    }
+
+    /// Answers every request with `f(body)` instead of the script.
+    pub fn respond_with(&self, f: impl Fn(&Value) -> Reply + Send + Sync + 'static) {
+        *self.shared.responder.lock().unwrap() = Some(Arc::new(f));
+    }
+
+    /// Replaces the accepted keys.
+    pub fn accept_keys(&self, keys: &[&str]) {
+        *self.shared.keys.lock().unwrap() = keys.iter().map(|k| k.to_string()).collect();
+    }
+
+    /// Lets every hanging request answer.
+    pub fn release(&self) {
+        self.shared.release.notify_waiters();
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.shared.requests.lock().unwrap().clone()
+    }
+
+    /// Waits until at least `n` requests arrived.
+    pub async fn wait_requests(&self, n: usize, timeout: Duration) -> Vec<Recorded> {
+        let mut rx = self.shared.count.subscribe();
+        tokio::time::timeout(timeout, rx.wait_for(|c| *c >= n))
+            .await
+            .unwrap_or_else(|_| panic!("the model did not receive {n} requests in {timeout:?}"))
+            .unwrap();
+        self.requests()
+    }
+
+    /// Waits until no request is being answered (a hanging one was dropped by its client).
+    pub async fn wait_idle(&self, timeout: Duration) {
+        let mut rx = self.shared.in_flight_tx.subscribe();
+        tokio::time::timeout(timeout, rx.wait_for(|c| *c == 0))
+            .await
+            .expect("a model request stayed open")
+            .unwrap();
+    }
+}
+
+fn error(status: u16, message: String) -> Response {
+    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (code, axum::Json(json!({"error": {"message": message}}))).into_response()
+}
+
+/// The chat rules a real server enforces: every tool message answers an open call of the
+/// assistant message before it; no call is left open before a non-tool message or at the end.
+fn check_transcript(messages: &[Value]) -> Result<(), String> {
+    let mut open: Vec<String> = Vec::new();
+    for (i, m) in messages.iter().enumerate() {
+        let role = m["role"].as_str().unwrap_or_default();
+        if role == "tool" {
+            let id = m["tool_call_id"].as_str().unwrap_or_default();
+            let Some(p) = open.iter().position(|o| o == id) else {
+                return Err(format!(
+                    "messages[{i}]: a tool message must answer a preceding tool call; {id:?} is \
+                     not open"
+                ));
+            };
+            open.remove(p);
+            continue;
+        }
+        if !open.is_empty() {
+            return Err(format!(
+                "messages[{i}]: tool calls {open:?} were not answered"
+            ));
+        }
+        if let Some(calls) = m["tool_calls"].as_array() {
+            for c in calls {
+                open.push(c["id"].as_str().unwrap_or_default().to_owned());
+            }
+        }
+    }
+    if !open.is_empty() {
+        return Err(format!("tool calls {open:?} were not answered"));
+    }
+    Ok(())
+}
+
+fn answer(reply: &Reply) -> Response {
+    match reply {
+        Reply::Text(t) => axum::Json(json!({
+            "id": "chatcmpl-fake", "object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": t},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+        }))
+        .into_response(),
+        Reply::Calls { text, calls } => {
+            let calls: Vec<Value> = calls
+                .iter()
+                .map(|(id, name, args)| {
+                    json!({"id": id, "type": "function",
+                           "function": {"name": name, "arguments": args}})
+                })
+                .collect();
+            axum::Json(json!({
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text,
+                             "tool_calls": calls}, "finish_reason": "tool_calls"}]
+            }))
+            .into_response()
+        }
+        Reply::Status(code, body, retry_after) => {
+            let mut r = error(*code, body.clone());
+            if let Some(s) = retry_after {
+                r.headers_mut()
+                    .insert("retry-after", s.to_string().parse().unwrap());
+            }
+            r
+        }
+        Reply::Raw(v) => axum::Json(v.clone()).into_response(),
+        Reply::Delay(..) | Reply::Hang(_) => error(500, "fake: nested waits".into()),
+    }
+}
+
+async fn complete(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    s.in_flight.fetch_add(1, Ordering::SeqCst);
+    s.in_flight_tx.send_modify(|n| *n += 1);
+    let _guard = InFlight(s.clone());
+    let body: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return error(400, format!("fake: body is not JSON: {e}")),
+    };
+    let authorization = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    s.requests.lock().unwrap().push(Recorded {
+        authorization: authorization.clone(),
+        headers: headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or_default().to_owned()))
+            .collect(),
+        body: body.clone(),
+        at: Instant::now(),
+    });
+    s.count.send_modify(|c| *c += 1);
+
+    let keys = s.keys.lock().unwrap().clone();
+    if !keys.is_empty() {
+        let presented = authorization
+            .as_deref()
+            .and_then(|a| a.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        if !keys.contains(presented) {
+            return error(
+                401,
+                format!("Incorrect API key provided: {presented}. You can find your key online."),
+            );
+        }
+    }
+    if body["model"].as_str() != Some(s.model.as_str()) {
+        return error(404, format!("The model {} does not exist", body["model"]));
+    }
+    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    if let Err(e) = check_transcript(&messages) {
+        return error(400, format!("Invalid transcript: {e}"));
+    }
+
+    let responder = s.responder.lock().unwrap().clone();
+    let mut reply = match responder {
+        Some(f) => f(&body),
+        None => match s.script.lock().unwrap().pop_front() {
+            Some(r) => r,
+            None => return error(400, "fake: no scripted reply left".into()),
+        },
+    };
+    loop {
+        reply = match reply {
+            Reply::Delay(d, inner) => {
+                tokio::time::sleep(d).await;
+                *inner
+            }
+            Reply::Hang(inner) => {
+                s.release.notified().await;
+                *inner
+            }
+            other => return answer(&other),
+        };
+    }
+}
