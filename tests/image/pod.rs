@@ -132,8 +132,6 @@ async fn commands_see_neither_the_host_token_nor_the_join_token() {
 }
 
 #[tokio::test]
-#[ignore = "needs the command confinement (exec::confine, not on main yet): without it a command \
-            runs as uid 1000 like podhost and can read the join token file"]
 async fn commands_cannot_read_the_join_file() {
     let Some((core, _pod, conn)) = connected_pod().await else {
         return;
