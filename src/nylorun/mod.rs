@@ -13,6 +13,10 @@
 //!   code plugs in through [`lease::RunHandler`].
 //! * [`workspace`] serves core's `workspace.*` requests with the tools.
 //! * [`health`] is the loopback `GET /health`.
+//! * [`artifacts`] is a run's handle on its session's artifacts (`artifact.read`,
+//!   `artifact.write`, `definition.file`, the model's `read_artifact`); [`spill`] stores tool
+//!   results too large for the record, [`export`] saves `/workspace/outputs` as the session's
+//!   `outputs` folder at a completed turn's end, and [`skills`] mounts the manifest's skills.
 //! * [`protocol`] and [`canonical`] are the wire types and the request hash.
 //!
 //! # Cancellation tree
@@ -25,9 +29,11 @@
 //! Stop leasing (abort the waiting leases) → stop runs → release them → close the connection →
 //! cancel everything left (commands are killed) → exit 0, all within the shutdown deadline.
 
+pub mod artifacts;
 pub mod canonical;
 pub mod channel;
 pub mod connect;
+pub mod export;
 pub mod health;
 pub mod join;
 pub mod lease;
@@ -35,6 +41,8 @@ pub mod pod;
 pub mod protocol;
 pub mod settings;
 pub mod setup;
+pub mod skills;
+pub mod spill;
 pub mod workspace;
 
 /// Now as ISO 8601 UTC with milliseconds (`2026-01-02T03:04:05.678Z`), as JavaScript's

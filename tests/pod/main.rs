@@ -11,6 +11,11 @@ mod support;
 #[path = "../support/fake_core.rs"]
 mod fake_core;
 
+mod artifacts;
+mod artifacts_export;
+mod artifacts_measure;
+mod artifacts_skills;
+mod artifacts_spill;
 mod channel;
 mod config;
 mod health;

@@ -12,8 +12,12 @@
 //!
 //! Built to grow: the turn work adds its methods (`effect.intent`, `effect.outcome`,
 //! `transcript.read`, outputs, `artifact.*`) in [`CoreState::answer`], and the gates as more
-//! routes in [`CoreState::http`].
+//! routes in [`CoreState::http`]. `artifact.read`, `artifact.write` and `definition.file` are
+//! served by [`fake_artifacts`].
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "fake_artifacts.rs"]
+pub mod fake_artifacts;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
@@ -145,6 +149,8 @@ pub struct CoreState {
     silent: Mutex<HashSet<u64>>,
     /// Upgrades answered 503 while set (a closed Tenant).
     closed_tenant: std::sync::atomic::AtomicBool,
+    /// `artifact.read`, `artifact.write`, `definition.file`.
+    pub artifacts: fake_artifacts::FakeArtifacts,
 }
 
 /// The fake core; dropped, it stops listening and closes its connections.
@@ -186,6 +192,7 @@ impl FakeCore {
             renew_replies: Mutex::default(),
             silent: Mutex::default(),
             closed_tenant: std::sync::atomic::AtomicBool::new(false),
+            artifacts: fake_artifacts::FakeArtifacts::default(),
         });
         let stop = CancellationToken::new();
         let (s, st) = (state.clone(), stop.clone());
@@ -213,6 +220,11 @@ impl FakeCore {
 
     pub fn opts(&self) -> &CoreOptions {
         &self.state.opts
+    }
+
+    /// The artifact store.
+    pub fn artifacts(&self) -> &fake_artifacts::FakeArtifacts {
+        &self.state.artifacts
     }
 
     /// A reset: the join file must now hold `token`.
@@ -818,6 +830,17 @@ impl CoreState {
         let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
         self.conns.lock().unwrap().remove(&id);
         self.waiting.lock().unwrap().retain(|(c, _)| *c != id);
+        let ended: Vec<String> = self
+            .held
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, c)| **c == id)
+            .map(|(r, _)| r.clone())
+            .collect();
+        for run in ended {
+            self.artifacts.on_run_end(&run);
+        }
         self.held.lock().unwrap().retain(|_, c| *c != id);
         self.record(Event::Closed {
             conn: id,
@@ -974,13 +997,19 @@ impl CoreState {
                     }
                     "lease.release" => {
                         self.held.lock().unwrap().remove(&run_id);
+                        self.artifacts.on_run_end(&run_id);
                         Some(Ok(json!({})))
                     }
                     _ => {
                         self.held.lock().unwrap().remove(&run_id);
+                        self.artifacts.on_run_end(&run_id);
                         Some(Ok(json!({"cursor": 7})))
                     }
                 }
+            }
+            "artifact.read" | "artifact.write" | "definition.file" => {
+                let held = |run: &str| self.held.lock().unwrap().get(run) == Some(&conn);
+                self.artifacts.answer(m, p, held)
             }
             _ => Some(Err(("invalid".to_owned(), format!("Unknown request {m}")))),
         }
@@ -1059,6 +1088,7 @@ impl CoreState {
             if let Some(run_id) = grant["run"]["runId"].as_str() {
                 self.held.lock().unwrap().insert(run_id.to_owned(), conn);
             }
+            self.artifacts.on_grant(&grant);
             self.send(
                 &c,
                 conn,

@@ -1,0 +1,126 @@
+//! Figures for the report, not assertions: the outputs export of one large file against the
+//! work it cannot avoid (reading, hashing and base64-encoding the bytes once), and reading a
+//! spilled result back in 32 KiB pages against reading it in one chunk. Both sides run in this
+//! process against the fake core, so the ratio is what the upload path adds.
+//!
+//! ```text
+//! cargo test --test pod -- --ignored --nocapture artifacts_measure
+//! ```
+
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::artifacts::{Pod, within};
+use podhost::nylorun::artifacts::read_for_model;
+use podhost::nylorun::export::{ExportOutcome, export_outputs};
+use podhost::nylorun::spill::fit_outcome;
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement; run it by hand"]
+async fn measure_export_and_paged_reads() {
+    let mut pod = Pod::start().await;
+    let size = 64usize << 20;
+    let out = pod.dirs.workspace.join("outputs");
+    std::fs::create_dir_all(&out).unwrap();
+    let mut bytes = vec![0u8; size];
+    for (i, block) in bytes.chunks_mut(4096).enumerate() {
+        block.fill((i % 251) as u8);
+    }
+    std::fs::write(out.join("big.bin"), &bytes).unwrap();
+    drop(bytes);
+
+    let mut export = Vec::new();
+    let mut baseline = Vec::new();
+    for i in 0..5 {
+        let run = pod
+            .run(
+                &format!("run-m{i}"),
+                &format!("ses_m{i}"),
+                json!({}),
+                json!({}),
+            )
+            .await;
+        let a = run.artifacts();
+        let start = Instant::now();
+        let report = within(export_outputs(&a, &out, &run.turn)).await;
+        export.push(start.elapsed());
+        assert!(
+            matches!(report.outcome, ExportOutcome::Written { .. }),
+            "{report:?}"
+        );
+        run.finish();
+
+        let path = out.join("big.bin");
+        let start = Instant::now();
+        tokio::task::spawn_blocking(move || {
+            let mut f = std::fs::File::open(path).unwrap();
+            let mut h = Sha256::new();
+            let mut buf = vec![0u8; 16 << 20];
+            let mut encoded = 0usize;
+            loop {
+                let n = f.read(&mut buf).unwrap();
+                if n == 0 {
+                    break;
+                }
+                h.update(&buf[..n]);
+                encoded += base64::engine::general_purpose::STANDARD
+                    .encode(&buf[..n])
+                    .len();
+            }
+            (hex::encode(h.finalize()), encoded)
+        })
+        .await
+        .unwrap();
+        baseline.push(start.elapsed());
+    }
+    let (e, b) = (median(export), median(baseline));
+    println!(
+        "export of one 64 MiB file: median {e:?} ({:.0} MiB/s); read+hash+base64 once: {b:?}; ratio {:.1}",
+        64.0 / e.as_secs_f64(),
+        e.as_secs_f64() / b.as_secs_f64()
+    );
+
+    let run = pod.run("run-p", "ses_p", json!({}), json!({})).await;
+    let a = run.artifacts();
+    let text: String = "spilled line of text\n".repeat((5 << 20) / 21);
+    let fitted = within(fit_outcome(
+        &a,
+        &run.effect("c"),
+        "read",
+        json!({"kind": "completed", "output": text}),
+    ))
+    .await;
+    let id = fitted["output"]["artifactId"].as_str().unwrap().to_owned();
+    let start = Instant::now();
+    let (_, whole) = within(a.read_to_end(&id, None, 16 << 20)).await.unwrap();
+    let one = start.elapsed();
+    assert_eq!(whole.len(), text.len());
+    let start = Instant::now();
+    let mut offset = 0usize;
+    let mut pages = 0;
+    while offset < text.len() {
+        within(read_for_model(
+            &a,
+            &json!({"artifactId": id, "version": 1, "offset": offset}),
+        ))
+        .await;
+        offset += 32 * 1024;
+        pages += 1;
+    }
+    let paged = start.elapsed();
+    println!(
+        "5 MiB spilled result: one chunk {one:?}; {pages} read_artifact pages {paged:?} ({:?} a page); ratio {:.1}",
+        paged / pages,
+        paged.as_secs_f64() / one.as_secs_f64()
+    );
+    run.finish();
+}
