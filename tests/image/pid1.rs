@@ -28,7 +28,7 @@ fn stdout(out: &std::process::Output) -> String {
 #[tokio::test]
 async fn podhost_pod_is_pid_1_and_runs_podhost_as_its_child() {
     let Some(image) = image().await else { return };
-    let pod = PodHost::start(image, &no_core(), &[]).await;
+    let pod = PodHost::start(image, &no_core()).await;
     let ps = stdout(
         &pod.container
             .exec(&["ps", "-e", "-o", "pid=,ppid=,uid=,args="])
@@ -60,7 +60,7 @@ async fn podhost_pod_is_pid_1_and_runs_podhost_as_its_child() {
 #[tokio::test]
 async fn an_orphan_is_reaped_by_pid_1() {
     let Some(image) = image().await else { return };
-    let pod = PodHost::start(image, &no_core(), &[]).await;
+    let pod = PodHost::start(image, &no_core()).await;
     // The exec'd shell starts a child in the background and exits at once: the child is
     // orphaned, re-parented to PID 1 (the container's init), writes down its parent and
     // exits. Without an init that reaps it, it stays a zombie.
@@ -87,7 +87,7 @@ async fn an_orphan_is_reaped_by_pid_1() {
 #[tokio::test]
 async fn sigterm_to_pid_1_is_podhosts_shutdown_and_the_container_exits_0() {
     let Some(image) = image().await else { return };
-    let pod = PodHost::start(image, &no_core(), &[]).await;
+    let pod = PodHost::start(image, &no_core()).await;
     // From outside, as the runtime stops a pod.
     pod.container.kill("TERM").await;
     let code = pod.container.wait(Duration::from_secs(10)).await;
@@ -102,7 +102,7 @@ async fn sigterm_to_pid_1_is_podhosts_shutdown_and_the_container_exits_0() {
 async fn home_is_made_on_the_empty_harness_volume() {
     let Some(image) = image().await else { return };
     // /harness is an empty tmpfs (nothing of the image copied up), like an emptyDir.
-    let pod = PodHost::start(image, &no_core(), &[]).await;
+    let pod = PodHost::start(image, &no_core()).await;
     let home = stdout(
         &pod.container
             .exec(&["sh", "-c", "echo \"$HOME\"; stat -c '%U %a' \"$HOME\""])
@@ -114,7 +114,7 @@ async fn home_is_made_on_the_empty_harness_volume() {
 #[tokio::test]
 async fn commands_cannot_read_the_environment_of_pid_1_or_podhost() {
     let Some(image) = image().await else { return };
-    let pod = PodHost::start(image, &no_core(), &[]).await;
+    let pod = PodHost::start(image, &no_core()).await;
     // PID 1 and podhost hold the pod's environment; a command runs as the same uid.
     let outcome = pod
         .bash(

@@ -31,7 +31,7 @@ async fn exec(core: &FakeCore, conn: u64, command: &str) -> Value {
 async fn connected_pod() -> Option<(FakeCore, PodHost, u64)> {
     let image = image().await?;
     let core = FakeCore::start(CoreOptions::default()).await;
-    let pod = PodHost::start(image, &core.url(), &[]).await;
+    let pod = PodHost::start(image, &core.url()).await;
     let (_, conn, _) = core.wait_request(0, "lease").await;
     Some((core, pod, conn))
 }

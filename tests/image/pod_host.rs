@@ -23,8 +23,8 @@ pub struct PodHost {
 
 impl PodHost {
     /// Starts the image's entrypoint (`podhost pod`) with the pod environment pointing at
-    /// `harness_url`, the join token mounted read-only like a Secret, and `extra` podman flags.
-    pub async fn start(image: &'static Image, harness_url: &str, extra: &[String]) -> PodHost {
+    /// `harness_url` and the join token mounted read-only like a Secret.
+    pub async fn start(image: &'static Image, harness_url: &str) -> PodHost {
         let dir = tempfile::tempdir().unwrap();
         let token = dir.path().join("join-token");
         std::fs::write(&token, format!("{JOIN_TOKEN}\n")).unwrap();
@@ -46,7 +46,6 @@ impl PodHost {
         ] {
             flags.push(format!("--env={name}={value}"));
         }
-        flags.extend(extra.iter().cloned());
         let container = image.start(&flags, &[]).await;
         // Signals and the health listener are set up before this line: from here on a SIGTERM
         // is podhost's shutdown, not the default action.
