@@ -37,6 +37,24 @@ pub enum Command {
     Run(RunArgs),
     /// Be a Nylorun pod's harness: join core, serve the Harness API, lease runs.
     Pod(Box<crate::nylorun::settings::PodArgs>),
+    /// Ask the running pod host whether it is connected to core (a Kubernetes exec probe):
+    /// exit 0 when it answers `connected: true`, 1 otherwise; with `--live`, exit 0 for any
+    /// answer.
+    Health(HealthArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct HealthArgs {
+    /// The pod host's loopback health port.
+    #[arg(long, env = "NYLORUN_HARNESS_HEALTH_PORT", default_value_t = 4300)]
+    pub port: u16,
+    /// How long to wait for the answer, in milliseconds.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout_ms: u64,
+    /// Succeed for any answer, connected or not (a liveness probe: a pod host that is up and
+    /// reconnecting to core must not be restarted).
+    #[arg(long)]
+    pub live: bool,
 }
 
 impl Command {
@@ -47,13 +65,15 @@ impl Command {
             Command::Serve(args) => Some(&args.exec),
             Command::Run(args) => Some(&args.exec),
             Command::Pod(args) => Some(&args.exec),
+            // A probe runs no command.
+            Command::Health(_) => None,
         }
     }
 
     /// Whether this front runs for long (and so reports its confinement at `info`).
     pub fn is_long_running(&self) -> bool {
         match self {
-            Command::Tool(_) | Command::Run(_) => false,
+            Command::Tool(_) | Command::Run(_) | Command::Health(_) => false,
             Command::Serve(_) | Command::Pod(_) => true,
         }
     }

@@ -10,6 +10,8 @@
 //! * **Oumi BYOH endpoint** (`podhost serve`, [`byoh`]): four HTTP routes over a durable store,
 //!   calling an OpenAI-compatible model.
 //! * **Local** (`podhost tool`, `podhost run`): one tool, or one agent task, from a shell.
+//! * **Probe** (`podhost health`, [`probe`]): asks a running pod host's loopback health endpoint,
+//!   for a Kubernetes exec probe.
 //!
 //! Below the fronts:
 //!
@@ -41,4 +43,5 @@ pub mod config;
 pub mod error;
 pub mod exec;
 pub mod nylorun;
+pub mod probe;
 pub mod tools;

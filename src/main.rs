@@ -6,13 +6,17 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use podhost::config::{Cli, Command, ToolArgs, local_toolbox};
+use podhost::config::{Cli, Command, HealthArgs, ToolArgs, local_toolbox};
 use podhost::error::exit;
 use podhost::exec;
 use podhost::tools::{CallContext, ToolName, ToolOutcome, codes};
 use tokio_util::sync::CancellationToken;
 
 fn main() -> ExitCode {
+    // As a container's PID 1, podhost splits into a minimal init and itself (see exec::init).
+    if let Some(code) = exec::init::split_if_pid1() {
+        return code;
+    }
     // A command's supervisor: before clap, tracing or tokio, which it must not start.
     if std::env::args_os().nth(1).as_deref() == Some(std::ffi::OsStr::new(exec::SUPERVISOR_ARG)) {
         return exec::supervise::main();
@@ -98,6 +102,44 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Run(args) => Ok(podhost::byoh::local::run(args).await?),
         Command::Pod(args) => pod(args).await,
+        Command::Health(args) => Ok(health(&args)),
+    }
+}
+
+/// `podhost health`: exit 0 when the pod host answers `connected: true` (with `--live`: when it
+/// answers at all), 1 for anything else (not connected, nothing listening, no answer in time, an
+/// answer that is not the health JSON).
+fn health(args: &HealthArgs) -> i32 {
+    if args.port == 0 {
+        eprintln!("podhost health: port 0: the pod host's health listener is off");
+        return exit::FAILURE;
+    }
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], args.port));
+    let timeout = std::time::Duration::from_millis(args.timeout_ms);
+    match podhost::probe::check(addr, timeout) {
+        Ok(h) if args.live => {
+            println!(
+                "alive: {} answered HTTP {} on {addr} (connected: {})",
+                h.service, h.http_status, h.connected
+            );
+            exit::OK
+        }
+        Ok(h) => {
+            let verdict = if h.connected {
+                "connected"
+            } else {
+                "not connected"
+            };
+            println!(
+                "{verdict}: {} answered HTTP {} on {addr}",
+                h.service, h.http_status
+            );
+            if h.connected { exit::OK } else { exit::FAILURE }
+        }
+        Err(e) => {
+            eprintln!("podhost health: {e}");
+            exit::FAILURE
+        }
     }
 }
 

@@ -4,7 +4,8 @@
 //! stdin from `/dev/null`, a child subreaper that kills every descendant when the command ends,
 //! times out or is cancelled), concurrent bounded capture of stdout and stderr, resource limits,
 //! the command environment (`env`), the egress proxy variables and CA bundle (`egress`), and the
-//! confinement that keeps commands away from podhost's secrets (`confine`).
+//! confinement that keeps commands away from podhost's secrets (`confine`). Also the minimal
+//! init podhost splits off when it is a container's PID 1 (`init`).
 //!
 //! Invariants:
 //! * A command never outlives its call: when the shell exits, times out or is cancelled, every
@@ -38,6 +39,7 @@ pub mod capture;
 pub mod confine;
 pub mod egress;
 pub mod env;
+pub mod init;
 pub mod limits;
 pub mod procs;
 pub mod protocol;

@@ -1,0 +1,23 @@
+//! Integration tests of the pod image: the Containerfile builds offline, and the image runs the
+//! way a Nylorun pod runs it (uid 1000, read-only root, four writable paths, podhost as PID 1).
+//!
+//! They need podman, runc and debootstrap, as root (.ci/run installs them). Without them every
+//! image test fails with a message saying so; `PODHOST_SKIP_IMAGE_TESTS=1` skips them on
+//! purpose. `podhost health` is also tested here, against a fake endpoint, without podman.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../support/mod.rs"]
+mod support;
+
+#[path = "../support/fake_core.rs"]
+mod fake_core;
+
+mod container;
+mod containerfile;
+mod files;
+mod fixture;
+mod health;
+mod pid1;
+mod pod;
+mod pod_host;
+mod podman;
