@@ -12,6 +12,12 @@ mod support;
 #[path = "../support/fake_core.rs"]
 mod fake_core;
 
+#[path = "../support/fake_journal.rs"]
+mod fake_journal;
+
+#[path = "../support/fake_gates.rs"]
+mod fake_gates;
+
 mod container;
 mod containerfile;
 mod files;
