@@ -85,7 +85,8 @@ async fn a_turn_without_a_key_resumes_after_kill_9_and_its_tool_is_not_run_again
     s.submit(start("s", "i", "x", &fake.base_url(), None)).await;
     let runs = s.workspace("s").join("runs.txt");
     let deadline = std::time::Instant::now() + T;
-    while !runs.exists() {
+    // `>>` creates the file before `echo` writes to it: wait for the line itself.
+    while std::fs::read_to_string(&runs).map_or(true, |r| r != "ran\n") {
         assert!(
             std::time::Instant::now() < deadline,
             "bash never ran:\n{}",
