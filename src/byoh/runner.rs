@@ -1,7 +1,7 @@
 //! Running BYOH turns in the background, taking up turns a restart interrupted, and sweeping
 //! old sessions.
 //!
-//! Owns: the task body of a turn ([`drive`]): its workspace and toolbox (built per turn, never
+//! Owns: the task body of a turn (`drive`): its workspace and toolbox (built per turn, never
 //! held idle), the store-backed [`Front`], and the one status write that ends the turn; start-up
 //! recovery; the retention sweeper.
 //!
