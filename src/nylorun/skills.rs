@@ -264,18 +264,25 @@ fn verified() -> &'static Mutex<HashMap<PathBuf, Seen>> {
     V.get_or_init(Mutex::default)
 }
 
+/// A `map_err` for an I/O failure of `action` on `path` while mounting `skill`.
+fn io_error(
+    skill: &Checked,
+    action: &'static str,
+    path: &Path,
+) -> impl FnOnce(std::io::Error) -> SkillError + use<> {
+    let skill = skill.name.clone();
+    let path = path.to_path_buf();
+    move |source| SkillError::Io {
+        skill,
+        action,
+        path,
+        source,
+    }
+}
+
 async fn mount_one(artifacts: &Artifacts, skill: &Checked, root: &Path) -> Result<(), SkillError> {
     let target = root.join(&skill.folder);
-    let io = |action: &'static str, path: &Path| {
-        let skill = skill.name.clone();
-        let path = path.to_path_buf();
-        move |source| SkillError::Io {
-            skill,
-            action,
-            path,
-            source,
-        }
-    };
+    let io = |action: &'static str, path: &Path| io_error(skill, action, path);
     match in_place(skill, &target).await {
         Place::Verified => {
             tracing::debug!(skill = %skill.name, folder = %skill.folder, "skill already mounted");
@@ -321,16 +328,7 @@ async fn fetch_into(
     skill: &Checked,
     stage: &Path,
 ) -> Result<(), SkillError> {
-    let io = |action: &'static str, path: &Path| {
-        let skill = skill.name.clone();
-        let path = path.to_path_buf();
-        move |source| SkillError::Io {
-            skill,
-            action,
-            path,
-            source,
-        }
-    };
+    let io = |action: &'static str, path: &Path| io_error(skill, action, path);
     tokio::fs::create_dir(stage)
         .await
         .map_err(io("create", stage))?;

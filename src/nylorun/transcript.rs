@@ -340,16 +340,7 @@ pub fn updates(
         let size = json_len(entry);
         let alone = update_bytes(current.length, current.length + 1, size);
         if current.entries.is_empty() && alone > limit {
-            return Err(EntryTooLarge {
-                index: i,
-                kind: entry
-                    .get("kind")
-                    .and_then(Value::as_str)
-                    .unwrap_or("?")
-                    .to_owned(),
-                bytes: alone,
-                limit,
-            });
+            return Err(too_large(i, entry, alone, limit));
         }
         let n = current.entries.len();
         let grown = update_bytes(current.keep, current.keep + n + 1, bytes + size + n);
@@ -366,16 +357,7 @@ pub fn updates(
             bytes = 0;
             let alone = update_bytes(next_keep, next_keep + 1, size);
             if alone > limit {
-                return Err(EntryTooLarge {
-                    index: i,
-                    kind: entry
-                        .get("kind")
-                        .and_then(Value::as_str)
-                        .unwrap_or("?")
-                        .to_owned(),
-                    bytes: alone,
-                    limit,
-                });
+                return Err(too_large(i, entry, alone, limit));
             }
         }
         current.entries.push(entry.clone());
@@ -384,6 +366,19 @@ pub fn updates(
     }
     out.push(current);
     Ok(out)
+}
+
+fn too_large(index: usize, entry: &Value, bytes: usize, limit: usize) -> EntryTooLarge {
+    EntryTooLarge {
+        index,
+        kind: entry
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or("?")
+            .to_owned(),
+        bytes,
+        limit,
+    }
 }
 
 /// `{"keep":K,"entries":[…],"length":L}` is 32 bytes plus the digits plus the entries (their
