@@ -1,7 +1,8 @@
 //! Turns in the image: the pod host in a container of the image runs a journaled agent turn
 //! against the fake core and the fake Model Gate on the host's 127.0.0.1. Its bash runs in the
 //! container (uid 1000, confined) and what it writes under `/workspace/outputs` reaches the fake
-//! artifact store as the session's outputs folder. `turn_stop` holds the shutdown and the tokens.
+//! artifact store as the session's outputs folder; core's `workspace.exec` then finds the files
+//! where the turn left them. `turn_stop` holds the shutdown and the tokens.
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -359,5 +360,23 @@ async fn a_turn_runs_bash_in_the_container_and_its_outputs_become_the_outputs_fo
             ),
             (Status::Completed, Some(c1)),
         ]
+    );
+
+    // The turn's files stay in the workspace, owned by uid 1000: core's `workspace.exec` sees
+    // them as the turn left them.
+    let answer = t
+        .core
+        .request(
+            t.conn,
+            "workspace.exec",
+            json!({"session": {"ownerId": SESSION, "activeTurnId": null}, "tool": "bash",
+                   "input": {"command": "stat -c '%u %s %n' outputs/report.txt outputs/sub/deep.txt"}}),
+        )
+        .await;
+    assert_eq!(
+        answer["r"],
+        json!({"kind": "completed", "output": {"exitCode": 0, "stderr": "",
+               "stdout": "1000 7 outputs/report.txt\n1000 5 outputs/sub/deep.txt\n"}}),
+        "{answer}"
     );
 }
