@@ -440,6 +440,20 @@ impl Container {
         self.image.podman.output(&argv, CALL_WITHIN).await
     }
 
+    /// The host's pid of the container's PID 1 (the tests run as root on the host, so they can
+    /// look at the container's processes in the host's `/proc`).
+    pub async fn host_pid(&self) -> i32 {
+        let out = self
+            .image
+            .podman
+            .ok(
+                ["inspect", "--format", "{{.State.Pid}}", &self.name],
+                CALL_WITHIN,
+            )
+            .await;
+        out.trim().parse().unwrap()
+    }
+
     /// Sends `signal` to the container's PID 1 from outside, as the runtime would.
     pub async fn kill(&self, signal: &str) {
         self.image

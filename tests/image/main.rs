@@ -3,7 +3,8 @@
 //!
 //! They need podman, runc and debootstrap, as root (.ci/run installs them). Without them every
 //! image test fails with a message saying so; `PODHOST_SKIP_IMAGE_TESTS=1` skips them on
-//! purpose. `podhost health` is also tested here, against a fake endpoint, without podman.
+//! purpose. `podhost health` is also tested here, against a fake endpoint, without podman. The
+//! pod tests run turns too: the fake Model Gate and the fake artifact store listen on 127.0.0.1.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../support/mod.rs"]
@@ -27,3 +28,5 @@ mod pid1;
 mod pod;
 mod pod_host;
 mod podman;
+mod turn;
+mod turn_stop;

@@ -153,7 +153,12 @@ pub struct CoreState {
     pub journal: Arc<crate::fake_journal::Journal>,
     /// `artifact.read`, `artifact.write`, `definition.file`.
     pub artifacts: fake_artifacts::FakeArtifacts,
+    /// Called with each request's method and params before it is answered.
+    request_hook: Mutex<Option<RequestHook>>,
 }
+
+/// What [`FakeCore::on_request`] runs.
+pub type RequestHook = Arc<dyn Fn(&str, &Value) + Send + Sync>;
 
 /// The fake core; dropped, it stops listening and closes its connections.
 pub struct FakeCore {
@@ -196,6 +201,7 @@ impl FakeCore {
             closed_tenant: std::sync::atomic::AtomicBool::new(false),
             journal: Arc::default(),
             artifacts: fake_artifacts::FakeArtifacts::default(),
+            request_hook: Mutex::default(),
         });
         let stop = CancellationToken::new();
         let (s, st) = (state.clone(), stop.clone());
@@ -270,6 +276,12 @@ impl FakeCore {
     /// Core stops answering and pinging on `conn` (the connection stays open).
     pub fn set_silent(&self, conn: u64) {
         self.state.silent.lock().unwrap().insert(conn);
+    }
+
+    /// Runs `hook` on every request podhost sends, before core answers it: podhost is still
+    /// waiting for the answer while it runs (e.g. to look at the pod as a release arrives).
+    pub fn on_request(&self, hook: impl Fn(&str, &Value) + Send + Sync + 'static) {
+        *self.state.request_hook.lock().unwrap() = Some(Arc::new(hook));
     }
 
     /// Queues a grant for the next `lease`; returns the `RunGrant` sent.
@@ -872,6 +884,10 @@ impl CoreState {
             ("req", true, Some(rid)) => {
                 let m = frame.get("m").and_then(Value::as_str).unwrap_or("").to_owned();
                 let p = frame.get("p").cloned().unwrap_or(Value::Null);
+                let hook = self.request_hook.lock().unwrap().clone();
+                if let Some(hook) = hook {
+                    hook(&m, &p);
+                }
                 match self.answer(id, rid, &m, p) {
                     Some(Ok(r)) => self.send(conn, id, json!({"t": "res", "id": rid, "ok": true, "r": r})),
                     Some(Err((code, message))) => self.send(
