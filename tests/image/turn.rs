@@ -10,7 +10,7 @@ use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::fake_core::{CoreOptions, Event, FakeCore};
+use crate::fake_core::{CoreOptions, FakeCore};
 use crate::fake_gates::{self, FakeGates, Reply};
 use crate::fake_journal::Status;
 use crate::fixture::image;
@@ -73,49 +73,9 @@ pub fn turn_start(input: &str) -> Value {
 
 pub const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
 
-/// What podhost sent about `run_id`, in order, renewals left out: `(method, params)`.
-pub fn run_frames(core: &FakeCore, conn: u64, run_id: &str) -> Vec<(String, Value)> {
-    core.frames_from_pod(conn)
-        .into_iter()
-        .filter(|f| f["t"] == "req" && f["p"]["runId"] == run_id && f["m"] != "lease.renew")
-        .map(|f| (f["m"].as_str().unwrap().to_owned(), f["p"].clone()))
-        .collect()
-}
-
-/// Waits for the run's end (an output or a release) and for core's answer to it;
-/// `(method, params)`.
+/// Waits for the run's end (an output or a release) and checks core took it; `(method, params)`.
 pub async fn wait_end(core: &FakeCore, run_id: &str) -> (String, Value) {
-    const ENDS: [&str; 6] = [
-        "turn.completed",
-        "turn.failed",
-        "turn.waiting",
-        "turn.paused",
-        "checkpoint",
-        "lease.release",
-    ];
-    let (_, (conn, frame)) = core
-        .wait_from(0, &format!("the end of {run_id}"), |e| match e {
-            Event::FromPod { conn, frame }
-                if frame["t"] == "req"
-                    && frame["p"]["runId"] == run_id
-                    && ENDS.contains(&frame["m"].as_str().unwrap_or("")) =>
-            {
-                Some((*conn, frame.clone()))
-            }
-            _ => None,
-        })
-        .await;
-    let id = frame["id"].clone();
-    let (_, answer) = core
-        .wait_from(0, "core's answer to the end", |e| match e {
-            Event::ToPod { conn: c, frame: f }
-                if *c == conn && f["t"] == "res" && f["id"] == id =>
-            {
-                Some(f.clone())
-            }
-            _ => None,
-        })
-        .await;
+    let (frame, answer) = core.wait_run_end(run_id).await;
     assert_eq!(answer["ok"], true, "core refused {frame}: {answer}");
     (frame["m"].as_str().unwrap().to_owned(), frame["p"].clone())
 }
@@ -271,7 +231,7 @@ async fn a_turn_runs_bash_in_the_container_and_its_outputs_become_the_outputs_fo
         json!({"kind": "final", "turnId": TURN, "stepId": "step-0-1",
                "output": "The report is in your outputs folder."}),
     ];
-    let frames = run_frames(&t.core, t.conn, "run-1");
+    let frames = t.core.run_frames(t.conn, "run-1");
     let r = |p: Value| of_run("run-1", p);
     // The folder as a pod writes it: small files inline, in path order, one upload.
     let file = |path: &str, bytes: &[u8]| {

@@ -15,7 +15,7 @@ use crate::fake_core::Event;
 use crate::fake_gates;
 use crate::fake_journal::Status;
 use crate::pod_host::{JOIN_FILE, JOIN_TOKEN, SHUTDOWN_DEADLINE_MS};
-use crate::turn::{TOKEN, TurnPod, of_run, run_frames, turn_pod, turn_start, wait_end};
+use crate::turn::{TOKEN, TurnPod, of_run, turn_pod, turn_start, wait_end};
 
 /// `(pid in the container, command line)` of each process of a pod.
 type Processes = Vec<(i32, String)>;
@@ -189,7 +189,8 @@ async fn sigterm_while_a_command_runs_releases_the_run_kills_the_command_and_exi
 
     // The run: its model call and the command's intent journaled, no outcome for the command
     // (the next owner runs it again) and no turn output; the waiting lease aborted.
-    let methods: Vec<String> = run_frames(core, *conn, "run-1")
+    let methods: Vec<String> = core
+        .run_frames(*conn, "run-1")
         .into_iter()
         .map(|(m, _)| m)
         .collect();
@@ -252,7 +253,9 @@ async fn a_turns_command_sees_no_run_token_host_token_or_join_token() {
         .find(|(pid, args)| *pid != 1 && args == "/usr/local/bin/podhost pod")
         .map(|(pid, _)| *pid)
         .unwrap_or_else(|| panic!("no podhost in {processes:#?}"));
-    let outcome = run_frames(&t.core, t.conn, "run-1")
+    let outcome = t
+        .core
+        .run_frames(t.conn, "run-1")
         .into_iter()
         .find(|(m, p)| m == "effect.outcome" && p["effectId"] == "turn_1:0:tool:s0.c1")
         .map(|(_, p)| p)

@@ -4,7 +4,7 @@
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use crate::fake_core::{CoreOptions, Event, FakeCore};
+use crate::fake_core::{CoreOptions, FakeCore};
 use crate::fake_gates::{self, FakeGates, Reply};
 use crate::{PodDirs, PodProcess, pod_env, set_env};
 use podhost::nylorun::canonical::request_hash;
@@ -72,48 +72,9 @@ pub fn turn_start(input: Value) -> Value {
     })
 }
 
-/// What podhost sent about `run_id`, in order, renewals left out: `(method, params)`.
-pub fn run_frames(core: &FakeCore, conn: u64, run_id: &str) -> Vec<(String, Value)> {
-    core.frames_from_pod(conn)
-        .into_iter()
-        .filter(|f| f["t"] == "req" && f["p"]["runId"] == run_id && f["m"] != "lease.renew")
-        .map(|f| (f["m"].as_str().unwrap().to_owned(), f["p"].clone()))
-        .collect()
-}
-
 /// Waits for the run's end (an output or a release) and checks core took it; `(method, params)`.
 pub async fn wait_end(core: &FakeCore, run_id: &str) -> (String, Value) {
-    const ENDS: [&str; 6] = [
-        "turn.completed",
-        "turn.failed",
-        "turn.waiting",
-        "turn.paused",
-        "checkpoint",
-        "lease.release",
-    ];
-    let (_, (conn, frame)) = core
-        .wait_from(0, &format!("the end of {run_id}"), |e| match e {
-            Event::FromPod { conn, frame }
-                if frame["t"] == "req"
-                    && frame["p"]["runId"] == run_id
-                    && ENDS.contains(&frame["m"].as_str().unwrap_or("")) =>
-            {
-                Some((*conn, frame.clone()))
-            }
-            _ => None,
-        })
-        .await;
-    let id = frame["id"].clone();
-    let (_, answer) = core
-        .wait_from(0, "core's answer to the end", |e| match e {
-            Event::ToPod { conn: c, frame: f }
-                if *c == conn && f["t"] == "res" && f["id"] == id =>
-            {
-                Some(f.clone())
-            }
-            _ => None,
-        })
-        .await;
+    let (frame, answer) = core.wait_run_end(run_id).await;
     // After a renewal answered `{ok: false}` core no longer holds the run, so it may refuse
     // the release that follows; an output it must take.
     if frame["m"] != "lease.release" {
@@ -292,7 +253,7 @@ async fn a_full_turn_runs_bash_then_answers_with_every_frame_journaled() {
             })),
         ),
     ];
-    assert_eq!(run_frames(&s.core, s.conn, "run-1"), expected);
+    assert_eq!(s.core.run_frames(s.conn, "run-1"), expected);
     assert_eq!(s.core.journal().transcript(SESSION).1, entries);
     assert_eq!(
         std::fs::read_to_string(s.dirs.workspace.join("note.txt")).unwrap(),
@@ -338,7 +299,9 @@ async fn sandbox_tools_are_not_offered_without_a_sandbox() {
         json!([{"callId": "c1", "toolName": "bash", "kind": "failed", "code": "tool.unknown",
                 "message": "There is no tool named \"bash\". The tools are: read_artifact."}])
     );
-    let intents: Vec<String> = run_frames(&s.core, s.conn, "run-1")
+    let intents: Vec<String> = s
+        .core
+        .run_frames(s.conn, "run-1")
         .into_iter()
         .filter(|(m, _)| m == "effect.intent")
         .map(|(_, p)| p["effect"]["kind"].as_str().unwrap().to_owned())

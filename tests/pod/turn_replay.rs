@@ -6,9 +6,7 @@ use serde_json::json;
 
 use crate::fake_core::CoreOptions;
 use crate::fake_gates::{self, Reply};
-use crate::turn::{
-    TOKEN, TURN, candidate_of, model_intent, run_frames, setup, turn_start, wait_end,
-};
+use crate::turn::{TOKEN, TURN, candidate_of, model_intent, setup, turn_start, wait_end};
 
 fn fast_renewals() -> CoreOptions {
     CoreOptions {
@@ -36,7 +34,7 @@ async fn a_crashed_segment_replays_with_the_same_ids_and_runs_nothing_twice() {
             json!({"runId": "run-1", "reason": "ownership.lost"})
         )
     );
-    let first = run_frames(&s.core, s.conn, "run-1");
+    let first = s.core.run_frames(s.conn, "run-1");
     let methods: Vec<&str> = first.iter().map(|(m, _)| m.as_str()).collect();
     // Nothing reported for the call at the gate, and it is left there for the next owner.
     assert_eq!(
@@ -73,7 +71,7 @@ async fn a_crashed_segment_replays_with_the_same_ids_and_runs_nothing_twice() {
     s.gates.release("turn_1:0:model:s1", answer.clone());
     let (method, output) = wait_end(&s.core, "run-2").await;
     assert_eq!(method, "turn.completed", "{output}");
-    let second = run_frames(&s.core, s.conn, "run-2");
+    let second = s.core.run_frames(s.conn, "run-2");
     assert_eq!(second[0], first[4].clone().with_run("run-2"));
     assert_eq!(second[0].1["effect"], model_intent(0, 1));
     assert_eq!(
@@ -157,7 +155,7 @@ async fn drift_fails_the_turn() {
         )
     };
     assert_eq!(wait_end(&s.core, "run-1").await, drift("run-1"));
-    assert_eq!(run_frames(&s.core, s.conn, "run-1").len(), 1);
+    assert_eq!(s.core.run_frames(s.conn, "run-1").len(), 1);
 
     // A journaled row of the same id with another hash: core answers effect_drift.
     s.core

@@ -8,8 +8,7 @@ use crate::fake_core::CoreOptions;
 use crate::fake_gates::{self, Reply};
 use crate::fake_journal::Status;
 use crate::turn::{
-    AGENT, SESSION, TOKEN, TURN, candidate_of, model_intent, run_frames, setup, turn_start,
-    wait_end,
+    AGENT, SESSION, TOKEN, TURN, candidate_of, model_intent, setup, turn_start, wait_end,
 };
 
 #[tokio::test]
@@ -60,7 +59,7 @@ async fn a_long_turn_yields_and_continues_in_the_next_segment() {
     assert_eq!(call.body["effectId"], "turn_1:1:model:s0");
     let prompt = call.body["call"]["prompt"].as_array().unwrap();
     assert_eq!(prompt.last().unwrap()["kind"], "tool-result");
-    let frames = run_frames(&s.core, s.conn, "run-2");
+    let frames = s.core.run_frames(s.conn, "run-2");
     assert_eq!(
         frames[0],
         ("transcript.read".to_owned(), json!({"runId": "run-2"}))
@@ -198,7 +197,7 @@ async fn a_model_call_past_model_call_bytes_fails_before_it_is_journaled() {
                        bytes - 1)}})
         )
     );
-    assert_eq!(run_frames(&s.core, s.conn, "run-2").len(), 1);
+    assert_eq!(s.core.run_frames(s.conn, "run-2").len(), 1);
 }
 
 #[tokio::test]
@@ -276,7 +275,9 @@ async fn memory_and_wake_calls_are_runtime_effects_core_answers() {
             .ends_with("Your memories, newest first:\n- /memories/prefs.md — likes tea"),
         "{prompt}"
     );
-    let tools: Vec<Value> = run_frames(&s.core, s.conn, "run-1")
+    let tools: Vec<Value> = s
+        .core
+        .run_frames(s.conn, "run-1")
         .into_iter()
         .filter(|(m, p)| m == "effect.intent" && p["effect"]["kind"] == "tool")
         .map(|(_, p)| p["effect"].clone())
@@ -353,7 +354,9 @@ async fn a_large_result_is_spilled_and_read_back_with_read_artifact() {
         (&stub["truncated"], &stub["artifactId"], &stub["size"]),
         (&json!(true), &json!("art_0001"), &json!(20_003))
     );
-    let tool_rows: Vec<_> = run_frames(&s.core, s.conn, "run-1")
+    let tool_rows: Vec<_> = s
+        .core
+        .run_frames(s.conn, "run-1")
         .into_iter()
         .filter(|(m, p)| m == "effect.outcome" && p["effectId"] == "turn_1:0:tool:s0.c1")
         .collect();
@@ -365,7 +368,9 @@ async fn a_large_result_is_spilled_and_read_back_with_read_artifact() {
         "{}",
         results[1]
     );
-    let intent = run_frames(&s.core, s.conn, "run-1")
+    let intent = s
+        .core
+        .run_frames(s.conn, "run-1")
         .into_iter()
         .find(|(m, p)| m == "effect.intent" && p["effect"]["toolName"] == "read_artifact")
         .unwrap();
@@ -478,7 +483,9 @@ async fn skills_are_mounted_named_to_the_model_and_on_the_calls_that_use_them() 
         )),
         "{instructions}"
     );
-    let intent = run_frames(&s.core, s.conn, "run-1")
+    let intent = s
+        .core
+        .run_frames(s.conn, "run-1")
         .into_iter()
         .find(|(m, p)| m == "effect.intent" && p["effect"]["kind"] == "tool")
         .unwrap();
@@ -510,7 +517,9 @@ async fn a_model_answer_past_the_record_entry_limit_fails_the_turn() {
             "The model's answer of step 0 is {bytes} bytes, past limits.recordEntryBytes (3000 bytes)")})
     );
     // Nothing core would refuse was sent, and the write did not run.
-    let methods: Vec<String> = run_frames(&s.core, s.conn, "run-1")
+    let methods: Vec<String> = s
+        .core
+        .run_frames(s.conn, "run-1")
         .into_iter()
         .map(|(m, _)| m)
         .collect();

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use crate::fake_core::{CoreOptions, Event};
 use crate::fake_gates::{self, Reply};
-use crate::turn::{Setup, TOKEN, candidate_of, run_frames, setup, turn_start, wait_end};
+use crate::turn::{Setup, TOKEN, candidate_of, setup, turn_start, wait_end};
 
 /// Makes `started.fifo` in the workspace; the command writes its `sleep`'s pid there.
 fn fifo(s: &Setup) -> std::path::PathBuf {
@@ -63,7 +63,9 @@ async fn cancel_mid_sleep_kills_the_command_and_fails_cancelled() {
         )
     );
     assert!(gone(pid), "the command's sleep {pid} outlived the cancel");
-    let methods: Vec<String> = run_frames(&s.core, s.conn, "run-1")
+    let methods: Vec<String> = s
+        .core
+        .run_frames(s.conn, "run-1")
         .into_iter()
         .map(|(m, _)| m)
         .collect();
@@ -101,7 +103,9 @@ async fn deadline_during_a_model_call_cancels_it_at_the_gate() {
         s.gates.wait_cancel("turn_1:0:model:s0").await.as_deref(),
         Some(TOKEN)
     );
-    let methods: Vec<String> = run_frames(&s.core, s.conn, "run-1")
+    let methods: Vec<String> = s
+        .core
+        .run_frames(s.conn, "run-1")
         .into_iter()
         .map(|(m, _)| m)
         .collect();
@@ -133,7 +137,9 @@ async fn a_run_lost_mid_command_is_released_without_an_output() {
         )
     );
     assert!(gone(pid), "the command's sleep {pid} outlived the run");
-    let methods: Vec<String> = run_frames(&s.core, s.conn, "run-1")
+    let methods: Vec<String> = s
+        .core
+        .run_frames(s.conn, "run-1")
         .into_iter()
         .map(|(m, _)| m)
         .collect();
@@ -208,7 +214,9 @@ async fn shutdown_releases_the_run_and_leaves_its_gate_call_to_the_next_owner() 
     );
     assert!(s.pod.wait_exit(crate::WAIT).await.success());
     assert!(s.gates.cancels().is_empty());
-    let methods: Vec<String> = run_frames(&s.core, s.conn, "run-1")
+    let methods: Vec<String> = s
+        .core
+        .run_frames(s.conn, "run-1")
         .into_iter()
         .map(|(m, _)| m)
         .collect();

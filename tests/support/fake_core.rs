@@ -455,6 +455,53 @@ impl FakeCore {
             .collect()
     }
 
+    /// What podhost sent about `run_id` on `conn`, in order, renewals left out:
+    /// `(method, params)`.
+    pub fn run_frames(&self, conn: u64, run_id: &str) -> Vec<(String, Value)> {
+        self.frames_from_pod(conn)
+            .into_iter()
+            .filter(|f| f["t"] == "req" && f["p"]["runId"] == run_id && f["m"] != "lease.renew")
+            .map(|f| (f["m"].as_str().unwrap().to_owned(), f["p"].clone()))
+            .collect()
+    }
+
+    /// Waits for the run's end (an output or a release) and for core's answer to it:
+    /// `(the end's frame, core's answer)`.
+    pub async fn wait_run_end(&self, run_id: &str) -> (Value, Value) {
+        const ENDS: [&str; 6] = [
+            "turn.completed",
+            "turn.failed",
+            "turn.waiting",
+            "turn.paused",
+            "checkpoint",
+            "lease.release",
+        ];
+        let (_, (conn, frame)) = self
+            .wait_from(0, &format!("the end of {run_id}"), |e| match e {
+                Event::FromPod { conn, frame }
+                    if frame["t"] == "req"
+                        && frame["p"]["runId"] == run_id
+                        && ENDS.contains(&frame["m"].as_str().unwrap_or("")) =>
+                {
+                    Some((*conn, frame.clone()))
+                }
+                _ => None,
+            })
+            .await;
+        let id = frame["id"].clone();
+        let (_, answer) = self
+            .wait_from(0, "core's answer to the end", |e| match e {
+                Event::ToPod { conn: c, frame: f }
+                    if *c == conn && f["t"] == "res" && f["id"] == id =>
+                {
+                    Some(f.clone())
+                }
+                _ => None,
+            })
+            .await;
+        (frame, answer)
+    }
+
     /// Runs held on any connection.
     pub fn held(&self) -> Vec<String> {
         let mut v: Vec<_> = self.state.held.lock().unwrap().keys().cloned().collect();
