@@ -19,6 +19,9 @@ mod fake_journal;
 #[path = "../support/fake_gates.rs"]
 mod fake_gates;
 
+#[path = "../support/turn_fixture.rs"]
+mod turn_fixture;
+
 mod container;
 mod containerfile;
 mod files;

@@ -11,18 +11,12 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::fake_core::{CoreOptions, FakeCore};
-use crate::fake_gates::{self, FakeGates, Reply};
+use crate::fake_gates::{self, FakeGates};
 use crate::fake_journal::Status;
 use crate::fixture::image;
 use crate::pod_host::PodHost;
+pub use crate::turn_fixture::*;
 use podhost::nylorun::canonical::request_hash;
-
-pub const SESSION: &str = "ses_1";
-pub const TURN: &str = "turn_1";
-pub const AGENT: &str = "agent_1";
-/// The run token of the runs these tests grant.
-pub const TOKEN: &str = "run-token-1";
-const INSTRUCTIONS: &str = "You are a careful helper.";
 
 /// The fake core, the fake gates and a pod host in a container of the image between them.
 pub struct TurnPod {
@@ -48,96 +42,11 @@ pub async fn turn_pod(extra: &[(&str, &str)]) -> Option<TurnPod> {
     })
 }
 
-/// A TurnStart of an agent with a sandbox, for `input`, at segment 0 with no transcript.
-pub fn turn_start(input: &str) -> Value {
-    json!({
-        "type": "turn.start",
-        "engine": "agent",
-        "manifest": {"id": "helper", "instructions": INSTRUCTIONS, "skills": []},
-        "definition": {"name": "helper", "version": 3},
-        "checkpoint": {"sessionId": SESSION, "turnId": TURN, "segment": 0,
-                       "manifestHash": "mh_1", "input": input},
-        "outcomes": [],
-        "transcript": {"cursor": -1},
-        "routing": {"rootManifest": {"name": "helper"},
-                    "sandbox": {"ownerId": SESSION, "environmentId": AGENT,
-                                "environment": {"SESSION_VAR": "session-value"}}},
-        "agent": {"id": AGENT, "kind": "pod", "sandbox": {"workspace": "/workspace"}},
-        "options": {"fixtureModel": true},
-        "trace": {"traceparent": TRACEPARENT},
-        "limits": {"recordEntryBytes": 983040, "harnessStateBytes": 262144},
-        "model": {"provider": "fixture", "id": "fixture-1", "inputs": ["text", "image"],
-                  "contextWindow": 100000, "maxOutputTokens": 4096},
-    })
-}
-
-pub const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
-
 /// Waits for the run's end (an output or a release) and checks core took it; `(method, params)`.
 pub async fn wait_end(core: &FakeCore, run_id: &str) -> (String, Value) {
     let (frame, answer) = core.wait_run_end(run_id).await;
     assert_eq!(answer["ok"], true, "core refused {frame}: {answer}");
     (frame["m"].as_str().unwrap().to_owned(), frame["p"].clone())
-}
-
-/// The model-facing instructions of [`turn_start`] (an agent with a sandbox, no skills).
-fn sandbox_instructions() -> String {
-    format!(
-        "{INSTRUCTIONS}\n\nYou have an isolated Linux sandbox with a persistent working directory \
-         at /workspace. Use bash to run commands, read, write and edit to work with files, and \
-         grep and glob to search. Network egress is limited by policy; a failed download usually \
-         means the host is not allowed.\nFiles you write under /workspace/outputs reach the user \
-         too: when your turn ends, they become the session's outputs folder.\n\nTool results too \
-         large to show are stored as artifacts: the result then says `truncated` and names its \
-         artifactId; read the rest with read_artifact."
-    )
-}
-
-/// The tools offered with a sandbox.
-fn sandbox_tools() -> Vec<Value> {
-    podhost::tools::ToolName::ALL
-        .iter()
-        .map(|t| t.definition())
-        .chain(std::iter::once(
-            podhost::nylorun::artifacts::read_artifact_definition(),
-        ))
-        .map(|d| json!({"name": d.name, "description": d.description, "inputSchema": d.input_schema}))
-        .collect()
-}
-
-fn model_intent(step: u32) -> Value {
-    let step_id = format!("step-0-{step}");
-    json!({
-        "effectId": format!("{TURN}:0:model:s{step}"),
-        "sessionId": SESSION, "turnId": TURN, "agentId": AGENT, "manifestHash": "mh_1",
-        "kind": "model",
-        "context": {"invocationId": step_id, "stepId": step_id},
-    })
-}
-
-pub fn bash_intent(step: u32, call_id: &str, command: &str) -> Value {
-    let step_id = format!("step-0-{step}");
-    json!({
-        "effectId": format!("{TURN}:0:tool:s{step}.{call_id}"),
-        "sessionId": SESSION, "turnId": TURN, "agentId": AGENT, "manifestHash": "mh_1",
-        "kind": "tool", "toolName": "bash", "target": {"kind": "sandbox"},
-        "input": {"command": command},
-        "context": {"invocationId": step_id, "callId": call_id, "stepId": step_id},
-    })
-}
-
-/// The request hash of a model effect: its intent with the call as its input.
-fn model_hash(intent: &Value, call: &Value) -> String {
-    let mut full = intent.clone();
-    full["input"] = call.clone();
-    request_hash(&full)
-}
-
-pub fn candidate_of(reply: &Reply) -> Value {
-    match reply {
-        Reply::Outcome(o) => o.clone(),
-        other => panic!("{other:?}"),
-    }
 }
 
 /// With the run id added.
@@ -161,7 +70,7 @@ async fn a_turn_runs_bash_in_the_container_and_its_outputs_become_the_outputs_fo
     let answer = fake_gates::text("The report is in your outputs folder.");
     t.gates.script([call.clone(), answer.clone()]);
     t.core
-        .grant_turn("run-1", TOKEN, turn_start("Write the report."));
+        .grant_turn("run-1", TOKEN, turn_start(json!("Write the report.")));
     let (method, output) = wait_end(&t.core, "run-1").await;
     assert_eq!(
         method,
@@ -220,7 +129,7 @@ async fn a_turn_runs_bash_in_the_container_and_its_outputs_become_the_outputs_fo
     // Every frame podhost sent about the run: each effect journaled before it ran, the
     // folder written, the turn completed.
     let (c0, c1) = (candidate_of(&call), candidate_of(&answer));
-    let tool = bash_intent(0, "call_1", OUTPUTS_COMMAND);
+    let tool = tool_intent(0, 0, "call_1", "bash", json!({"command": OUTPUTS_COMMAND}));
     let entries = vec![
         json!({"kind": "input", "turnId": TURN,
                "event": {"kind": "user-message", "text": "Write the report."}}),
@@ -246,8 +155,8 @@ async fn a_turn_runs_bash_in_the_container_and_its_outputs_become_the_outputs_fo
     let mut expected = vec![
         (
             "effect.intent".to_owned(),
-            r(json!({"effect": model_intent(0),
-                     "requestHash": model_hash(&model_intent(0), &first_call)})),
+            r(json!({"effect": model_intent(0, 0),
+                     "requestHash": hash_with_input(&model_intent(0, 0), &first_call)})),
         ),
         (
             "effect.outcome".to_owned(),
@@ -264,8 +173,8 @@ async fn a_turn_runs_bash_in_the_container_and_its_outputs_become_the_outputs_fo
         ),
         (
             "effect.intent".to_owned(),
-            r(json!({"effect": model_intent(1),
-                     "requestHash": model_hash(&model_intent(1), &second_call)})),
+            r(json!({"effect": model_intent(0, 1),
+                     "requestHash": hash_with_input(&model_intent(0, 1), &second_call)})),
         ),
         (
             "effect.outcome".to_owned(),

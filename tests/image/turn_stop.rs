@@ -107,7 +107,7 @@ async fn sigterm_while_a_command_runs_releases_the_run_kills_the_command_and_exi
         "bash",
         json!({"command": SLEEPER}),
     )]);
-    let run = core.grant_turn("run-1", TOKEN, turn_start("Sleep."));
+    let run = core.grant_turn("run-1", TOKEN, turn_start(json!("Sleep.")));
     let sleep_pid: i32 = stdout(
         &pod.container
             .exec(&["cat", "/workspace/started.fifo"])
@@ -242,7 +242,7 @@ async fn a_turns_command_sees_no_run_token_host_token_or_join_token() {
     let call = fake_gates::tool_call("c1", "bash", json!({"command": command}));
     t.gates.script([call, fake_gates::text("Nothing to see.")]);
     t.core
-        .grant_turn("run-1", TOKEN, turn_start("Look around."));
+        .grant_turn("run-1", TOKEN, turn_start(json!("Look around.")));
     let (method, output) = wait_end(&t.core, "run-1").await;
     assert_eq!(method, "turn.completed", "{output}");
 

@@ -17,6 +17,9 @@ mod fake_journal;
 #[path = "../support/fake_gates.rs"]
 mod fake_gates;
 
+#[path = "../support/turn_fixture.rs"]
+mod turn_fixture;
+
 mod artifacts;
 mod artifacts_export;
 mod artifacts_measure;
