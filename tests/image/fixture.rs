@@ -514,6 +514,17 @@ impl Container {
     }
 }
 
+/// The output of a `podman exec`, which must have succeeded.
+pub fn stdout(out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
 impl Drop for Container {
     fn drop(&mut self) {
         let _ = self

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use pretty_assertions::assert_eq;
 
-use crate::fixture::image;
+use crate::fixture::{image, stdout};
 use crate::pod_host::PodHost;
 use crate::podman::free_port;
 
@@ -13,16 +13,6 @@ use crate::podman::free_port;
 /// retrying its join, which is all these tests need of it.
 fn no_core() -> String {
     format!("http://127.0.0.1:{}", free_port())
-}
-
-fn stdout(out: &std::process::Output) -> String {
-    assert!(
-        out.status.success(),
-        "failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
 }
 
 #[tokio::test]

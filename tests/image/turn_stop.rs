@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use crate::fake_core::Event;
 use crate::fake_gates;
 use crate::fake_journal::Status;
+use crate::fixture::stdout;
 use crate::pod_host::{JOIN_FILE, JOIN_TOKEN, SHUTDOWN_DEADLINE_MS};
 use crate::turn::{TOKEN, TurnPod, of_run, turn_pod, turn_start, wait_end};
 
@@ -65,17 +66,6 @@ fn shape(processes: &[(i32, String)]) -> Vec<(bool, &str)> {
         .iter()
         .map(|(pid, args)| (*pid == 1, args.as_str()))
         .collect()
-}
-
-/// The output of a `podman exec`, which must have succeeded.
-fn stdout(out: &std::process::Output) -> String {
-    assert!(
-        out.status.success(),
-        "failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
 }
 
 /// The command a turn runs: a `sleep` in the background, its pid written to a fifo in the
