@@ -9,8 +9,9 @@
 //! * Status codes are the protocol's: `202` for queued, running and input_required, `200` for
 //!   terminal statuses and outputs, `404` only for an invocation never submitted, `409` from
 //!   `collect_output` until output exists and from `submit` when busy (without an invocation
-//!   id), `400` for bodies that are not the protocol's shape, `422` for well-formed bodies that
-//!   break its rules, `413` past 10 MiB, `401` without the credential.
+//!   id), `400` for bodies that cannot be read or are not JSON, `422` for JSON that is
+//!   not the protocol's shape or breaks its rules, `413` past 10 MiB, `401` without the
+//!   credential.
 //! * Every body is JSON and under 10 MiB: `collect_output` shrinks the largest contents until
 //!   its body fits.
 //! * Logs name the route, invocation id, status and duration — never a body or a key.
