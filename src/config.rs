@@ -345,7 +345,7 @@ pub fn local_toolbox(workspace: &Path, args: &ExecArgs) -> Result<Toolbox, Confi
         name: "--workspace",
         message: format!("{}: {e}", workspace.display()),
     })?;
-    let supervisor = std::env::current_exe().map_err(ConfigError::CurrentExe)?;
+    let supervisor = crate::exec::find_supervisor().map_err(ConfigError::CurrentExe)?;
     if let Some(tmp) = &args.confine.tmp_dir {
         std::fs::create_dir_all(tmp).map_err(|e| ConfigError::Invalid {
             name: "--tmp-dir",

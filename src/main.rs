@@ -156,7 +156,7 @@ async fn pod(args: Box<podhost::nylorun::settings::PodArgs>) -> anyhow::Result<i
     if !confinement_ok(&config.exec, true) {
         return Ok(exit::FAILURE);
     }
-    let supervisor = std::env::current_exe().context("finding podhost's own executable")?;
+    let supervisor = exec::find_supervisor().context("finding podhost's own executable")?;
     let shutdown = CancellationToken::new();
     let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("listening for SIGINT")?;

@@ -2,7 +2,8 @@
 //! with `std::process`, interleaved call by call so that both see the same machine load.
 //!
 //! Also measured, to show where the tool's overhead goes: starting the supervisor binary alone
-//! (`podhost __exec` given no request exits at once), which is the cost of the re-exec design;
+//! (given no request it exits at once), which is the cost of a supervisor per command — both
+//! `podhost-exec`, the one podhost uses, and `podhost __exec`, its fallback;
 //! and CPU time (user + system, of this process and its waited-for descendants) per call, which
 //! unlike wall time does not grow when other work competes for the CPUs.
 //!
@@ -11,8 +12,9 @@
 //! `/tmp` are split into one rule per entry); and a `read` call (a fresh thread restricting itself
 //! to the workspace) with and without confinement.
 //!
-//! The supervisor is the podhost binary cargo builds for this bench (`CARGO_BIN_EXE_podhost`,
-//! release profile under `cargo bench`), so no separate build step is needed:
+//! The supervisor is the `podhost-exec` binary cargo builds for this bench
+//! (`CARGO_BIN_EXE_podhost-exec`, release profile under `cargo bench`), so no separate build
+//! step is needed:
 //! `cargo bench --bench tools bash`.
 //!
 //! On a machine shared with other CPU-bound work, wall times measure the run queue more than the
@@ -34,7 +36,8 @@ const ITERATIONS: usize = 200;
 const WARM_UP: usize = 20;
 
 pub fn main() {
-    let supervisor = PathBuf::from(env!("CARGO_BIN_EXE_podhost"));
+    let supervisor = PathBuf::from(env!("CARGO_BIN_EXE_podhost-exec"));
+    let fallback = PathBuf::from(env!("CARGO_BIN_EXE_podhost"));
     let shell = podhost::config::find_shell(None);
     let dir = tempfile::tempdir().unwrap();
     let ws = Workspace::new(dir.path(), None).unwrap();
@@ -94,6 +97,7 @@ pub fn main() {
     };
     let bare = || timed(Command::new(&shell).args(["-c", "true"]), true);
     let supervisor_alone = || timed(Command::new(&supervisor).arg("__exec"), false);
+    let fallback_alone = || timed(Command::new(&fallback).arg("__exec"), false);
 
     println!(
         "bash tool vs bare `{} -c true` ({ROUNDS} rounds × {ITERATIONS}, interleaved)",
@@ -104,14 +108,17 @@ pub fn main() {
         tool();
         bare();
         supervisor_alone();
+        fallback_alone();
     }
     let (mut all_tool, mut all_bare, mut all_sup) = (Vec::new(), Vec::new(), Vec::new());
+    let mut all_fallback = Vec::new();
     for round in 1..=ROUNDS {
         let (mut t, mut b, mut s) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..ITERATIONS {
             t.push(tool());
             b.push(bare());
             s.push(supervisor_alone());
+            all_fallback.push(fallback_alone());
         }
         report(&format!("round {round}"), &t, &b, &s);
         all_tool.extend(t);
@@ -119,6 +126,11 @@ pub fn main() {
         all_sup.extend(s);
     }
     report("all", &all_tool, &all_bare, &all_sup);
+    let ((s, sc), (f, fc)) = (medians(&all_sup), medians(&all_fallback));
+    println!(
+        "supervisor start alone: podhost-exec wall {s:.3} ms, cpu {sc:.3} ms; \
+         `podhost __exec` (the fallback) wall {f:.3} ms, cpu {fc:.3} ms"
+    );
 
     println!(
         "confinement ({} kernel Landlock ABI, {ROUNDS} rounds × {ITERATIONS}, interleaved)",

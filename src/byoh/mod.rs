@@ -132,7 +132,7 @@ async fn serve_inner(args: ServeArgs) -> Result<i32, ServeError> {
         ),
         source,
     })?;
-    let supervisor = std::env::current_exe().map_err(|source| ServeError::Io {
+    let supervisor = crate::exec::find_supervisor().map_err(|source| ServeError::Io {
         what: "could not find podhost's own executable".into(),
         source,
     })?;

@@ -19,7 +19,7 @@
 //! # How a command runs
 //!
 //! ```text
-//! podhost ──spawn (empty env)──► podhost __exec ──fork/exec──► <shell> -c <command> ──► …
+//! podhost ──spawn (empty env)──► podhost-exec ──fork/exec──► <shell> -c <command> ──► …
 //!   │  stdin: control socket ──────► request (JSON) in, status line out      (own session,
 //!   │  stdout/stderr pipes ◄──────── passed through to the shell              own group)
 //! ```
@@ -27,10 +27,11 @@
 //! * `spawn` (podhost side, tokio): starts the supervisor, sends the [`protocol::Request`],
 //!   captures both pipes concurrently ([`capture`]), owns the timeout and cancellation (SIGTERM
 //!   to the supervisor), and bounds every wait so the call returns on time.
-//! * [`supervise`] (the supervisor, plain std): child subreaper, `setsid`, starts the shell with
-//!   the limits ([`limits`]), `PR_SET_NO_NEW_PRIVS` and the confinement ([`confine`]: Landlock,
-//!   the network filter, the command user), reaps, and kills every descendant ([`procs`]) before
-//!   reporting the shell's status and exiting.
+//! * [`supervise`] (the supervisor, plain std; the small `podhost-exec` binary, or
+//!   `podhost __exec` where that is not installed, see [`find_supervisor`]): child subreaper,
+//!   `setsid`, starts the shell with the limits ([`limits`]), `PR_SET_NO_NEW_PRIVS` and the
+//!   confinement ([`confine`]: Landlock, the network filter, the command user), reaps, and kills
+//!   every descendant ([`procs`]) before reporting the shell's status and exiting.
 //! * [`reaper`]: podhost itself as a child subreaper, reaping what a failed supervisor left.
 //! * [`env`](mod@env): the command's environment; [`egress`]: the CA bundle file its trust
 //!   variables name.
@@ -47,7 +48,7 @@ pub mod reaper;
 mod spawn;
 pub mod supervise;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -57,8 +58,26 @@ pub use confine::Confinement;
 pub use env::{BaseEnv, CommandEnv};
 
 /// `argv[1]` that makes the podhost binary a command supervisor (see [`supervise`]). The binary's
-/// `main` checks for it before anything else.
+/// `main` checks for it before anything else; `podhost-exec` ignores it.
 pub const SUPERVISOR_ARG: &str = "__exec";
+
+/// The file name of the dedicated supervisor binary (`src/bin/podhost-exec.rs`).
+pub const SUPERVISOR_BIN: &str = "podhost-exec";
+
+/// The supervisor for this process's commands: `podhost-exec` beside podhost's own executable
+/// when it is there (it starts faster), else podhost itself, as `podhost __exec`.
+pub fn find_supervisor() -> std::io::Result<PathBuf> {
+    let me = std::env::current_exe()?;
+    Ok(supervisor_beside(&me).unwrap_or(me))
+}
+
+/// `podhost-exec` in the directory of `exe`, if it is an executable file there.
+pub fn supervisor_beside(exe: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let candidate = exe.with_file_name(SUPERVISOR_BIN);
+    let meta = std::fs::metadata(&candidate).ok()?;
+    (meta.is_file() && meta.permissions().mode() & 0o111 != 0).then_some(candidate)
+}
 
 /// The longest command line: Linux refuses a single `execve` argument of 128 KiB or more
 /// (`MAX_ARG_STRLEN`, counting the terminating NUL), and the command is one argument of `sh -c`.
@@ -222,4 +241,27 @@ pub enum ExecError {
     Supervisor { message: String },
     #[error("could not watch the command: {0}")]
     Io(#[from] std::io::Error),
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    #[test]
+    fn the_supervisor_beside_podhost_must_be_an_executable_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = dir.path().join("podhost");
+        let beside = dir.path().join(SUPERVISOR_BIN);
+        assert_eq!(supervisor_beside(&me), None, "nothing there");
+        std::fs::create_dir(&beside).unwrap();
+        assert_eq!(supervisor_beside(&me), None, "a directory");
+        std::fs::remove_dir(&beside).unwrap();
+        std::fs::write(&beside, "").unwrap();
+        std::fs::set_permissions(&beside, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(supervisor_beside(&me), None, "not executable");
+        std::fs::set_permissions(&beside, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(supervisor_beside(&me), Some(beside));
+    }
 }

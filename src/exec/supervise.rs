@@ -1,5 +1,6 @@
-//! The per-command supervisor: `podhost __exec`, one process per command, between podhost and the
-//! shell.
+//! The per-command supervisor: `podhost-exec` (or `podhost __exec`, see
+//! [`find_supervisor`](super::find_supervisor)), one process per command, between podhost and
+//! the shell.
 //!
 //! Owns: starting the shell in its own session and process group with the request's environment,
 //! working directory, resource limits and `PR_SET_NO_NEW_PRIVS`; reaping; and killing every

@@ -34,7 +34,7 @@ use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{executor, podhost_bin};
+use crate::support::{executor, podhost_bin, supervisor_bin};
 
 /// What every secret file holds; no output may ever contain it.
 pub const SECRET: &str = "s3cr3t-host-token-7f3a";
@@ -142,8 +142,13 @@ impl Host {
         std::fs::create_dir(&bin).unwrap();
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
         let podhost = bin.join("podhost");
-        if std::fs::hard_link(podhost_bin(), &podhost).is_err() {
-            std::fs::copy(podhost_bin(), &podhost).unwrap();
+        for (from, to) in [
+            (podhost_bin(), podhost.clone()),
+            (supervisor_bin(), bin.join("podhost-exec")),
+        ] {
+            if std::fs::hard_link(from, &to).is_err() {
+                std::fs::copy(from, &to).unwrap();
+            }
         }
         self.open_dirs();
         podhost

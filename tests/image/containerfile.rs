@@ -57,8 +57,8 @@ fn the_multistage_variant_builds_the_same_runtime_stage() {
         .into_iter()
         .map(|l| {
             l.replace(
-                "COPY target/release/podhost ",
-                "COPY --from=build /src/target/release/podhost ",
+                "COPY target/release/",
+                "COPY --from=build /src/target/release/",
             )
         })
         .collect();

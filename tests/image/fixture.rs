@@ -141,10 +141,23 @@ async fn build() -> Image {
 
     let base = ensure_base(&podman, &dir).await;
 
-    let binary = std::env::var_os("PODHOST_IMAGE_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| crate::support::podhost_bin().to_path_buf());
-    let context = build_context(&dir, &binary);
+    // The binaries: PODHOST_IMAGE_BIN and the `podhost-exec` beside it, else the test build's.
+    let (binary, supervisor) = match std::env::var_os("PODHOST_IMAGE_BIN").map(PathBuf::from) {
+        Some(bin) => {
+            let supervisor = bin.with_file_name("podhost-exec");
+            assert!(
+                supervisor.is_file(),
+                "PODHOST_IMAGE_BIN={}: no podhost-exec beside it",
+                bin.display()
+            );
+            (bin, supervisor)
+        }
+        None => (
+            crate::support::podhost_bin().to_path_buf(),
+            crate::support::supervisor_bin().to_path_buf(),
+        ),
+    };
+    let context = build_context(&dir, &binary, &supervisor);
     let started = Instant::now();
     podman
         .ok(
@@ -194,11 +207,13 @@ async fn build() -> Image {
     };
     let report = format!(
         "image tests: image {IMAGE} built in {:.1} s; {base_line}\n\
-         image tests: image size {:.0} MB (base {:.0} MB, podhost binary {:.0} MB from {})\n",
+         image tests: image size {:.0} MB (base {:.0} MB, podhost binary {:.0} MB and \
+         podhost-exec {:.0} MB from {})\n",
         build_time.as_secs_f64(),
         mb(size(IMAGE).await),
         mb(size(BASE).await),
         mb(std::fs::metadata(&binary).unwrap().len()),
+        mb(std::fs::metadata(&supervisor).unwrap().len()),
         binary.display(),
     );
     eprint!("{report}");
@@ -296,8 +311,9 @@ fn assert_success(out: &Output, what: &str, log: &Path) {
 }
 
 /// A build context like the one `podman build .` sees at the repository root: the
-/// Containerfile, `.dockerignore`, `image/` and the binary at `target/release/podhost`.
-fn build_context(dir: &Path, binary: &Path) -> tempfile::TempDir {
+/// Containerfile, `.dockerignore`, `image/` and the binaries at `target/release/podhost` and
+/// `target/release/podhost-exec`.
+fn build_context(dir: &Path, binary: &Path, supervisor: &Path) -> tempfile::TempDir {
     let context = tempfile::tempdir_in(dir).unwrap();
     for file in ["Containerfile", ".dockerignore"] {
         std::fs::copy(repo().join(file), context.path().join(file)).unwrap();
@@ -313,8 +329,10 @@ fn build_context(dir: &Path, binary: &Path) -> tempfile::TempDir {
     }
     let release = context.path().join("target/release");
     std::fs::create_dir_all(&release).unwrap();
-    if std::fs::hard_link(binary, release.join("podhost")).is_err() {
-        std::fs::copy(binary, release.join("podhost")).unwrap();
+    for (from, name) in [(binary, "podhost"), (supervisor, "podhost-exec")] {
+        if std::fs::hard_link(from, release.join(name)).is_err() {
+            std::fs::copy(from, release.join(name)).unwrap();
+        }
     }
     context
 }

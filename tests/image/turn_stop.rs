@@ -128,7 +128,7 @@ async fn sigterm_while_a_command_runs_releases_the_run_kills_the_command_and_exi
         [
             (true, "/usr/local/bin/podhost pod"),
             (false, "/usr/local/bin/podhost pod"),
-            (false, "/usr/local/bin/podhost __exec"),
+            (false, "/usr/local/bin/podhost-exec __exec"),
             (false, &*format!("/bin/bash -c {SLEEPER}")),
             (false, "sleep 300"),
         ]

@@ -273,7 +273,7 @@ pub fn start_in_process(
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(podhost::nylorun::pod::run(
         config,
-        support::podhost_bin().to_path_buf(),
+        support::supervisor_bin().to_path_buf(),
         handler,
         shutdown.clone(),
     ));

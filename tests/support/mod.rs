@@ -13,10 +13,16 @@ pub fn podhost_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_podhost"))
 }
 
-/// An executor like the binary's, with the test build of podhost as the supervisor.
+/// The dedicated supervisor built for these tests (`podhost-exec`), which podhost finds beside
+/// itself.
+pub fn supervisor_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_podhost-exec"))
+}
+
+/// An executor like the binary's, with the test build of `podhost-exec` as the supervisor.
 pub fn executor(home: &Path) -> Executor {
     Executor::new(ExecConfig {
-        supervisor: podhost_bin().to_path_buf(),
+        supervisor: supervisor_bin().to_path_buf(),
         shell: podhost::config::find_shell(None),
         env: CommandEnv::new(
             BaseEnv {

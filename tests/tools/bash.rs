@@ -23,7 +23,7 @@ use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{TestWorkspace, podhost_bin};
+use crate::support::{TestWorkspace, podhost_bin, supervisor_bin};
 
 const TIMED_OUT: &str = "Command timed out after 1s and was killed.";
 
@@ -92,7 +92,7 @@ fn workspace_with(f: impl FnOnce(&mut ExecConfig)) -> TestWorkspace {
     std::fs::create_dir(&root).unwrap();
     let ws = Workspace::new(&root, Some(Path::new("/workspace"))).unwrap();
     let mut config = ExecConfig {
-        supervisor: podhost_bin().to_path_buf(),
+        supervisor: supervisor_bin().to_path_buf(),
         shell: podhost::config::find_shell(None),
         env: CommandEnv::new(
             BaseEnv {

@@ -7,7 +7,7 @@ use std::process::{Command, Output, Stdio};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use crate::support::podhost_bin;
+use crate::support::{podhost_bin, supervisor_bin};
 
 fn tool(dir: &std::path::Path, args: &[&str], stdin: Option<&str>) -> Output {
     let mut child = Command::new(podhost_bin())
@@ -124,5 +124,52 @@ fn a_missing_workspace_is_refused() {
             missing.display()
         )),
         "{err}"
+    );
+}
+
+/// The command line of the process that ran a `podhost tool bash` command (its supervisor), as
+/// the command sees it, with `podhost` run from `bin`.
+fn supervisor_of_a_command(bin: &std::path::Path) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(bin)
+        .args(["tool", "bash", "--workspace"])
+        .arg(dir.path())
+        .arg("--input")
+        .arg(json!({"command": "tr '\\0' ' ' < /proc/$PPID/cmdline"}).to_string())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let outcome = stdout_json(&out);
+    assert_eq!(outcome["output"]["exitCode"], 0, "{outcome}");
+    outcome["output"]["stdout"].as_str().unwrap().to_owned()
+}
+
+/// A copy of the test build of podhost in a directory of its own, with `podhost-exec` beside it
+/// or not.
+fn installed(with_supervisor: bool) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let podhost = dir.path().join("podhost");
+    std::fs::copy(podhost_bin(), &podhost).unwrap();
+    if with_supervisor {
+        std::fs::copy(supervisor_bin(), dir.path().join("podhost-exec")).unwrap();
+    }
+    (dir, podhost)
+}
+
+#[test]
+fn commands_run_under_podhost_exec_when_it_lies_beside_podhost() {
+    let (dir, podhost) = installed(true);
+    assert_eq!(
+        supervisor_of_a_command(&podhost),
+        format!("{} __exec ", dir.path().join("podhost-exec").display())
+    );
+}
+
+#[test]
+fn without_podhost_exec_commands_run_under_podhost_itself() {
+    let (_dir, podhost) = installed(false);
+    assert_eq!(
+        supervisor_of_a_command(&podhost),
+        format!("{} __exec ", podhost.display())
     );
 }
