@@ -1,10 +1,11 @@
 //! Figures for the report, not assertions: the outputs export of one large file against the
 //! work it cannot avoid (reading, hashing and base64-encoding the bytes once), and reading a
 //! spilled result back in 32 KiB pages against reading it in one chunk. Both sides run in this
-//! process against the fake core, so the ratio is what the upload path adds.
+//! process against the fake core, so the ratio is what the upload path adds. The export runs
+//! in this test process, so build it optimized:
 //!
 //! ```text
-//! cargo test --test pod -- --ignored --nocapture artifacts_measure
+//! cargo test --release --test pod -- --ignored --nocapture artifacts_measure
 //! ```
 
 use std::io::Read;
