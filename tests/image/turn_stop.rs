@@ -179,11 +179,7 @@ async fn sigterm_while_a_command_runs_releases_the_run_kills_the_command_and_exi
 
     // The run: its model call and the command's intent journaled, no outcome for the command
     // (the next owner runs it again) and no turn output; the waiting lease aborted.
-    let methods: Vec<String> = core
-        .run_frames(*conn, "run-1")
-        .into_iter()
-        .map(|(m, _)| m)
-        .collect();
+    let methods = core.run_methods(*conn, "run-1");
     assert_eq!(
         methods,
         [

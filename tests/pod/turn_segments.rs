@@ -517,12 +517,7 @@ async fn a_model_answer_past_the_record_entry_limit_fails_the_turn() {
             "The model's answer of step 0 is {bytes} bytes, past limits.recordEntryBytes (3000 bytes)")})
     );
     // Nothing core would refuse was sent, and the write did not run.
-    let methods: Vec<String> = s
-        .core
-        .run_frames(s.conn, "run-1")
-        .into_iter()
-        .map(|(m, _)| m)
-        .collect();
+    let methods = s.core.run_methods(s.conn, "run-1");
     assert_eq!(methods, ["effect.intent", "turn.failed"]);
     assert!(!s.dirs.workspace.join("big.txt").exists());
 }

@@ -63,12 +63,7 @@ async fn cancel_mid_sleep_kills_the_command_and_fails_cancelled() {
         )
     );
     assert!(gone(pid), "the command's sleep {pid} outlived the cancel");
-    let methods: Vec<String> = s
-        .core
-        .run_frames(s.conn, "run-1")
-        .into_iter()
-        .map(|(m, _)| m)
-        .collect();
+    let methods = s.core.run_methods(s.conn, "run-1");
     assert_eq!(
         methods,
         [
@@ -103,12 +98,7 @@ async fn deadline_during_a_model_call_cancels_it_at_the_gate() {
         s.gates.wait_cancel("turn_1:0:model:s0").await.as_deref(),
         Some(TOKEN)
     );
-    let methods: Vec<String> = s
-        .core
-        .run_frames(s.conn, "run-1")
-        .into_iter()
-        .map(|(m, _)| m)
-        .collect();
+    let methods = s.core.run_methods(s.conn, "run-1");
     assert_eq!(methods, ["effect.intent", "turn.failed"]);
 }
 
@@ -137,12 +127,7 @@ async fn a_run_lost_mid_command_is_released_without_an_output() {
         )
     );
     assert!(gone(pid), "the command's sleep {pid} outlived the run");
-    let methods: Vec<String> = s
-        .core
-        .run_frames(s.conn, "run-1")
-        .into_iter()
-        .map(|(m, _)| m)
-        .collect();
+    let methods = s.core.run_methods(s.conn, "run-1");
     assert_eq!(
         methods,
         [
@@ -214,11 +199,6 @@ async fn shutdown_releases_the_run_and_leaves_its_gate_call_to_the_next_owner() 
     );
     assert!(s.pod.wait_exit(crate::WAIT).await.success());
     assert!(s.gates.cancels().is_empty());
-    let methods: Vec<String> = s
-        .core
-        .run_frames(s.conn, "run-1")
-        .into_iter()
-        .map(|(m, _)| m)
-        .collect();
+    let methods = s.core.run_methods(s.conn, "run-1");
     assert_eq!(methods, ["effect.intent", "lease.release"]);
 }

@@ -465,6 +465,14 @@ impl FakeCore {
             .collect()
     }
 
+    /// The methods of [`run_frames`](Self::run_frames), in order.
+    pub fn run_methods(&self, conn: u64, run_id: &str) -> Vec<String> {
+        self.run_frames(conn, run_id)
+            .into_iter()
+            .map(|(m, _)| m)
+            .collect()
+    }
+
     /// Waits for the run's end (an output or a release) and for core's answer to it:
     /// `(the end's frame, core's answer)`.
     pub async fn wait_run_end(&self, run_id: &str) -> (Value, Value) {
