@@ -12,8 +12,8 @@ use clap::{Args, Parser, Subcommand};
 use crate::exec::confine::{Confinement, Settings};
 use crate::exec::protocol::CommandUser;
 use crate::exec::{BaseEnv, CommandEnv, ExecConfig, Executor, ResourceLimits};
+use crate::floor::workspace::Workspace;
 use crate::tools::Toolbox;
-use crate::tools::paths::Workspace;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -42,6 +42,7 @@ pub mod byoh;
 pub mod config;
 pub mod error;
 pub mod exec;
+pub mod floor;
 pub mod nylorun;
 pub mod probe;
 pub mod tools;

@@ -27,7 +27,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use podhost::exec::{BaseEnv, CommandEnv, Confinement, ExecConfig, Executor, ResourceLimits};
-use podhost::tools::paths::Workspace;
+use podhost::floor::workspace::Workspace;
 use podhost::tools::{CallContext, ToolName, Toolbox};
 use serde_json::json;
 

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use nix::sys::resource::{UsageWho, getrusage};
 use podhost::exec::{BaseEnv, CommandEnv, ExecConfig, Executor, ResourceLimits};
-use podhost::tools::paths::Workspace;
+use podhost::floor::workspace::Workspace;
 use podhost::tools::{CallContext, ToolName, ToolOutcome, Toolbox, glob, grep};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;

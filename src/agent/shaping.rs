@@ -369,7 +369,7 @@ async fn store_piece<S: SpillStore>(
     let stored = store
         .store(req)
         .await
-        .map_err(|why| crate::tools::text::clip_chars(&why, DROPPED_CHARS).into_owned());
+        .map_err(|why| crate::floor::text::clip_chars(&why, DROPPED_CHARS).into_owned());
     Piece { text, stored }
 }
 

@@ -15,7 +15,7 @@ use super::{ServeError, install_crypto_provider};
 use crate::agent::turn::{self, TurnEnd};
 use crate::config::{RunArgs, local_toolbox};
 use crate::error::exit;
-use crate::tools::text::truncate_middle;
+use crate::floor::text::truncate_middle;
 
 /// Prints each message as it is added.
 struct PrintFront {

@@ -26,8 +26,8 @@ use super::session::{ChatTurn, Front, SessionError, Tail, repair_tail, step_limi
 use super::store::{Store, now_ms};
 use crate::agent::turn::{self, TurnEnd};
 use crate::exec::{BaseEnv, CommandEnv};
+use crate::floor::workspace::Workspace;
 use crate::tools::Toolbox;
-use crate::tools::paths::Workspace;
 
 /// The workspace directory of a session.
 pub fn workspace_dir(data_dir: &std::path::Path, session_id: &str) -> PathBuf {

@@ -40,7 +40,7 @@ use super::protocol::{
     PROTOCOL_VERSION, Status, StatusBody, SubmitRequest,
 };
 use super::store::{InvocationRow, StatusRow};
-use crate::tools::text::truncate_middle;
+use crate::floor::text::truncate_middle;
 
 /// The OpenAPI document of the routes, served at `/openapi.yaml`.
 pub const OPENAPI: &str = include_str!("../../openapi.yaml");

@@ -20,7 +20,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio_util::sync::CancellationToken;
 
 use super::Captured;
-use crate::tools::text::{lossy_text, omitted_marker};
+use crate::floor::text::{lossy_text, omitted_marker};
 
 /// Bytes kept per character: the longest UTF-8 sequence, so that `n` kept bytes always hold at
 /// least `n / 4` whole characters.
@@ -310,7 +310,7 @@ fn skip_leading_continuations(bytes: &[u8]) -> &[u8] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::text::truncate_middle;
+    use crate::floor::text::truncate_middle;
     use pretty_assertions::assert_eq;
 
     fn captured(chunks: &[&[u8]], limit: usize) -> Captured {

@@ -26,7 +26,7 @@ use super::canonical::request_hash;
 use super::channel::{CallError, Channel};
 use super::protocol::ErrorCode;
 use super::turn_start::{OutcomeBody, RecordedOutcome};
-use crate::tools::text::clip_chars;
+use crate::floor::text::clip_chars;
 
 /// Method names of the turn's journal requests.
 pub mod methods {

@@ -42,7 +42,7 @@ use super::artifacts::wire::ArtifactMeta;
 use super::artifacts::{
     ArtifactError, Artifacts, Committed, FolderFile, FolderStart, FolderTarget, FolderUpload,
 };
-use crate::tools::paths::{OpenError, open_regular};
+use crate::floor::workspace::{OpenError, open_regular};
 use walk::{WalkedFile, walk};
 
 mod walk;

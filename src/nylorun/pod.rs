@@ -33,8 +33,8 @@ use super::workspace::{TenantCell, WorkspaceServer};
 use super::{health, setup};
 use crate::exec::env::Egress;
 use crate::exec::{BaseEnv, CommandEnv};
+use crate::floor::workspace::Workspace;
 use crate::tools::Toolbox;
-use crate::tools::paths::Workspace;
 
 /// A connection that lasted this long resets the reconnect backoff (v2 notes §1.1).
 const STABLE_CONNECTION: Duration = Duration::from_secs(10);

@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::protocol::{Setup, SetupCommand, SetupFile};
-use crate::tools::paths::Access;
+use crate::floor::workspace::Access;
 use crate::tools::{CallContext, ToolName, ToolOutcome, Toolbox};
 
 /// The marker file under the harness root.

@@ -494,9 +494,9 @@ fn verify(files: &BTreeMap<String, String>, dirs: &BTreeSet<String>, target: &Pa
 
 fn hash_file(path: &Path) -> std::io::Result<String> {
     use std::io::Read;
-    let file = match crate::tools::paths::open_regular(path) {
+    let file = match crate::floor::workspace::open_regular(path) {
         Ok(f) => f,
-        Err(crate::tools::paths::OpenError::Io(e)) => return Err(e),
+        Err(crate::floor::workspace::OpenError::Io(e)) => return Err(e),
         Err(_) => return Err(std::io::Error::other("not a regular file")),
     };
     let mut h = Sha256::new();

@@ -34,7 +34,7 @@ use super::protocol::{
     ErrorCode, RemoveParams, ReportParams, SweepParams, WorkspaceBytesCall, WorkspaceCall,
     WorkspaceListCall, WorkspaceRecord, WorkspaceSession, methods,
 };
-use crate::tools::paths::{Access, OpenError, Workspace, open_regular};
+use crate::floor::workspace::{Access, OpenError, Workspace, open_regular};
 use crate::tools::{CallContext, ToolName, ToolOutcome, Toolbox, codes};
 
 /// The record file under the harness root.

@@ -32,8 +32,8 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::encoding::{self, EncodingError};
-use super::paths::{Access, Resolved};
 use super::{ToolOutcome, Toolbox, codes, read, write};
+use crate::floor::workspace::{Access, Resolved};
 
 /// The largest file `edit` reads into memory.
 pub const MAX_EDIT_BYTES: u64 = 16 * 1024 * 1024;

@@ -24,9 +24,9 @@ use ignore::DirEntry;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
-use super::paths;
 use super::walk::{Ended, FileVisitor, Flow, PathGlob, SearchRoot};
 use super::{ToolOutcome, Toolbox, codes};
+use crate::floor::workspace as paths;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

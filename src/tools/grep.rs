@@ -31,9 +31,10 @@ use ignore::DirEntry;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
-use super::paths;
 use super::walk::{Ended, FileVisitor, Flow, PathGlob, SearchRoot};
-use super::{ToolOutcome, Toolbox, codes, text};
+use super::{ToolOutcome, Toolbox, codes};
+use crate::floor::text;
+use crate::floor::workspace as paths;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -674,7 +675,7 @@ impl Found {
 mod tests {
     use super::*;
     use crate::exec::{BaseEnv, CommandEnv, ExecConfig, Executor, ResourceLimits};
-    use crate::tools::paths::Workspace;
+    use crate::floor::workspace::Workspace;
 
     fn toolbox(dir: &Path) -> Toolbox {
         let ws = Workspace::new(dir, Some(Path::new("/workspace"))).unwrap();

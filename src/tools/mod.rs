@@ -6,7 +6,7 @@
 //! Invariants:
 //! * A tool that ran and failed (no match, not unique, exit code ≠ 0, a path outside the roots)
 //!   returns an outcome; `Err` means the harness itself failed.
-//! * Every path goes through [`paths::Workspace::resolve`]: relative paths resolve under the
+//! * Every path goes through [`crate::floor::workspace::Workspace::resolve`]: relative paths resolve under the
 //!   workspace, and symlinks or `..` that leave the allowed roots are refused.
 //! * Every output is bounded and valid JSON text, whatever the files or commands hold.
 //!
@@ -18,10 +18,7 @@ pub mod edit;
 pub mod encoding;
 pub mod glob;
 pub mod grep;
-pub mod locks;
-pub mod paths;
 pub mod read;
-pub mod text;
 pub mod walk;
 pub mod write;
 
@@ -36,8 +33,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::exec::Executor;
 use crate::exec::confine::WorkspaceRules;
-use locks::FileLocks;
-use paths::Workspace;
+use crate::floor::locks::FileLocks;
+use crate::floor::workspace::{PathError, Workspace};
 
 /// The tools podhost runs in a workspace, by their wire names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -156,6 +153,19 @@ pub mod codes {
     pub const ENCODING: &str = "sandbox.encoding";
     /// The call was cancelled before it could finish.
     pub const CANCELLED: &str = "sandbox.cancelled";
+}
+
+impl From<PathError> for ToolOutcome {
+    /// A refused path is a failed outcome the model can act on; an I/O fault while resolving is
+    /// `sandbox.error`.
+    fn from(e: PathError) -> Self {
+        let code = match e {
+            PathError::Io { .. } => codes::ERROR,
+            PathError::Empty | PathError::Nul(_) => codes::INVALID_INPUT,
+            _ => codes::PATH_DENIED,
+        };
+        ToolOutcome::failed(code, e.to_string())
+    }
 }
 
 /// A fault of the harness itself (not of the call): the front reports it as such.

@@ -26,8 +26,9 @@ use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 use super::encoding::{self, Sniff, Utf8Check};
-use super::paths::{self, Access, OpenError, Resolved};
-use super::{ToolOutcome, Toolbox, codes, text};
+use super::{ToolOutcome, Toolbox, codes};
+use crate::floor::text;
+use crate::floor::workspace::{self as paths, Access, OpenError, Resolved};
 
 /// Lines shown when the call gives no `limit`.
 pub const DEFAULT_LIMIT: u64 = 2000;

@@ -33,8 +33,8 @@ use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use ignore::{DirEntry, ParallelVisitor, ParallelVisitorBuilder, WalkBuilder, WalkState};
 use tokio_util::sync::CancellationToken;
 
-use super::paths::{self, Access, Workspace};
 use super::{ToolOutcome, codes};
+use crate::floor::workspace::{self as paths, Access, Workspace};
 
 /// The file or directory a search starts from, as the call named it.
 #[derive(Debug)]

@@ -9,7 +9,7 @@
 //! * An existing file keeps its permission bits; a new one gets 0644.
 //! * A symlink inside the workspace is written through: resolution gives its target, which is
 //!   replaced while the link stays. A symlink leaving the workspace was refused by resolution.
-//! * Writes and edits of one file hold its lock ([`super::locks`]), so they land one after the
+//! * Writes and edits of one file hold its lock ([`crate::floor::locks`]), so they land one after the
 //!   other.
 //!
 //! Non-goals: keeping the owner of a file another user owns (only root could), hard links (the
@@ -24,8 +24,8 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::paths::{self, Access, Resolved};
 use super::{ToolOutcome, Toolbox, codes, read};
+use crate::floor::workspace::{self as paths, Access, Resolved};
 
 /// The permission bits of a file `write` creates.
 pub const NEW_FILE_MODE: u32 = 0o644;

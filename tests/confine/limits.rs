@@ -5,7 +5,7 @@ use std::ffi::OsString;
 
 use podhost::exec::confine::Settings;
 use podhost::exec::{ExecConfig, Executor, ResourceLimits};
-use podhost::tools::paths::Workspace;
+use podhost::floor::workspace::Workspace;
 use podhost::tools::{ToolName, Toolbox};
 use pretty_assertions::assert_eq;
 use serde_json::json;

@@ -28,7 +28,7 @@ use std::process::Command;
 
 use podhost::exec::Confinement;
 use podhost::exec::confine::Settings;
-use podhost::tools::paths::Workspace;
+use podhost::floor::workspace::Workspace;
 use podhost::tools::{CallContext, ToolName, ToolOutcome, Toolbox};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};

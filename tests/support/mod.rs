@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use podhost::exec::{BaseEnv, CommandEnv, ExecConfig, Executor, ResourceLimits};
-use podhost::tools::paths::Workspace;
+use podhost::floor::workspace::Workspace;
 use podhost::tools::{CallContext, ToolName, ToolOutcome, Toolbox};
 use tokio_util::sync::CancellationToken;
 

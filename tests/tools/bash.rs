@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use podhost::exec::{
     BaseEnv, CommandEnv, ExecConfig, ExecError, Executor, MAX_COMMAND_BYTES, ResourceLimits,
 };
-use podhost::tools::paths::Workspace;
+use podhost::floor::workspace::Workspace;
 use podhost::tools::{CallContext, ToolError, ToolName, ToolOutcome, Toolbox};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
@@ -369,7 +369,7 @@ async fn commands_run_concurrently() {
 }
 
 fn marker_text(omitted: u64) -> String {
-    podhost::tools::text::omitted_marker(omitted)
+    podhost::floor::text::omitted_marker(omitted)
 }
 
 #[tokio::test]

@@ -10,7 +10,7 @@ use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use podhost::tools::paths::Workspace;
+use podhost::floor::workspace::Workspace;
 use podhost::tools::{ToolName, ToolOutcome, Toolbox, codes, glob, grep};
 
 use crate::support::{TestWorkspace, executor};

@@ -77,7 +77,7 @@ use landlock::RulesetStatus;
 use serde::Serialize;
 
 use super::protocol::{CommandUser, Confine, Landlock};
-use crate::tools::paths::Workspace;
+use crate::floor::workspace::Workspace;
 
 /// The newest Landlock ABI whose features podhost uses: file rights of ABI 5 (device ioctls),
 /// TCP rules of 4, signal and abstract-socket scoping of 6. A newer kernel is used at this level.

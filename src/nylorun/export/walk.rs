@@ -10,7 +10,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::{ExportProblem, problem};
-use crate::tools::paths::file_kind;
+use crate::floor::workspace::file_kind;
 
 /// The deepest directory the walk enters below the outputs directory.
 pub const MAX_DEPTH: usize = 64;

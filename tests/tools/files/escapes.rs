@@ -1,7 +1,7 @@
 //! Symlink, `..` and absolute-path escapes, for every file tool, and a symlinked root.
 
 use super::*;
-use podhost::tools::paths::Workspace;
+use podhost::floor::workspace::Workspace;
 use pretty_assertions::assert_eq;
 
 #[tokio::test]

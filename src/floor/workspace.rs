@@ -95,20 +95,6 @@ pub enum PathError {
     Io { display: String, message: String },
 }
 
-impl From<PathError> for super::ToolOutcome {
-    /// A refused path is a failed outcome the model can act on; an I/O fault while resolving is
-    /// `sandbox.error`.
-    fn from(e: PathError) -> Self {
-        use super::codes;
-        let code = match e {
-            PathError::Io { .. } => codes::ERROR,
-            PathError::Empty | PathError::Nul(_) => codes::INVALID_INPUT,
-            _ => codes::PATH_DENIED,
-        };
-        super::ToolOutcome::failed(code, e.to_string())
-    }
-}
-
 impl Workspace {
     /// A workspace at host directory `host`, known to the model as `display` (its host path when
     /// `None`). The directory must exist.

@@ -1,0 +1,13 @@
+//! The floor: what every layer above stands on and that imports nothing of podhost's own.
+//!
+//! * [`workspace`]: the allowed roots, the mapping between the paths the model and core name and
+//!   host paths, resolution that refuses escapes, and opens that follow no symlink.
+//! * [`locks`]: per-file locks, so that concurrent writes and edits of one file all land.
+//! * [`text`]: making arbitrary bytes into bounded, valid text (middle truncation, clipping).
+//!
+//! Invariant: nothing here imports a module of podhost (`exec` and `tools` both build on it); a
+//! test in `tests/layers.rs` checks it.
+
+pub mod locks;
+pub mod text;
+pub mod workspace;
