@@ -148,7 +148,7 @@ fn us(d: Duration) -> f64 {
 
 #[tokio::main]
 async fn main() {
-    podhost::byoh::install_crypto_provider();
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir().unwrap();
     let fake = FakeModel::start("fake-model", Some("k")).await;
     // Every session asks the user a question at once, then stays idle in input_required.

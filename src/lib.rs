@@ -39,10 +39,11 @@
 
 pub mod agent;
 pub mod byoh;
+pub mod chat;
 pub mod config;
-pub mod error;
 pub mod exec;
 pub mod floor;
+pub mod local;
 pub mod nylorun;
 pub mod probe;
 pub mod tools;

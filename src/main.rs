@@ -1,15 +1,13 @@
 //! The `podhost` binary: parse the command line, set up logging, run one front, map the result to
 //! an exit code.
 
-use std::io::Read;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use podhost::config::{Cli, Command, HealthArgs, ToolArgs, local_toolbox};
-use podhost::error::exit;
+use podhost::config::{Cli, Command, HealthArgs};
 use podhost::exec;
-use podhost::tools::{CallContext, ToolName, ToolOutcome, codes};
+use podhost::floor::codes::exit;
 use tokio_util::sync::CancellationToken;
 
 fn main() -> ExitCode {
@@ -35,10 +33,12 @@ fn main() -> ExitCode {
     // is valid (a configuration error stays the only thing they print).
     if let Some(exec) = cli.command.exec_args()
         && !cli.command.is_long_running()
-        && !confinement_ok(exec, false)
+        && !confinement_ok(&exec.settings(), false)
     {
         return ExitCode::from(exit::FAILURE as u8);
     }
+    // reqwest and tungstenite are built without a default rustls provider: one, here, for all.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -61,9 +61,9 @@ fn main() -> ExitCode {
 
 /// Logs the confinement commands will get (a warning when there is none); false when
 /// `PODHOST_REQUIRE_CONFINEMENT` asks for more than this kernel gives (the reason is printed).
-fn confinement_ok(exec: &podhost::config::ExecArgs, loud: bool) -> bool {
-    let confinement = exec.confine.confinement();
-    match exec::confine::report_startup(&confinement, exec.confine.require_confinement, loud) {
+fn confinement_ok(exec: &exec::ExecSettings, loud: bool) -> bool {
+    let confinement = exec::Confinement::new(&exec.confine);
+    match exec::confine::report_startup(&confinement, exec.confine.require, loud) {
         Ok(_) => true,
         Err(e) => {
             eprintln!("podhost: {e}");
@@ -93,16 +93,33 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         tracing::warn!("could not become a child subreaper: {e}");
     }
     match cli.command {
-        Command::Tool(args) => tool(args).await,
+        Command::Tool(args) => Ok(local("tool", podhost::local::tool(args.config()).await)),
         Command::Serve(args) => {
-            if !confinement_ok(&args.exec, true) {
+            let config = args.config();
+            if !confinement_ok(&config.exec, true) {
                 return Ok(exit::FAILURE);
             }
-            Ok(podhost::byoh::serve(args).await?)
+            Ok(podhost::byoh::serve(config).await?)
         }
-        Command::Run(args) => Ok(podhost::byoh::local::run(args).await?),
-        Command::Pod(args) => pod(args).await,
+        Command::Run(args) => Ok(local("run", podhost::local::run(args.config()).await)),
+        Command::Pod(args) => pod(&args).await,
         Command::Health(args) => Ok(health(&args)),
+    }
+}
+
+/// The exit code of a local command: 2 for bad input or configuration (nothing ran), 1 for a
+/// fault of podhost; its message on stderr.
+fn local(command: &str, result: Result<i32, podhost::local::LocalError>) -> i32 {
+    match result {
+        Ok(code) => code,
+        Err(e @ podhost::local::LocalError::Usage(_)) => {
+            eprintln!("podhost {command}: {e}");
+            exit::USAGE
+        }
+        Err(e) => {
+            eprintln!("podhost {command}: {e}");
+            exit::FAILURE
+        }
     }
 }
 
@@ -144,7 +161,7 @@ fn health(args: &HealthArgs) -> i32 {
 }
 
 /// `podhost pod`: exit 0 after a clean shutdown (SIGTERM/SIGINT), 2 on bad configuration.
-async fn pod(args: Box<podhost::nylorun::settings::PodArgs>) -> anyhow::Result<i32> {
+async fn pod(args: &podhost::config::PodArgs) -> anyhow::Result<i32> {
     use tokio::signal::unix::{SignalKind, signal};
     let config = match args.validate() {
         Ok(c) => c,
@@ -168,66 +185,7 @@ async fn pod(args: Box<podhost::nylorun::settings::PodArgs>) -> anyhow::Result<i
         }
         on_signal.cancel();
     });
-    let handler = podhost::nylorun::pod::Handler::Turns;
-    podhost::nylorun::pod::run(config, supervisor, handler, shutdown).await?;
+    let handler = podhost::nylorun::host::pod::Handler::Turns;
+    podhost::nylorun::host::pod::run(config, supervisor, handler, shutdown).await?;
     Ok(exit::OK)
-}
-
-/// `podhost tool NAME --input JSON`: exit 0 when the tool ran (its outcome may be a failure),
-/// 2 when the input was refused before it could run.
-async fn tool(args: ToolArgs) -> anyhow::Result<i32> {
-    let name: ToolName = match args.name.parse() {
-        Ok(n) => n,
-        Err(e) => {
-            eprintln!("podhost tool: {e}");
-            return Ok(exit::USAGE);
-        }
-    };
-    let raw = if args.input == "-" {
-        let mut s = String::new();
-        std::io::stdin()
-            .read_to_string(&mut s)
-            .context("reading the input from stdin")?;
-        s
-    } else {
-        args.input.clone()
-    };
-    let input: serde_json::Value = match serde_json::from_str(&raw) {
-        Ok(v @ serde_json::Value::Object(_)) => v,
-        Ok(_) => {
-            eprintln!("podhost tool: --input must be a JSON object");
-            return Ok(exit::USAGE);
-        }
-        Err(e) => {
-            eprintln!("podhost tool: --input is not valid JSON: {e}");
-            return Ok(exit::USAGE);
-        }
-    };
-    let toolbox = match local_toolbox(&args.workspace, &args.exec) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("podhost tool: {e}");
-            return Ok(exit::USAGE);
-        }
-    };
-    let cancel = CancellationToken::new();
-    let on_signal = cancel.clone();
-    // Registered before the tool starts (not when the task is first polled), so that a Ctrl-C at
-    // any point cancels the call instead of killing podhost outright.
-    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-        .context("listening for Ctrl-C")?;
-    tokio::spawn(async move {
-        if interrupt.recv().await.is_some() {
-            on_signal.cancel();
-        }
-    });
-    let outcome = toolbox.run(name, &input, &CallContext::new(cancel)).await?;
-    println!("{}", serde_json::to_string(&outcome)?);
-    Ok(match &outcome {
-        ToolOutcome::Failed { code, message, .. } if code == codes::INVALID_INPUT => {
-            eprintln!("podhost tool: {message}");
-            exit::USAGE
-        }
-        _ => exit::OK,
-    })
 }

@@ -38,7 +38,7 @@ const WARM_UP: usize = 20;
 pub fn main() {
     let supervisor = PathBuf::from(env!("CARGO_BIN_EXE_podhost-exec"));
     let fallback = PathBuf::from(env!("CARGO_BIN_EXE_podhost"));
-    let shell = podhost::config::find_shell(None);
+    let shell = podhost::exec::find_shell(None);
     let dir = tempfile::tempdir().unwrap();
     let ws = Workspace::new(dir.path(), None).unwrap();
     let env = CommandEnv::new(

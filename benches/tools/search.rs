@@ -420,7 +420,7 @@ fn toolbox(root: &Path) -> Toolbox {
     let executor = Executor::new(ExecConfig {
         // grep and glob start no process; the supervisor is never used.
         supervisor: PathBuf::from("/bin/false"),
-        shell: podhost::config::find_shell(None),
+        shell: podhost::exec::find_shell(None),
         env: CommandEnv::new(BaseEnv::default(), None),
         limits: ResourceLimits::default(),
     });

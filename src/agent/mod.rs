@@ -9,5 +9,4 @@
 //! an OpenAI-compatible model.
 
 pub mod model;
-pub mod shaping;
 pub mod turn;

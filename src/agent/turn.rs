@@ -18,6 +18,7 @@ use std::collections::HashSet;
 use tokio_util::sync::CancellationToken;
 
 use super::model::{Candidate, ModelAnswer, ResultOutcome, ToolCallBlock, ToolResult};
+use crate::floor::codes;
 
 /// Where a model effect stands after the host journaled (and maybe ran) it.
 #[derive(Clone, Debug, PartialEq)]
@@ -121,7 +122,7 @@ pub async fn run<H: TurnHost>(
             ModelAnswer::Candidate(c) => c,
             ModelAnswer::Failed(f) => {
                 return Ok(TurnEnd::Failed {
-                    code: format!("model.{}", f.code),
+                    code: format!("{}{}", codes::model::TURN_PREFIX, f.code),
                     message: f.message,
                 });
             }
@@ -147,7 +148,7 @@ pub async fn run<H: TurnHost>(
             }
             let outcome = match call.argument_error() {
                 Some(message) => {
-                    ToolEffect::Done(ResultOutcome::failed("tool.invalid_input", message))
+                    ToolEffect::Done(ResultOutcome::failed(codes::tool::INVALID_INPUT, message))
                 }
                 None => host.tool(step, call, cancel).await?,
             };

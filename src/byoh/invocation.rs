@@ -25,10 +25,11 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::openai::ModelClient;
-use super::protocol::{ApiKey, CancelRequest, SessionAction, Status, SubmitRequest};
+use super::protocol::{CancelRequest, SessionAction, Status, SubmitRequest};
 use super::store::{InvocationRow, ResumeOutcome, StartOutcome, StatusRow, Store, StoreError};
-use crate::config::ExecArgs;
+use crate::chat::client::ModelClient;
+use crate::chat::message::ApiKey;
+use crate::tools::ToolboxBuilder;
 
 /// Why a request was refused; `server` maps each to one HTTP status.
 #[derive(Debug, thiserror::Error)]
@@ -67,13 +68,10 @@ pub struct EngineConfig {
     pub cancel_wait: Duration,
     /// Model calls one submission may make.
     pub max_steps: u32,
-    /// How commands run, and the podhost binary that supervises them.
-    pub exec: ExecArgs,
-    pub supervisor: PathBuf,
-    /// What commands and file tools may reach: the data directory (the database, every
-    /// session's workspace) and the credential file hidden; each session adds its own workspace
-    /// and private tmp.
-    pub confinement: crate::exec::confine::Confinement,
+    /// Each session's toolbox: commands and file tools reach nothing of the data directory (the
+    /// database, every session's workspace) or the credential file; each session adds its own
+    /// workspace and private tmp.
+    pub tools: ToolboxBuilder,
 }
 
 /// A turn being run by a task of this process.
@@ -373,7 +371,7 @@ impl Engine {
     pub async fn collect(
         &self,
         id: &str,
-    ) -> Result<(InvocationRow, Vec<super::protocol::ChatMessage>), ByohError> {
+    ) -> Result<(InvocationRow, Vec<crate::chat::message::ChatMessage>), ByohError> {
         let row = self.row(id).await?;
         if row.swept {
             return Err(ByohError::NoOutput(format!(

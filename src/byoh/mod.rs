@@ -16,29 +16,47 @@
 //! message, and never reach the store, a log, or a command's environment.
 
 pub mod invocation;
-pub mod local;
-pub mod openai;
 pub mod protocol;
 pub mod runner;
 pub mod server;
-pub mod session;
 pub mod store;
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
+use invocation::{Engine, EngineConfig};
+use store::Store;
 use tracing::{info, warn};
 
-use crate::config::ServeArgs;
-use crate::error::exit;
-use invocation::{Engine, EngineConfig};
-use openai::{ModelClient, RetryPolicy};
-use store::Store;
+use crate::chat::client::{ModelClient, RetryPolicy};
+use crate::exec::ExecSettings;
+use crate::floor::codes::exit;
+use crate::floor::secret::Secret;
+use crate::tools::ToolboxBuilder;
 
-/// Installs rustls's ring provider once (reqwest is built without a default provider).
-pub fn install_crypto_provider() {
-    // Err only means a provider is already installed.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+/// `podhost serve`'s configuration.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// The address to listen on (`host:port`); without a credential only a loopback address.
+    pub listen: String,
+    /// The data directory: the session store and one workspace per session.
+    pub data: PathBuf,
+    /// The credential callers send as `Authorization: Bearer …`.
+    pub token: Option<Secret>,
+    /// A file holding the credential, read at start (and hidden from commands).
+    pub token_file: Option<PathBuf>,
+    /// Most turns running at once; past it, submit answers 409.
+    pub max_running: usize,
+    /// How long a finished session (and its workspace) is kept.
+    pub retention: Duration,
+    /// How long a turn interrupted by a restart waits for a retried submit with a fresh key.
+    pub orphan_grace: Duration,
+    /// Model calls one submission may make.
+    pub max_steps: u32,
+    /// Attempts per model call.
+    pub model_attempts: u32,
+    pub exec: ExecSettings,
 }
 
 /// Why `podhost serve` or `podhost run` could not run.
@@ -55,11 +73,11 @@ pub enum ServeError {
     #[error(transparent)]
     Store(#[from] store::StoreError),
     #[error(transparent)]
-    Model(#[from] openai::ModelError),
+    Model(#[from] crate::chat::client::ModelError),
 }
 
 /// The credential from `PODHOST_TOKEN`/`--token` or the token file.
-fn credential(args: &ServeArgs) -> Result<Option<String>, ServeError> {
+fn credential(args: &ServeConfig) -> Result<Option<String>, ServeError> {
     let token = match (&args.token, &args.token_file) {
         (Some(t), _) => Some(t.expose().trim().to_owned()),
         (None, Some(path)) => Some(
@@ -96,16 +114,18 @@ async fn resolve(listen: &str) -> Result<SocketAddr, ServeError> {
 /// The policy every session's commands start from: nothing of the data directory (the store,
 /// other sessions' workspaces) or the credential file is reachable; a session's toolbox grants
 /// its own workspace and tmp back.
-fn confinement(args: &ServeArgs) -> crate::exec::confine::Confinement {
-    let mut c = args.exec.confine.confinement().hide(&args.data);
-    if let Some(file) = &args.token_file {
-        c = c.hide(file);
-    }
-    c
+fn tools(args: &ServeConfig, supervisor: PathBuf) -> ToolboxBuilder {
+    ToolboxBuilder::new(&args.exec, supervisor).confine(|c| {
+        let c = c.hide(&args.data);
+        match &args.token_file {
+            Some(file) => c.hide(file),
+            None => c,
+        }
+    })
 }
 
 /// `podhost serve`: runs the endpoint until SIGINT or SIGTERM.
-pub async fn serve(args: ServeArgs) -> Result<i32, ServeError> {
+pub async fn serve(args: ServeConfig) -> Result<i32, ServeError> {
     match serve_inner(args).await {
         Err(ServeError::Config(msg)) => {
             eprintln!("podhost serve: {msg}");
@@ -115,8 +135,7 @@ pub async fn serve(args: ServeArgs) -> Result<i32, ServeError> {
     }
 }
 
-async fn serve_inner(args: ServeArgs) -> Result<i32, ServeError> {
-    install_crypto_provider();
+async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
     let token = credential(&args)?;
     let addr = resolve(&args.listen).await?;
     if token.is_none() && !addr.ip().is_loopback() {
@@ -146,14 +165,12 @@ async fn serve_inner(args: ServeArgs) -> Result<i32, ServeError> {
         client,
         EngineConfig {
             data_dir: args.data.clone(),
-            max_running: args.max_running as usize,
-            retention: Duration::from_secs(args.retention_secs),
-            orphan_grace: Duration::from_secs(args.orphan_grace_secs),
+            max_running: args.max_running,
+            retention: args.retention,
+            orphan_grace: args.orphan_grace,
             cancel_wait: Duration::from_secs(5),
             max_steps: args.max_steps,
-            exec: args.exec.clone(),
-            supervisor,
-            confinement: confinement(&args),
+            tools: tools(&args, supervisor),
         },
     );
     engine.recover().await?;

@@ -21,11 +21,11 @@ use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
 use super::invocation::{Inner, Live};
-use super::protocol::{ApiKey, ChatMessage, Status};
-use super::session::{ChatTurn, Front, SessionError, Tail, repair_tail, step_limit_message};
+use super::protocol::Status;
 use super::store::{Store, now_ms};
 use crate::agent::turn::{self, TurnEnd};
-use crate::exec::{BaseEnv, CommandEnv};
+use crate::chat::message::{ApiKey, ChatMessage};
+use crate::chat::session::{ChatTurn, Front, SessionError, Tail, repair_tail, step_limit_message};
 use crate::floor::workspace::Workspace;
 use crate::tools::Toolbox;
 
@@ -138,7 +138,7 @@ async fn run_turn(
     id: &str,
     live: &Arc<Live>,
     session_id: &str,
-    conn: super::protocol::StoredConnection,
+    conn: crate::chat::message::ModelEndpoint,
 ) -> Result<Option<TurnEnd>, SessionError> {
     let store_err = |e: super::store::StoreError| SessionError::Store(e.to_string());
     let store = &inner.store;
@@ -181,21 +181,11 @@ fn toolbox(inner: &Inner, session_id: &str) -> Result<Toolbox, String> {
         .map_err(|e| format!("could not create the workspace {}: {e}", dir.display()))?;
     let ws = Workspace::new(&dir, None)
         .map_err(|e| format!("the workspace {} is unusable: {e}", dir.display()))?;
-    let base = BaseEnv {
-        home: ws.root().to_path_buf(),
-        ..BaseEnv::default()
-    };
-    let exec = crate::config::executor(
-        &inner.config.exec,
-        inner.config.supervisor.clone(),
-        CommandEnv::new(base, None),
-    );
     // Its own tmp (TMPDIR), next to the workspace and as hidden from other sessions as it is.
     let tmp = session_tmp_dir(&inner.config.data_dir, session_id);
     std::fs::create_dir_all(&tmp)
         .map_err(|e| format!("could not create the session's tmp {}: {e}", tmp.display()))?;
-    let confinement = inner.config.confinement.clone().private_tmp(&tmp);
-    Ok(Toolbox::new(ws, exec.with_confinement(confinement)))
+    Ok(inner.config.tools.build(ws, Some(&tmp)))
 }
 
 /// The message of a turn that a restart interrupted and no retried submission took up.

@@ -36,10 +36,11 @@ use tracing::{info, warn};
 
 use super::invocation::{ByohError, Engine};
 use super::protocol::{
-    CancelRequest, ChatMessage, ErrorBody, ErrorDetail, MAX_BODY_BYTES, OutputBody,
-    PROTOCOL_VERSION, Status, StatusBody, SubmitRequest,
+    CancelRequest, ErrorBody, ErrorDetail, MAX_BODY_BYTES, OutputBody, PROTOCOL_VERSION, Status,
+    StatusBody, SubmitRequest,
 };
 use super::store::{InvocationRow, StatusRow};
+use crate::chat::message::ChatMessage;
 use crate::floor::text::truncate_middle;
 
 /// The OpenAPI document of the routes, served at `/openapi.yaml`.
@@ -454,7 +455,7 @@ fn texts(messages: &mut [ChatMessage]) -> Vec<&mut String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::byoh::protocol::ToolCall;
+    use crate::chat::message::ToolCall;
 
     #[test]
     fn outputs_are_shrunk_until_they_fit() {

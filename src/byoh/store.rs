@@ -22,7 +22,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use tokio::sync::{mpsc, oneshot};
 
-use super::protocol::{ChatMessage, Status, StoredConnection};
+use super::protocol::Status;
+use crate::chat::message::{ChatMessage, ModelEndpoint};
 
 /// Why the store failed.
 #[derive(Debug, thiserror::Error)]
@@ -49,7 +50,7 @@ pub struct InvocationRow {
     pub status: Status,
     /// Set when, and only when, `status` is `failed`.
     pub error: Option<String>,
-    pub connection: StoredConnection,
+    pub connection: ModelEndpoint,
     /// Whether the latest submission came with an API key (which is kept in memory only).
     pub needs_key: bool,
     /// Index of the first transcript message of the current submission's output.
@@ -378,7 +379,7 @@ impl Store {
         id: &str,
         ids: Vec<String>,
         messages: Vec<ChatMessage>,
-        connection: StoredConnection,
+        connection: ModelEndpoint,
         needs_key: bool,
     ) -> Result<ResumeOutcome, StoreError> {
         let id = id.to_owned();
@@ -547,7 +548,7 @@ mod tests {
             session_id: session.into(),
             status: Status::Queued,
             error: None,
-            connection: StoredConnection::default(),
+            connection: ModelEndpoint::default(),
             needs_key: true,
             output_start: 0,
             pending: vec![],
@@ -583,7 +584,7 @@ mod tests {
         ));
         let ask = ChatMessage::assistant(
             String::new(),
-            vec![super::super::protocol::ToolCall::new(
+            vec![crate::chat::message::ToolCall::new(
                 "q",
                 "ask_user",
                 "{}".into(),
@@ -616,7 +617,7 @@ mod tests {
                     .map(|i| ChatMessage::tool(i.clone(), "x"))
                     .collect();
                 store
-                    .apply_resume("i", ids, msgs, StoredConnection::default(), false)
+                    .apply_resume("i", ids, msgs, ModelEndpoint::default(), false)
                     .await
                     .unwrap()
             }

@@ -38,7 +38,7 @@ use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid, fork, getpid};
 
-use crate::error::exit;
+use crate::floor::codes::exit;
 
 /// Signals the init passes on to podhost: what a container runtime, a kubelet or a terminal
 /// sends to stop the pod.

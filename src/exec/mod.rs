@@ -128,6 +128,31 @@ impl Default for ResourceLimits {
     }
 }
 
+/// How a front's commands run, as configured: the shell, the limits and the confinement
+/// settings. Plain data (the command line builds it); [`ExecConfig`] adds what is found at
+/// start-up.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExecSettings {
+    /// The shell; `None` for [`find_shell`]'s choice.
+    pub shell: Option<PathBuf>,
+    pub limits: ResourceLimits,
+    pub confine: confine::Settings,
+}
+
+/// The shell to run commands with: the explicit one, else `bash` where it is installed, else
+/// `sh`.
+pub fn find_shell(explicit: Option<&Path>) -> PathBuf {
+    if let Some(p) = explicit {
+        return p.to_path_buf();
+    }
+    for candidate in ["/bin/bash", "/usr/bin/bash", "/usr/local/bin/bash"] {
+        if Path::new(candidate).is_file() {
+            return PathBuf::from(candidate);
+        }
+    }
+    PathBuf::from("/bin/sh")
+}
+
 /// How commands are started.
 #[derive(Clone, Debug)]
 pub struct ExecConfig {

@@ -2,12 +2,18 @@
 //!
 //! * [`workspace`]: the allowed roots, the mapping between the paths the model and core name and
 //!   host paths, resolution that refuses escapes, and opens that follow no symlink.
+//! * [`codes`]: every code podhost puts on a wire or returns as an exit status.
 //! * [`locks`]: per-file locks, so that concurrent writes and edits of one file all land.
+//! * [`backoff`]: jittered exponential backoff for retries and reconnects.
+//! * [`secret`]: a credential that prints as `[redacted]`.
 //! * [`text`]: making arbitrary bytes into bounded, valid text (middle truncation, clipping).
 //!
 //! Invariant: nothing here imports a module of podhost (`exec` and `tools` both build on it); a
 //! test in `tests/layers.rs` checks it.
 
+pub mod backoff;
+pub mod codes;
 pub mod locks;
+pub mod secret;
 pub mod text;
 pub mod workspace;

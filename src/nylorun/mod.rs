@@ -1,27 +1,20 @@
 //! The Nylorun pod host (`podhost pod`): everything between a pod and Nylorun core, the turns
 //! it runs included.
 //!
-//! # Tasks and who owns what
+//! # Four wings
 //!
-//! * [`pod`] is the main task: settings → state under the harness root → setup → join →
-//!   connect → `hello` → lease slots, reconnecting with backoff; SIGTERM/SIGINT → shutdown.
-//! * [`join`] holds the host token (join, renew every 5 minutes, join again when refused) and
-//!   feeds the egress token and CA bundle to every command.
-//! * [`connect`] opens the WebSocket; [`channel`] is one connection: a reader task, a writer task, podhost's pending requests and
-//!   core's requests in flight.
-//! * [`lease`] keeps one `lease` waiting per free run slot and holds each granted run; the turn
-//!   code plugs in through [`lease::RunHandler`].
-//! * [`run`] is that turn code: one segment per granted run, from its [`turn_start`] to its
-//!   output, driving the agent loop with every model and tool call journaled ([`effects`]),
-//!   model calls through the Model Gate ([`gates`]), the prompt and the transcript's edits from
-//!   [`transcript`], and what the model reads and may call from [`instructions`].
-//! * [`workspace`] serves core's `workspace.*` requests with the tools.
-//! * [`health`] is the loopback `GET /health`.
-//! * [`artifacts`] is a run's handle on its session's artifacts (`artifact.read`,
-//!   `artifact.write`, `definition.file`, the model's `read_artifact`); [`spill`] stores tool
-//!   results too large for the record, [`export`] saves `/workspace/outputs` as the session's
-//!   `outputs` folder at a completed turn's end, and [`skills`] mounts the manifest's skills.
-//! * [`protocol`] and [`canonical`] are the wire types and the request hash.
+//! * [`link`]: the WebSocket to core — connect, the channel (a reader and a writer task, the
+//!   requests in flight each way), the wire types and the request hash.
+//! * [`host`]: the pod's own life — the main task ([`host::pod`]), join and renew, leases, the
+//!   `workspace.*` server, setup, the loopback health endpoint, the validated settings.
+//! * [`turn`]: one segment of a granted run — its TurnStart, the agent loop with every model and
+//!   tool call journaled, the Model Gate, the transcript, instructions, result shaping and spill,
+//!   the segment's output.
+//! * [`artifacts`]: the run's artifacts — the client, its wire types, the outputs export and the
+//!   skills mount.
+//!
+//! Imports run one way: `host` → `turn` → `artifacts` → `link` (and each wing → the layers below
+//! the fronts); `tests/layers.rs` checks it.
 //!
 //! # Cancellation tree
 //!
@@ -34,67 +27,6 @@
 //! cancel everything left (commands are killed) → exit 0, all within the shutdown deadline.
 
 pub mod artifacts;
-pub mod canonical;
-pub mod channel;
-pub mod connect;
-pub mod effects;
-pub mod export;
-pub mod gates;
-pub mod health;
-pub mod instructions;
-pub mod join;
-pub mod lease;
-pub mod pod;
-pub mod protocol;
-pub mod run;
-pub mod settings;
-pub mod setup;
-pub mod skills;
-pub mod spill;
-pub mod transcript;
-pub mod turn_start;
-pub mod workspace;
-
-/// Now as ISO 8601 UTC with milliseconds (`2026-01-02T03:04:05.678Z`), as JavaScript's
-/// `Date.toISOString` writes it.
-pub fn iso_now() -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    iso_from_millis(now.as_millis() as i64)
-}
-
-/// Milliseconds since the epoch as ISO 8601 UTC.
-pub fn iso_from_millis(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let millis = ms.rem_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let (h, m, s) = (rem / 3600, (rem % 3600) / 60, rem % 60);
-    // Days to a civil date (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{millis:03}Z")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn iso_dates_match_javascript() {
-        assert_eq!(iso_from_millis(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(iso_from_millis(951_782_400_123), "2000-02-29T00:00:00.123Z");
-        assert_eq!(
-            iso_from_millis(1_798_761_599_999),
-            "2026-12-31T23:59:59.999Z"
-        );
-    }
-}
+pub mod host;
+pub mod link;
+pub mod turn;

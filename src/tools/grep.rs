@@ -18,7 +18,7 @@
 //!   it); the `glob` filter applies to walked files only, like `rg --glob`.
 //!
 //! Non-goals: which files exist or are ignored (`walk`); shaping the result to a record budget
-//! (`agent::shaping`); PCRE features (look-around, backreferences) — the Rust regex syntax is the
+//! (`nylorun::turn::shaping`); PCRE features (look-around, backreferences) — the Rust regex syntax is the
 //! one the tool description promises.
 
 use std::io::{self, Read};

@@ -105,7 +105,7 @@ async fn a_turn_without_a_key_resumes_after_kill_9_and_its_tool_is_not_run_again
         json!([
             {"role": "assistant", "tool_calls": [{"id": "b", "type": "function", "function":
                 {"name": "bash", "arguments": "{\"command\":\"echo ran >> runs.txt; sleep 30\"}"}}]},
-            {"role": "tool", "tool_call_id": "b", "content": podhost::byoh::session::INTERRUPTED},
+            {"role": "tool", "tool_call_id": "b", "content": podhost::chat::session::INTERRUPTED},
             {"role": "assistant", "content": "recovered"}
         ])
     );
@@ -178,7 +178,7 @@ async fn without_a_credential_it_refuses_a_non_loopback_address() {
 
 #[tokio::test]
 async fn the_credential_can_come_from_a_file_and_must_not_be_empty() {
-    podhost::byoh::install_crypto_provider();
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("token");
     std::fs::write(&file, "  from-a-file\n").unwrap();

@@ -112,7 +112,7 @@ impl Serve {
     }
 
     pub fn start_with(dir: &Path, mut opts: Options) -> Serve {
-        podhost::byoh::install_crypto_provider();
+        let _ = rustls::crypto::ring::default_provider().install_default();
         opts.token.get_or_insert_with(|| TOKEN.to_owned());
         let data = dir.join("data");
         let (child, url, logs) = spawn(&data, &opts).unwrap_or_else(|e| panic!("{e}"));

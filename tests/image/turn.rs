@@ -15,8 +15,9 @@ use crate::fake_gates::{self, FakeGates};
 use crate::fake_journal::Status;
 use crate::fixture::image;
 use crate::pod_host::PodHost;
+
 pub use crate::turn_fixture::*;
-use podhost::nylorun::canonical::request_hash;
+use podhost::nylorun::link::canonical::request_hash;
 
 /// The fake core, the fake gates and a pod host in a container of the image between them.
 pub struct TurnPod {

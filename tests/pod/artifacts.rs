@@ -8,6 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
+use podhost::nylorun::artifacts::{
+    ArtifactError, Artifacts, FileTarget, FolderStart, FolderTarget,
+};
+use podhost::nylorun::link::channel::Channel;
+use podhost::nylorun::link::lease::{RunEnd, RunHandle, RunHandler};
+use podhost::nylorun::link::protocol::TurnLimits;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
@@ -15,12 +21,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::fake_core::{CoreOptions, Event, FakeCore};
 use crate::{PodDirs, WAIT, pod_env, recv, set_env, start_in_process};
-use podhost::nylorun::artifacts::{
-    ArtifactError, Artifacts, FileTarget, FolderStart, FolderTarget,
-};
-use podhost::nylorun::channel::Channel;
-use podhost::nylorun::lease::{RunEnd, RunHandle, RunHandler};
-use podhost::nylorun::protocol::TurnLimits;
 
 /// Awaits `f`, failing the test after [`WAIT`].
 pub async fn within<T>(f: impl Future<Output = T>) -> T {
@@ -80,8 +80,8 @@ impl RunHandler for Driving {
         Box::pin(async move {
             let cancel = run.cancelled();
             tokio::select! {
-                end = finished => end.unwrap_or(RunEnd::Release(podhost::nylorun::protocol::ReleaseReason::Shutdown)),
-                _ = cancel.cancelled() => RunEnd::Release(podhost::nylorun::protocol::ReleaseReason::Shutdown),
+                end = finished => end.unwrap_or(RunEnd::Release(podhost::nylorun::link::protocol::ReleaseReason::Shutdown)),
+                _ = cancel.cancelled() => RunEnd::Release(podhost::nylorun::link::protocol::ReleaseReason::Shutdown),
             }
         })
     }
@@ -513,7 +513,7 @@ async fn raw(run: &Driven, m: &str, p: Value) -> Value {
     let mut call = within(run.channel.call(m, p)).await.unwrap();
     match within(call.response()).await {
         Ok(r) => r,
-        Err(podhost::nylorun::channel::CallError::Remote { code, message, .. }) => {
+        Err(podhost::nylorun::link::channel::CallError::Remote { code, message, .. }) => {
             json!({"code": code.as_str(), "message": message})
         }
         Err(e) => panic!("{e}"),

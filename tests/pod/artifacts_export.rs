@@ -3,14 +3,16 @@
 use std::os::unix::fs::symlink;
 use std::path::Path;
 
+use podhost::nylorun::artifacts::export::{
+    ExportOutcome, ExportProblem, ExportedFile, export_outputs,
+};
+use podhost::nylorun::artifacts::read_for_model;
+use podhost::tools::ToolOutcome;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::artifacts::{Pod, within};
-use podhost::nylorun::artifacts::read_for_model;
-use podhost::nylorun::export::{ExportOutcome, ExportProblem, ExportedFile, export_outputs};
-use podhost::tools::ToolOutcome;
 
 fn sha(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))

@@ -12,13 +12,13 @@ use std::io::Read;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+use podhost::nylorun::artifacts::export::{ExportOutcome, export_outputs};
+use podhost::nylorun::artifacts::read_for_model;
+use podhost::nylorun::turn::spill::fit_outcome;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::artifacts::{Pod, within};
-use podhost::nylorun::artifacts::read_for_model;
-use podhost::nylorun::export::{ExportOutcome, export_outputs};
-use podhost::nylorun::spill::fit_outcome;
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();

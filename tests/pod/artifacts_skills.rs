@@ -3,13 +3,13 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
+use podhost::nylorun::artifacts::skills::{MountedSkill, mount_skills};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::artifacts::{Pod, within};
 use crate::mode_of;
-use podhost::nylorun::skills::{MountedSkill, mount_skills};
 
 /// The folder hash as the module documents it, computed here independently.
 fn folder_hash(files: &[(&str, &str)]) -> String {

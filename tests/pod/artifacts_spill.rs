@@ -1,12 +1,12 @@
 //! Spilling tool results too large for one record entry, and the model's `read_artifact`.
 
+use podhost::nylorun::artifacts::{Artifacts, read_for_model};
+use podhost::nylorun::turn::spill::fit_outcome;
+use podhost::tools::ToolOutcome;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
 use crate::artifacts::{Pod, within};
-use podhost::nylorun::artifacts::{Artifacts, read_for_model};
-use podhost::nylorun::spill::fit_outcome;
-use podhost::tools::ToolOutcome;
 
 /// The first 4 KiB and the last 1 KiB of `text` on character boundaries, written here from the
 /// spec rather than taken from podhost.

@@ -2,12 +2,12 @@
 
 use std::time::Duration;
 
+use podhost::nylorun::link::lease::StopReason;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
 use crate::fake_core::{CoreOptions, Event, FakeCore};
 use crate::{Holding, PodDirs, pod_env, recv, set_env, start_in_process, start_pod};
-use podhost::nylorun::lease::StopReason;
 
 /// The params of the next `m` request from `from`.
 async fn next_params(core: &FakeCore, from: usize, m: &str) -> (usize, Value) {
@@ -45,7 +45,7 @@ async fn in_process(
     FakeCore,
     PodDirs,
     tokio_util::sync::CancellationToken,
-    tokio::task::JoinHandle<Result<(), podhost::nylorun::pod::PodError>>,
+    tokio::task::JoinHandle<Result<(), podhost::nylorun::host::pod::PodError>>,
     tokio::sync::mpsc::UnboundedReceiver<crate::HeldRun>,
     tokio::sync::mpsc::UnboundedReceiver<(String, StopReason)>,
     u64,
@@ -192,7 +192,7 @@ async fn a_renewal_with_a_token_switches_the_run_token() {
     // The turn code ends the run: its output goes out as given.
     let output = json!({"runId": "run-t", "status": "completed", "output": "done"});
     held.finish
-        .send(podhost::nylorun::lease::RunEnd::Output {
+        .send(podhost::nylorun::link::lease::RunEnd::Output {
             method: "turn.completed",
             output: output.clone(),
         })

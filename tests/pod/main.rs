@@ -48,8 +48,8 @@ use std::time::Duration;
 use clap::Parser;
 use fake_core::FakeCore;
 use futures_util::future::BoxFuture;
-use podhost::nylorun::lease::{RunEnd, RunHandle, RunHandler, StopReason};
-use podhost::nylorun::protocol::{RunGrant, RunToken, methods};
+use podhost::nylorun::link::lease::{RunEnd, RunHandle, RunHandler, StopReason};
+use podhost::nylorun::link::protocol::{RunGrant, RunToken, methods};
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -234,12 +234,12 @@ pub fn start_in_process(
     handler: Arc<dyn RunHandler>,
 ) -> (
     CancellationToken,
-    tokio::task::JoinHandle<Result<(), podhost::nylorun::pod::PodError>>,
+    tokio::task::JoinHandle<Result<(), podhost::nylorun::host::pod::PodError>>,
 ) {
     #[derive(Parser)]
     struct Wrap {
         #[command(flatten)]
-        pod: podhost::nylorun::settings::PodArgs,
+        pod: podhost::config::PodArgs,
     }
     let flag = |var: &str| -> Option<&'static str> {
         Some(match var {
@@ -271,7 +271,7 @@ pub fn start_in_process(
     }
     let config = Wrap::parse_from(args).pod.validate().unwrap();
     let shutdown = CancellationToken::new();
-    let task = tokio::spawn(podhost::nylorun::pod::run(
+    let task = tokio::spawn(podhost::nylorun::host::pod::run(
         config,
         support::supervisor_bin().to_path_buf(),
         handler,
@@ -321,7 +321,7 @@ impl RunHandler for Holding {
         Box::pin(async move {
             let cancel = run.cancelled();
             tokio::select! {
-                end = finished => end.unwrap_or(RunEnd::Release(podhost::nylorun::protocol::ReleaseReason::Shutdown)),
+                end = finished => end.unwrap_or(RunEnd::Release(podhost::nylorun::link::protocol::ReleaseReason::Shutdown)),
                 _ = cancel.cancelled() => {
                     let reason = run.stop_reason().unwrap();
                     let _ = stops.send((run.grant().run_id.clone(), reason));

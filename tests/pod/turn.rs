@@ -1,13 +1,13 @@
 //! Turns: `podhost pod` running leased runs against the fake core's journal and the fake Model
 //! Gate. This module holds the helpers and the whole-turn tests; `turn_*` hold the rest.
 
+use podhost::nylorun::link::canonical::request_hash;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
 use crate::fake_core::{CoreOptions, FakeCore};
 use crate::fake_gates::{self, FakeGates};
 use crate::{PodDirs, PodProcess, pod_env, set_env};
-use podhost::nylorun::canonical::request_hash;
 
 pub use crate::turn_fixture::*;
 

@@ -1,13 +1,13 @@
 //! The fakes the turn tests lean on refuse what core and the gate refuse: each refusal here is
 //! one a wrong podhost would meet, with the text it would get.
 
+use podhost::nylorun::link::canonical::request_hash;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
 use crate::fake_gates::FakeGates;
 use crate::fake_journal::Journal;
 use crate::turn::{TOKEN, model_intent, tool_intent, turn_start};
-use podhost::nylorun::canonical::request_hash;
 
 fn journal() -> Journal {
     let j = Journal::default();

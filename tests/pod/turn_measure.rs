@@ -90,7 +90,7 @@ async fn overhead(tool: &str, args: Value) {
         &dirs,
         &[(
             "RUST_LOG",
-            "info,podhost::nylorun::effects=debug,podhost::nylorun::run=debug",
+            "info,podhost::nylorun::turn::effects=debug,podhost::nylorun::turn::run=debug",
         )],
     )
     .await;

@@ -459,7 +459,7 @@ async fn skills_are_mounted_named_to_the_model_and_on_the_calls_that_use_them() 
     let files = std::collections::BTreeMap::from([("SKILL.md".to_owned(), digest.clone())]);
     let folder = format!(
         "/skills/greet@{}/",
-        podhost::nylorun::skills::skill_hash(&files)
+        podhost::nylorun::artifacts::skills::skill_hash(&files)
     );
     s.gates.script([
         // Commands see the host's own `/skills` (in a pod, the real one); the file tools map it.

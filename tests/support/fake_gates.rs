@@ -28,13 +28,13 @@ use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use podhost::nylorun::link::canonical::request_hash;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::fake_journal::{Journal, Status, TokenState};
-use podhost::nylorun::canonical::request_hash;
 
 /// How the gate answers one new call.
 #[derive(Clone, Debug)]

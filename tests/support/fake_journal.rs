@@ -25,12 +25,12 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Instant;
 
+use podhost::nylorun::link::canonical::request_hash;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use crate::fake_core::FakeCore;
-use podhost::nylorun::canonical::request_hash;
 
 /// The journal's requests (the output methods are dispatched separately); `event` is a run's
 /// claim.

@@ -23,7 +23,7 @@ pub fn supervisor_bin() -> &'static Path {
 pub fn executor(home: &Path) -> Executor {
     Executor::new(ExecConfig {
         supervisor: supervisor_bin().to_path_buf(),
-        shell: podhost::config::find_shell(None),
+        shell: podhost::exec::find_shell(None),
         env: CommandEnv::new(
             BaseEnv {
                 home: home.to_path_buf(),

@@ -2,10 +2,10 @@
 //! instructions and tools it leads to, and the effects a turn of it journals.
 #![allow(dead_code)]
 
+use podhost::nylorun::link::canonical::request_hash;
 use serde_json::{Value, json};
 
 use crate::fake_gates::Reply;
-use podhost::nylorun::canonical::request_hash;
 
 pub const SESSION: &str = "ses_1";
 pub const TURN: &str = "turn_1";

@@ -93,7 +93,7 @@ fn workspace_with(f: impl FnOnce(&mut ExecConfig)) -> TestWorkspace {
     let ws = Workspace::new(&root, Some(Path::new("/workspace"))).unwrap();
     let mut config = ExecConfig {
         supervisor: supervisor_bin().to_path_buf(),
-        shell: podhost::config::find_shell(None),
+        shell: podhost::exec::find_shell(None),
         env: CommandEnv::new(
             BaseEnv {
                 home: ws.root().to_path_buf(),

@@ -1,0 +1,12 @@
+//! Chat with an OpenAI-compatible model: what `podhost serve` and `podhost run` share.
+//!
+//! * [`message`]: chat messages in the OpenAI format, the model endpoint, the API key.
+//! * [`client`]: the model client (`POST {base_url}/chat/completions`, retries with backoff).
+//! * [`session`]: a chat session's side of the agent loop — the transcript, the six tools and
+//!   `ask_user` — behind a [`session::Front`] that keeps or prints each message.
+//!
+//! Non-goals: storage, statuses and routes (the BYOH front), the terminal (the local front).
+
+pub mod client;
+pub mod message;
+pub mod session;

@@ -1,0 +1,419 @@
+//! A chat session's side of the agent loop: [`ChatTurn`] implements [`TurnHost`] over an
+//! OpenAI-format transcript, the six workspace tools and `ask_user`.
+//!
+//! Owns: the transcript kept in memory for a turn, the tool list the model is offered, the
+//! system message that tells the model its working directory (sent first, never stored or
+//! returned), session-wide unique tool-call ids, the split of an answer that mixes `ask_user`
+//! with other calls, and the repair of a transcript whose tail a crash interrupted.
+//!
+//! Invariants:
+//! * Every message is handed to the [`Front`] as soon as it exists (the BYOH store commits it,
+//!   `podhost run` prints it), so a crash loses at most the effect in flight.
+//! * In what the front sees, every answered call is answered before the next non-tool message,
+//!   and an assistant message that ends a turn `input_required` holds only the unanswered
+//!   questions.
+//! * A tool call that a crash interrupted is answered as interrupted, never run again.
+//!
+//! Non-goals: statuses, keys' lifetimes and storage (the front's business).
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::OnceLock;
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::client::{ModelClient, ModelError};
+use super::message::{ApiKey, ChatMessage, ModelEndpoint, Role, ToolCall};
+use crate::agent::model::ToolCallBlock;
+use crate::agent::model::{Candidate, ModelAnswer, ModelFailure, ResultOutcome, ToolResult};
+use crate::agent::turn::{Effect, ToolEffect, TurnHost};
+use crate::floor::codes;
+use crate::tools::{CallContext, ToolName, Toolbox};
+
+/// The name of the tool whose calls are questions for the user.
+pub const ASK_USER: &str = "ask_user";
+
+/// What a front does with a session's messages and questions.
+#[allow(async_fn_in_trait)]
+pub trait Front {
+    /// Keeps messages just appended to the transcript, in order.
+    async fn appended(&mut self, messages: &[ChatMessage]) -> Result<(), SessionError>;
+    /// The key for the next model call (the latest one the front was given).
+    fn api_key(&self) -> Option<ApiKey>;
+    /// Whether `ask` answers questions here; if not, they end the turn `input_required`.
+    fn answers_questions(&self) -> bool {
+        false
+    }
+    /// Answers a question of the model, when [`Front::answers_questions`].
+    async fn ask(&mut self, _question: &str) -> Option<String> {
+        None
+    }
+}
+
+/// A fault of the harness that stops the turn.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("the session store failed: {0}")]
+    Store(String),
+}
+
+/// What a transcript's tail says about where the turn stands.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Tail {
+    /// The last message is an assistant answer without calls.
+    Completed,
+    /// The last assistant message holds only unanswered questions.
+    InputRequired(Vec<String>),
+    /// The model is to be asked next.
+    Continue,
+}
+
+/// What a tool call interrupted by a crash is answered with.
+pub const INTERRUPTED: &str = "This call was interrupted: podhost stopped while it ran, so it \
+    may or may not have taken effect. It was not run again; check the workspace before \
+    repeating it.";
+
+/// Where the transcript stands, and the tool messages that answer calls a crash interrupted.
+pub fn repair_tail(transcript: &[ChatMessage]) -> (Vec<ChatMessage>, Tail) {
+    let Some(last) = transcript.iter().rposition(|m| m.role != Role::Tool) else {
+        return (Vec::new(), Tail::Continue);
+    };
+    let msg = &transcript[last];
+    if msg.role != Role::Assistant {
+        return (Vec::new(), Tail::Continue);
+    }
+    if msg.calls().is_empty() {
+        return (Vec::new(), Tail::Completed);
+    }
+    let answered: HashSet<&str> = transcript[last + 1..]
+        .iter()
+        .filter_map(|m| m.tool_call_id.as_deref())
+        .collect();
+    let open: Vec<&ToolCall> = msg
+        .calls()
+        .iter()
+        .filter(|c| !answered.contains(c.id.as_str()))
+        .collect();
+    if answered.is_empty() && open.iter().all(|c| c.function.name == ASK_USER) {
+        return (
+            Vec::new(),
+            Tail::InputRequired(open.iter().map(|c| c.id.clone()).collect()),
+        );
+    }
+    let fill = open
+        .iter()
+        .map(|c| ChatMessage::tool(c.id.clone(), INTERRUPTED))
+        .collect();
+    (fill, Tail::Continue)
+}
+
+/// The tools offered to the model, in the OpenAI `tools` format: the six workspace tools and
+/// `ask_user`.
+pub fn tool_specs() -> &'static Value {
+    static SPECS: OnceLock<Value> = OnceLock::new();
+    SPECS.get_or_init(|| {
+        let mut tools: Vec<Value> = ToolName::ALL
+            .iter()
+            .map(|t| {
+                let d = t.definition();
+                json!({"type": "function", "function": {
+                    "name": d.name, "description": d.description, "parameters": d.input_schema}})
+            })
+            .collect();
+        tools.push(json!({"type": "function", "function": {
+            "name": ASK_USER,
+            "description": "Ask the user one question and wait for the answer. Use it only when \
+                you cannot go on without information that only the user has; the turn pauses \
+                until the answer comes.",
+            "parameters": {
+                "type": "object",
+                "properties": {"question": {"type": "string", "minLength": 1,
+                    "description": "The question, complete and self-contained."}},
+                "required": ["question"],
+                "additionalProperties": false
+            }
+        }}));
+        Value::Array(tools)
+    })
+}
+
+/// The system message podhost puts first in every model request.
+pub fn system_message(workspace: &Path) -> ChatMessage {
+    ChatMessage::system(format!(
+        "You are an agent working in the directory {dir}. Use the tools to inspect and change \
+         files and to run commands there; relative paths resolve under {dir}. When you need \
+         information that only the user can give, call ask_user with one question. When the \
+         task is done, give your final answer without calling a tool.",
+        dir = workspace.display()
+    ))
+}
+
+/// One turn of a chat session.
+pub struct ChatTurn<F> {
+    pub front: F,
+    client: ModelClient,
+    conn: ModelEndpoint,
+    system: ChatMessage,
+    toolbox: Toolbox,
+    /// The whole session so far (without the system message).
+    pub transcript: Vec<ChatMessage>,
+    /// Questions held back until the other calls of their answer are answered.
+    deferred_asks: Option<ChatMessage>,
+    /// Calls of the current step whose result is already in the transcript.
+    answered: HashSet<String>,
+    /// Model calls one submission may make before the turn is stopped.
+    max_steps: u32,
+}
+
+/// Model calls per submission unless configured otherwise.
+pub const DEFAULT_MAX_STEPS: u32 = 500;
+
+/// Why a turn that reached its step limit ended.
+pub fn step_limit_message(max_steps: u32) -> String {
+    format!(
+        "the turn made {max_steps} model calls without finishing; podhost stops a turn there \
+         (PODHOST_MAX_STEPS)"
+    )
+}
+
+impl<F: Front> ChatTurn<F> {
+    pub fn new(
+        front: F,
+        client: ModelClient,
+        conn: ModelEndpoint,
+        toolbox: Toolbox,
+        transcript: Vec<ChatMessage>,
+    ) -> Self {
+        let system = system_message(toolbox.workspace().root());
+        ChatTurn {
+            front,
+            client,
+            conn,
+            system,
+            toolbox,
+            transcript,
+            deferred_asks: None,
+            answered: HashSet::new(),
+            max_steps: DEFAULT_MAX_STEPS,
+        }
+    }
+
+    /// Ends the turn (as [`crate::agent::turn::TurnEnd::Yielded`]) before model call
+    /// `max_steps + 1`.
+    pub fn with_max_steps(mut self, max_steps: u32) -> Self {
+        self.max_steps = max_steps.max(1);
+        self
+    }
+
+    async fn push(&mut self, messages: Vec<ChatMessage>) -> Result<(), SessionError> {
+        self.front.appended(&messages).await?;
+        self.transcript.extend(messages);
+        Ok(())
+    }
+
+    async fn run_tool(&self, call: &ToolCallBlock, cancel: &CancellationToken) -> ResultOutcome {
+        let tool: ToolName = match call.name.parse() {
+            Ok(t) => t,
+            Err(_) => {
+                return ResultOutcome::failed(
+                    codes::tool::UNKNOWN,
+                    format!(
+                        "There is no tool named {:?}. The tools are bash, read, write, edit, \
+                         grep, glob and ask_user.",
+                        call.name
+                    ),
+                );
+            }
+        };
+        let ctx = CallContext::new(cancel.child_token());
+        match self.toolbox.run(tool, &call.args, &ctx).await {
+            Ok(outcome) => outcome.into(),
+            Err(e) => ResultOutcome::failed(codes::harness::ERROR, format!("{e}")),
+        }
+    }
+}
+
+fn to_wire(call: &ToolCallBlock) -> ToolCall {
+    let arguments = match &call.raw {
+        Some(raw) => raw.clone(),
+        None => call.args.to_string(),
+    };
+    ToolCall::new(call.id.clone(), call.name.clone(), arguments)
+}
+
+fn is_question(call: &ToolCallBlock) -> bool {
+    call.name == ASK_USER && call.raw.is_none()
+}
+
+impl<F: Front> TurnHost for ChatTurn<F> {
+    type Error = SessionError;
+
+    fn should_yield(&self, step: u32) -> bool {
+        step >= self.max_steps
+    }
+
+    async fn model(
+        &mut self,
+        _step: u32,
+        cancel: &CancellationToken,
+    ) -> Result<Effect<ModelAnswer>, SessionError> {
+        let body = ModelClient::body(&self.conn, &self.system, &self.transcript, tool_specs());
+        let key = self.front.api_key();
+        let answer = match self
+            .client
+            .complete(&self.conn, key.as_ref(), &body, cancel)
+            .await
+        {
+            Ok(c) => ModelAnswer::Candidate(c),
+            Err(e @ ModelError::Cancelled) => ModelAnswer::Failed(ModelFailure::new(
+                codes::model::CANCELLED,
+                e.to_string(),
+                false,
+            )),
+            Err(ModelError::Failed(m)) => {
+                ModelAnswer::Failed(ModelFailure::new(codes::model::FAILED, m, false))
+            }
+        };
+        Ok(Effect::Done(answer))
+    }
+
+    /// Makes every call id unique across the session: an id the transcript already holds gets a
+    /// suffix. Depends only on the transcript and the answer.
+    fn prepare(&mut self, _step: u32, candidate: &mut Candidate) {
+        let mut taken: HashSet<String> = self
+            .transcript
+            .iter()
+            .flat_map(|m| m.calls().iter().map(|c| c.id.clone()))
+            .collect();
+        for block in &mut candidate.output {
+            let crate::agent::model::Block::ToolCall(call) = block else {
+                continue;
+            };
+            let base = call.id.clone();
+            let mut n = 1;
+            while !taken.insert(call.id.clone()) {
+                n += 1;
+                call.id = format!("{base}_{n}");
+            }
+        }
+    }
+
+    async fn answered(&mut self, _step: u32, candidate: &Candidate) -> Result<(), SessionError> {
+        let text = candidate.text_output();
+        let calls: Vec<&ToolCallBlock> = candidate.tool_calls().collect();
+        let split = !self.front.answers_questions()
+            && calls.iter().any(|c| is_question(c))
+            && calls.iter().any(|c| !is_question(c));
+        let message = if split {
+            let (asks, others): (Vec<_>, Vec<_>) = calls.into_iter().partition(|c| is_question(c));
+            self.deferred_asks = Some(ChatMessage::assistant(
+                String::new(),
+                asks.into_iter().map(to_wire).collect(),
+            ));
+            ChatMessage::assistant(text, others.into_iter().map(to_wire).collect())
+        } else {
+            ChatMessage::assistant(text, calls.into_iter().map(to_wire).collect())
+        };
+        self.answered.clear();
+        self.push(vec![message]).await
+    }
+
+    async fn tool(
+        &mut self,
+        _step: u32,
+        call: &ToolCallBlock,
+        cancel: &CancellationToken,
+    ) -> Result<ToolEffect, SessionError> {
+        let outcome = if call.name == ASK_USER {
+            if !self.front.answers_questions() {
+                return Ok(ToolEffect::Ask);
+            }
+            let question = call
+                .args
+                .get("question")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            match self.front.ask(question).await {
+                Some(answer) => ResultOutcome::Completed {
+                    output: Value::String(answer),
+                    files: None,
+                },
+                None => return Ok(ToolEffect::Ask),
+            }
+        } else {
+            self.run_tool(call, cancel).await
+        };
+        self.push(vec![ChatMessage::tool(
+            call.id.clone(),
+            outcome.model_text(),
+        )])
+        .await?;
+        self.answered.insert(call.id.clone());
+        Ok(ToolEffect::Done(outcome))
+    }
+
+    async fn results(&mut self, _step: u32, results: &[ToolResult]) -> Result<(), SessionError> {
+        let mut rest: Vec<ChatMessage> = results
+            .iter()
+            .filter(|r| !self.answered.contains(&r.call_id))
+            .map(|r| ChatMessage::tool(r.call_id.clone(), r.outcome.model_text()))
+            .collect();
+        if let Some(asks) = self.deferred_asks.take() {
+            rest.push(asks);
+        }
+        self.answered.clear();
+        if rest.is_empty() {
+            return Ok(());
+        }
+        self.push(rest).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    fn call(id: &str, name: &str) -> ToolCall {
+        ToolCall::new(id, name, "{}".into())
+    }
+
+    #[test]
+    fn a_tail_tells_where_the_turn_stands() {
+        let user = ChatMessage::user("go");
+        assert_eq!(
+            repair_tail(std::slice::from_ref(&user)),
+            (vec![], Tail::Continue)
+        );
+        let done = ChatMessage::assistant("ok".into(), vec![]);
+        assert_eq!(
+            repair_tail(&[user.clone(), done]),
+            (vec![], Tail::Completed)
+        );
+        let ask = ChatMessage::assistant(String::new(), vec![call("q", ASK_USER)]);
+        assert_eq!(
+            repair_tail(&[user.clone(), ask]),
+            (vec![], Tail::InputRequired(vec!["q".into()]))
+        );
+        let two = ChatMessage::assistant(String::new(), vec![call("a", "bash"), call("b", "read")]);
+        assert_eq!(
+            repair_tail(&[user, two, ChatMessage::tool("a", "done")]),
+            (vec![ChatMessage::tool("b", INTERRUPTED)], Tail::Continue)
+        );
+    }
+
+    #[test]
+    fn the_model_is_offered_seven_tools() {
+        let names: Vec<&str> = tool_specs()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["function"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            ["bash", "read", "write", "edit", "grep", "glob", "ask_user"]
+        );
+    }
+}

@@ -1,0 +1,67 @@
+//! `podhost serve`'s flags, into a [`ServeConfig`].
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::exec::ExecArgs;
+use crate::byoh::ServeConfig;
+use crate::floor::secret::Secret;
+
+/// `podhost serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The address to listen on. Without a credential only a loopback address is allowed.
+    #[arg(long, env = "PODHOST_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: String,
+    /// The data directory: the session store and one workspace per session.
+    #[arg(long, env = "PODHOST_DATA", default_value = "./podhost-data")]
+    pub data: PathBuf,
+    /// The credential callers send as `Authorization: Bearer …` (prefer the environment or a
+    /// file: a flag shows in the process list).
+    #[arg(long, env = "PODHOST_TOKEN", hide_env_values = true)]
+    pub token: Option<Secret>,
+    /// A file holding the credential (surrounding whitespace ignored).
+    #[arg(long, env = "PODHOST_TOKEN_FILE", conflicts_with = "token")]
+    pub token_file: Option<PathBuf>,
+    /// Most turns running at once; past it, submit answers 409 and the caller retries.
+    #[arg(long, env = "PODHOST_MAX_RUNNING", default_value_t = 32,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_running: u32,
+    /// Seconds a finished session (and its workspace) is kept.
+    #[arg(long, env = "PODHOST_RETENTION_SECS", default_value_t = 86_400)]
+    pub retention_secs: u64,
+    /// Seconds a turn interrupted by a restart waits for a retried submit to bring a fresh key
+    /// before it is reported failed.
+    #[arg(long, env = "PODHOST_ORPHAN_GRACE_SECS", default_value_t = 30)]
+    pub orphan_grace_secs: u64,
+    /// Model calls one submission may make before its turn is stopped as failed.
+    #[arg(long, env = "PODHOST_MAX_STEPS", default_value_t = 500,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_steps: u32,
+    /// Attempts per model call (429, 5xx and transport errors are retried with backoff).
+    #[arg(long, env = "PODHOST_MODEL_ATTEMPTS", default_value_t = 4,
+          value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub model_attempts: u32,
+    #[command(flatten)]
+    pub exec: ExecArgs,
+}
+
+impl ServeArgs {
+    /// The plain configuration; pure.
+    pub fn config(&self) -> ServeConfig {
+        ServeConfig {
+            listen: self.listen.clone(),
+            data: self.data.clone(),
+            token: self.token.clone(),
+            token_file: self.token_file.clone(),
+            max_running: self.max_running as usize,
+            retention: Duration::from_secs(self.retention_secs),
+            orphan_grace: Duration::from_secs(self.orphan_grace_secs),
+            max_steps: self.max_steps,
+            model_attempts: self.model_attempts,
+            exec: self.exec.settings(),
+        }
+    }
+}

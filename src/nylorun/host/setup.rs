@@ -1,0 +1,261 @@
+//! The Agent's setup from a join on a new disk: input files and setup commands, run once before
+//! the pod takes turns (v5 §9 item 2).
+//!
+//! Owns: running the setup and the marker `<harness root>/setup-done` that keeps a restart from
+//! running it again. `seeded: true` (the disk starts from a disk version) is recorded the same
+//! way, with nothing run.
+//!
+//! Decisions (v5 gives no more than "input files and setup commands"):
+//! * The shape is assumed and read leniently (see [`Setup`]).
+//! * Files are written by the write tool's path rules (`Workspace::resolve` for writing: no
+//!   escape from the workspace roots), atomically, with `mode` when given.
+//! * Commands run through the bash tool, in order, under the workspace's command lock; each gets
+//!   its `timeout` (seconds, at most the bash tool's 600), else 600: setup commands install
+//!   things and the bash default of 120 s is often too short.
+//! * The first failing command stops the setup: later commands usually build on earlier ones.
+//!   It is logged with its exit code and the tail of its stderr, and recorded in the marker.
+//! * A failed setup does **not** block turns: v5 gives the pod no way to report it to anyone but
+//!   its log, and a pod that never takes a turn would leave the session stuck with no word of
+//!   why; the agent sees the workspace as the setup left it. The marker is written either way,
+//!   so a restart does not run commands that may not be safe to run twice.
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use base64::Engine as _;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::floor::workspace::Access;
+use crate::nylorun::link::protocol::{Setup, SetupCommand, SetupFile};
+use crate::tools::{CallContext, ToolName, ToolOutcome, Toolbox};
+
+/// The marker file under the harness root.
+pub const SETUP_MARKER: &str = "setup-done";
+/// The bash tool's ceiling, and the setup default.
+const SETUP_TIMEOUT_SECS: u64 = 600;
+/// Characters of a failing command's stderr kept in the log.
+const STDERR_TAIL_CHARS: usize = 2000;
+
+/// How the setup went.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SetupResult {
+    /// The marker was there: it ran (or was skipped) before.
+    AlreadyDone,
+    /// The join said `seeded: true`.
+    Seeded,
+    /// The join carried no setup.
+    Nothing,
+    Done {
+        files: usize,
+        commands: usize,
+    },
+    Failed {
+        step: String,
+        message: String,
+    },
+}
+
+/// Runs the setup once, if there is one and the marker is absent.
+pub async fn run_once(
+    harness_root: &Path,
+    toolbox: &Toolbox,
+    exec_lock: &Arc<tokio::sync::Mutex<()>>,
+    setup: Option<Setup>,
+    seeded: Option<bool>,
+    cancel: &CancellationToken,
+) -> SetupResult {
+    let marker = harness_root.join(SETUP_MARKER);
+    if marker.exists() {
+        tracing::info!("the setup ran before (setup-done); not running it again");
+        return SetupResult::AlreadyDone;
+    }
+    if seeded == Some(true) {
+        write_marker(
+            &marker,
+            &json!({"status": "seeded", "at": super::iso_now()}),
+        );
+        tracing::info!("the disk is seeded: no setup to run");
+        return SetupResult::Seeded;
+    }
+    let Some(setup) = setup else {
+        return SetupResult::Nothing;
+    };
+    tracing::info!(
+        files = setup.files.len(),
+        commands = setup.commands.len(),
+        "running the Agent's setup"
+    );
+    let result = run(toolbox, exec_lock, &setup, cancel).await;
+    let record = match &result {
+        SetupResult::Done { files, commands } => {
+            tracing::info!(files, commands, "setup done");
+            json!({"status": "done", "files": files, "commands": commands, "at": super::iso_now()})
+        }
+        SetupResult::Failed { step, message } => {
+            tracing::error!(%step, %message, "setup failed; taking turns anyway");
+            json!({"status": "failed", "step": step, "message": message, "at": super::iso_now()})
+        }
+        _ => Value::Null,
+    };
+    // Cancelled (shutdown) part way: no marker, so the next start runs it whole.
+    if !cancel.is_cancelled() {
+        write_marker(&marker, &record);
+    }
+    result
+}
+
+async fn run(
+    toolbox: &Toolbox,
+    exec_lock: &Arc<tokio::sync::Mutex<()>>,
+    setup: &Setup,
+    cancel: &CancellationToken,
+) -> SetupResult {
+    for (i, file) in setup.files.iter().enumerate() {
+        let tb = toolbox.clone();
+        let f = file.clone();
+        let written = tokio::task::spawn_blocking(move || write_file(&tb, &f)).await;
+        let err = match written {
+            Ok(Ok(())) => continue,
+            Ok(Err(e)) => e,
+            Err(e) => e.to_string(),
+        };
+        return SetupResult::Failed {
+            step: format!("file {} ({})", i + 1, file.path),
+            message: err,
+        };
+    }
+    for (i, cmd) in setup.commands.iter().enumerate() {
+        let (command, timeout) = match cmd {
+            SetupCommand::Line(c) => (c.clone(), None),
+            SetupCommand::Full { command, timeout } => (command.clone(), *timeout),
+        };
+        let timeout = timeout
+            .unwrap_or(SETUP_TIMEOUT_SECS)
+            .clamp(1, SETUP_TIMEOUT_SECS);
+        let step = format!(
+            "command {} ({})",
+            i + 1,
+            command.chars().take(200).collect::<String>()
+        );
+        let input = json!({"command": command, "timeout": timeout});
+        let ctx = CallContext::new(cancel.child_token());
+        let outcome = {
+            let _one_at_a_time = exec_lock.lock().await;
+            toolbox.run(ToolName::Bash, &input, &ctx).await
+        };
+        match outcome {
+            Ok(ToolOutcome::Completed { output }) => {
+                let code = output.get("exitCode").and_then(Value::as_i64).unwrap_or(-1);
+                if code != 0 {
+                    let stderr = output.get("stderr").and_then(Value::as_str).unwrap_or("");
+                    let tail = tail_chars(stderr, STDERR_TAIL_CHARS);
+                    tracing::error!(%step, exit_code = code, stderr_tail = %tail, "a setup command failed");
+                    return SetupResult::Failed {
+                        step,
+                        message: format!("exit code {code}; stderr ends: {tail}"),
+                    };
+                }
+            }
+            Ok(ToolOutcome::Failed { code, message, .. }) => {
+                return SetupResult::Failed {
+                    step,
+                    message: format!("{code}: {message}"),
+                };
+            }
+            Err(e) => {
+                return SetupResult::Failed {
+                    step,
+                    message: e.to_string(),
+                };
+            }
+        }
+    }
+    SetupResult::Done {
+        files: setup.files.len(),
+        commands: setup.commands.len(),
+    }
+}
+
+fn tail_chars(s: &str, n: usize) -> String {
+    let count = s.chars().count();
+    s.chars().skip(count.saturating_sub(n)).collect()
+}
+
+/// `mode` as a number, or an octal string (`"0644"`, `"755"`).
+fn parse_mode(v: &Value) -> Option<u32> {
+    match v {
+        Value::Number(n) => n.as_u64().and_then(|m| u32::try_from(m).ok()),
+        Value::String(s) => u32::from_str_radix(s.trim_start_matches("0o"), 8).ok(),
+        _ => None,
+    }
+    .filter(|m| *m <= 0o7777)
+}
+
+fn write_file(toolbox: &Toolbox, file: &SetupFile) -> Result<(), String> {
+    let resolved = toolbox
+        .workspace()
+        .resolve(&file.path, Access::Write)
+        .map_err(|e| e.to_string())?;
+    let bytes = match (&file.base64, &file.content) {
+        (Some(b64), _) => base64::engine::general_purpose::STANDARD
+            .decode(b64.trim())
+            .map_err(|e| format!("base64 of {} does not decode: {e}", resolved.display))?,
+        (None, Some(text)) => text.clone().into_bytes(),
+        (None, None) => Vec::new(),
+    };
+    let mode =
+        match &file.mode {
+            Some(v) => Some(parse_mode(v).ok_or_else(|| {
+                format!("mode {v} of {} is not a permission mode", resolved.display)
+            })?),
+            None => None,
+        };
+    let parent = resolved
+        .host
+        .parent()
+        .ok_or_else(|| format!("{} has no directory", resolved.display))?;
+    std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", resolved.display))?;
+    let tmp = parent.join(format!(".podhost-setup.{}.tmp", std::process::id()));
+    let result = (|| -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        if let Some(m) = mode {
+            f.set_permissions(std::fs::Permissions::from_mode(m))?;
+        }
+        f.sync_all()?;
+        std::fs::rename(&tmp, &resolved.host)
+    })();
+    result.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("{}: {e}", resolved.display)
+    })
+}
+
+fn write_marker(path: &Path, record: &Value) {
+    if let Err(e) = std::fs::write(path, format!("{record}\n")) {
+        tracing::error!(path = %path.display(), error = %e, "could not record that the setup ran");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_as_numbers_or_octal_text() {
+        assert_eq!(parse_mode(&json!(420)), Some(0o644));
+        assert_eq!(parse_mode(&json!("0755")), Some(0o755));
+        assert_eq!(parse_mode(&json!("644")), Some(0o644));
+        assert_eq!(parse_mode(&json!("rwx")), None);
+        assert_eq!(parse_mode(&json!(0o17777)), None);
+    }
+
+    #[test]
+    fn stderr_tail_keeps_the_end() {
+        assert_eq!(tail_chars("abcdef", 3), "def");
+        assert_eq!(tail_chars("ab", 3), "ab");
+    }
+}

@@ -1,0 +1,269 @@
+//! The Model Gate client (v5 §5; HTTP facts from v2 notes §4.3).
+//!
+//! Owns: `POST {gates}/nylorun/v1/model-calls` with the run token, the effect id as
+//! `Idempotency-Key` and the turn's `traceparent`; turning every answer — a candidate, a failure
+//! outcome, an HTTP error, a lost connection — into a model outcome; and the cancel route.
+//!
+//! Invariants:
+//! * podhost never retries a call on its own: a call whose answer was lost is sent again only
+//!   when core answers its intent `execute` with `rejoin` (same key, same bytes).
+//! * Every failure is an outcome with a code (`transient`, `auth`, `invalid_request`, …), never a
+//!   Rust error: the loop fails the turn as `model.<code>`.
+//! * The run token is sent as a header and appears in no error message or log line.
+//!
+//! Non-goals: the Tool Gate (MCP and HTTP tools are not offered yet).
+
+use std::time::Duration;
+
+use reqwest::{StatusCode, Url};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::model::{ModelAnswer, ModelFailure};
+use crate::floor::codes;
+use crate::nylorun::link::protocol::RunToken;
+
+/// The gate's own provider timeout is 600 s; the client waits a little longer (v2 notes §4.3).
+pub const MODEL_CALL_TIMEOUT: Duration = Duration::from_secs(630);
+/// The cancel route answers at once.
+const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why the gates client could not be built.
+#[derive(Debug, thiserror::Error)]
+#[error("could not build the gates HTTP client: {0}")]
+pub struct GatesError(String);
+
+/// One model call, ready to send.
+pub struct ModelRequest<'a> {
+    /// The current run token (`RunHandle::token`); `None` fails the call as `transient`.
+    pub token: Option<RunToken>,
+    /// The effect id: `Idempotency-Key`.
+    pub effect_id: &'a str,
+    pub traceparent: Option<&'a str>,
+    pub tracestate: Option<&'a str>,
+    /// `{effectId, invocationId, call}`, serialized once so a rejoin sends the same bytes.
+    pub body: &'a [u8],
+}
+
+/// A call that did not end with an answer because the run stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stopped;
+
+/// The gates at `NYLORUN_GATES_URL`.
+#[derive(Clone, Debug)]
+pub struct Gates {
+    http: reqwest::Client,
+    base: Url,
+}
+
+impl Gates {
+    pub fn new(base: Url) -> Result<Self, GatesError> {
+        let http = reqwest::Client::builder()
+            .timeout(MODEL_CALL_TIMEOUT)
+            .connect_timeout(Duration::from_secs(10))
+            .tcp_keepalive(Duration::from_secs(30))
+            .build()
+            .map_err(|e| GatesError(e.to_string()))?;
+        Ok(Gates { http, base })
+    }
+
+    fn url(&self, segments: &[&str]) -> Url {
+        let mut url = self.base.clone();
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.pop_if_empty().extend(segments);
+        }
+        url
+    }
+
+    /// Sends a model call and waits for its outcome, or until `cancel` fires (`Stopped`: the
+    /// caller decides whether to cancel it at the gate).
+    pub async fn model_call(
+        &self,
+        req: ModelRequest<'_>,
+        cancel: &CancellationToken,
+    ) -> Result<ModelAnswer, Stopped> {
+        let Some(token) = req.token else {
+            return Ok(ModelAnswer::Failed(ModelFailure::new(
+                codes::model::TRANSIENT,
+                "podhost holds no run token for this run, so it cannot call the Model Gate",
+                true,
+            )));
+        };
+        let mut builder = self
+            .http
+            .post(self.url(&["nylorun", "v1", "model-calls"]))
+            .bearer_auth(token.expose())
+            .header("Idempotency-Key", req.effect_id)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(req.body.to_vec());
+        if let Some(tp) = req.traceparent {
+            builder = builder.header("traceparent", tp);
+        }
+        if let Some(ts) = req.tracestate {
+            builder = builder.header("tracestate", ts);
+        }
+        let call = async {
+            let response = builder.send().await.map_err(transport)?;
+            let status = response.status();
+            let bytes = response.bytes().await.map_err(transport)?;
+            Ok::<_, ModelFailure>(answer(status, &bytes))
+        };
+        tokio::select! {
+            r = call => Ok(match r {
+                Ok(a) => a,
+                Err(f) => ModelAnswer::Failed(f),
+            }),
+            _ = cancel.cancelled() => Err(Stopped),
+        }
+    }
+
+    /// `POST /nylorun/v1/model-calls/{key}/cancel`: aborts a call podhost started. Best effort:
+    /// the result is logged.
+    pub async fn cancel_model_call(&self, token: Option<RunToken>, effect_id: &str) {
+        let Some(token) = token else { return };
+        let url = self.url(&["nylorun", "v1", "model-calls", effect_id, "cancel"]);
+        let sent = self
+            .http
+            .post(url)
+            .bearer_auth(token.expose())
+            .header("Idempotency-Key", effect_id)
+            .timeout(CANCEL_TIMEOUT)
+            .send()
+            .await;
+        match sent {
+            Ok(r) => {
+                tracing::info!(%effect_id, status = r.status().as_u16(), "model call cancelled at the gate")
+            }
+            Err(e) => {
+                tracing::warn!(%effect_id, error = %e.without_url(), "could not cancel the model call at the gate")
+            }
+        }
+    }
+}
+
+/// A lost, unreachable or timed-out call: `transient` (v2 notes §4.3).
+fn transport(e: reqwest::Error) -> ModelFailure {
+    let what = if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "could not be reached"
+    } else {
+        "lost the call"
+    };
+    ModelFailure::new(
+        codes::model::TRANSIENT,
+        format!("The Model Gate {what}: {}", e.without_url()),
+        true,
+    )
+}
+
+/// The outcome an HTTP answer stands for.
+fn answer(status: StatusCode, body: &[u8]) -> ModelAnswer {
+    let json: Option<Value> = serde_json::from_slice(body).ok();
+    if status == StatusCode::OK {
+        let outcome = json.as_ref().and_then(|v| v.get("outcome"));
+        return match outcome.map(ModelAnswer::from_value) {
+            Some(Ok(a)) => a,
+            Some(Err(e)) => ModelAnswer::Failed(ModelFailure::new(
+                codes::model::INVALID_OUTPUT,
+                format!("The Model Gate's answer is not a model outcome: {e}"),
+                false,
+            )),
+            None => ModelAnswer::Failed(ModelFailure::new(
+                codes::model::INVALID_OUTPUT,
+                "The Model Gate answered 200 without an outcome",
+                false,
+            )),
+        };
+    }
+    let (code, message) = json
+        .as_ref()
+        .and_then(|v| v.get("error"))
+        .map(|e| {
+            (
+                e.get("code")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned(),
+                e.get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned(),
+            )
+        })
+        .unwrap_or_default();
+    let text = if code.is_empty() {
+        format!("The Model Gate answered {}", status.as_u16())
+    } else {
+        format!(
+            "The Model Gate answered {} {code}: {message}",
+            status.as_u16()
+        )
+    };
+    let (kind, retryable) = match status.as_u16() {
+        401 => (codes::model::AUTH, false),
+        400 | 409 | 413 | 422 => (codes::model::INVALID_REQUEST, false),
+        _ => (codes::model::TRANSIENT, true),
+    };
+    ModelAnswer::Failed(ModelFailure::new(kind, text, retryable))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+    use serde_json::json;
+
+    fn failed(status: u16, body: Value) -> ModelFailure {
+        match answer(
+            StatusCode::from_u16(status).unwrap(),
+            body.to_string().as_bytes(),
+        ) {
+            ModelAnswer::Failed(f) => f,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn http_errors_map_to_failure_outcomes() {
+        let err = |code: &str| json!({"error": {"code": code, "message": "no"}});
+        assert_eq!(
+            failed(401, err("gate_unauthorized")),
+            ModelFailure::new(
+                "auth",
+                "The Model Gate answered 401 gate_unauthorized: no",
+                false
+            )
+        );
+        assert_eq!(failed(409, err("run_stale")).code, "invalid_request");
+        assert_eq!(failed(400, err("invalid_request")).code, "invalid_request");
+        let f = failed(503, json!("not json at all"));
+        assert_eq!(
+            f,
+            ModelFailure::new("transient", "The Model Gate answered 503", true)
+        );
+        assert_eq!(failed(200, json!({"nothing": 1})).code, "invalid_output");
+        assert_eq!(
+            answer(
+                StatusCode::OK,
+                json!({"outcome": {"output": [{"type": "text", "text": "hi"}]}})
+                    .to_string()
+                    .as_bytes()
+            ),
+            ModelAnswer::Candidate(crate::agent::model::Candidate {
+                finish_reason: None,
+                ..crate::agent::model::Candidate::text("hi")
+            })
+        );
+    }
+
+    #[test]
+    fn routes_keep_the_base_path_and_encode_the_key() {
+        let g = Gates::new(Url::parse("http://gw:4100/base/").unwrap()).unwrap();
+        assert_eq!(
+            g.url(&["nylorun", "v1", "model-calls", "t/1:0:model:s0", "cancel"])
+                .as_str(),
+            "http://gw:4100/base/nylorun/v1/model-calls/t%2F1:0:model:s0/cancel"
+        );
+    }
+}

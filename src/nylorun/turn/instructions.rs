@@ -1,0 +1,394 @@
+//! What the model reads and which tools it is offered (v5 §3: "what the model reads and which
+//! tools it is offered are yours to write").
+//!
+//! Owns: the instructions text (the manifest's own, then podhost's sandbox note, skills and
+//! memory block), the tool list, and the route from a tool name the model calls back to what
+//! runs it (its target).
+//!
+//! Invariants:
+//! * Everything here is a pure function of the TurnStart (and the mounted skills, themselves a
+//!   function of the manifest): a replayed segment offers the same prompt, so its model calls
+//!   hash the same.
+//! * Sandbox tools, and the note on the sandbox, only when `agent.sandbox` is present; `memory`
+//!   only with `memory` (only `view` when read-only); `schedule_wake` only with `agent.selfWake`.
+//! * No two tools share a name.
+//!
+//! Non-goals: MCP and HTTP tools (not offered yet), `tool_search`.
+
+use serde_json::{Value, json};
+
+use crate::nylorun::artifacts::read_artifact_definition;
+use crate::nylorun::artifacts::skills::MountedSkill;
+use crate::nylorun::turn::turn_start::{MemoryAccess, TurnMemory, TurnStart};
+use crate::tools::{ToolDefinition, ToolName};
+
+/// The name the model calls the memory tool by.
+pub const MEMORY_TOOL: &str = "memory";
+/// The name of the wake-up tool.
+pub const SCHEDULE_WAKE_TOOL: &str = "schedule_wake";
+/// Where the workspace is, as the model and core know it.
+pub const WORKSPACE: &str = "/workspace";
+
+/// What runs a tool call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// One of the six workspace tools, in the session's sandbox (`{kind: "sandbox"}`).
+    Sandbox(ToolName),
+    /// `read_artifact`, run by podhost itself (`{kind: "harness"}`).
+    ReadArtifact,
+    /// `memory`, run by core (`{kind: "runtime", operation: "memory"}`).
+    Memory,
+    /// `schedule_wake`, run by core (`{kind: "runtime", operation: "schedule_wake"}`).
+    ScheduleWake,
+}
+
+impl Route {
+    /// The intent's `target`.
+    pub fn target(self) -> Value {
+        match self {
+            Route::Sandbox(_) => json!({"kind": "sandbox"}),
+            Route::ReadArtifact => json!({"kind": "harness"}),
+            Route::Memory => json!({"kind": "runtime", "operation": "memory"}),
+            Route::ScheduleWake => json!({"kind": "runtime", "operation": "schedule_wake"}),
+        }
+    }
+}
+
+/// The model-facing side of a turn.
+#[derive(Clone, Debug)]
+pub struct Offer {
+    pub instructions: String,
+    /// `[{name, description, inputSchema}]`, as a `ModelCall` carries them.
+    pub tools: Vec<Value>,
+    sandbox: bool,
+    memory: Option<MemoryAccess>,
+    self_wake: bool,
+}
+
+impl Offer {
+    pub fn new(ts: &TurnStart, skills: &[MountedSkill]) -> Offer {
+        let sandbox = ts.has_sandbox();
+        let self_wake = ts.agent.as_ref().and_then(|a| a.self_wake).unwrap_or(false);
+        let memory = ts.memory.as_ref().map(|m| m.access);
+
+        let mut tools = Vec::new();
+        if sandbox {
+            for t in ToolName::ALL {
+                tools.push(model_tool(t.definition()));
+            }
+        }
+        tools.push(model_tool(read_artifact_definition()));
+        if let Some(access) = memory {
+            tools.push(memory_tool(access));
+        }
+        if self_wake {
+            tools.push(schedule_wake_tool());
+        }
+        Offer {
+            instructions: instructions(ts, skills),
+            tools,
+            sandbox,
+            memory,
+            self_wake,
+        }
+    }
+
+    /// What runs a call named `name`, and the memory command a `memory.<command>` or
+    /// `memory/<command>` name carries. `None`: no such tool was offered.
+    pub fn route(&self, name: &str) -> Option<(Route, Option<String>)> {
+        if self.sandbox
+            && let Ok(t) = name.parse::<ToolName>()
+        {
+            return Some((Route::Sandbox(t), None));
+        }
+        if name == read_artifact_definition().name {
+            return Some((Route::ReadArtifact, None));
+        }
+        if self.memory.is_some() {
+            if name == MEMORY_TOOL {
+                return Some((Route::Memory, None));
+            }
+            if let Some(cmd) = name
+                .strip_prefix("memory.")
+                .or_else(|| name.strip_prefix("memory/"))
+            {
+                return Some((Route::Memory, Some(cmd.to_owned())));
+            }
+        }
+        if self.self_wake && name == SCHEDULE_WAKE_TOOL {
+            return Some((Route::ScheduleWake, None));
+        }
+        None
+    }
+
+    /// The names offered, for a message to a model that called another.
+    pub fn names(&self) -> Vec<&str> {
+        self.tools
+            .iter()
+            .filter_map(|t| t.get("name").and_then(Value::as_str))
+            .collect()
+    }
+
+    /// Checks a memory call before it is sent (core checks again): a known command, allowed
+    /// for the access, with its path. The error is for the model.
+    pub fn check_memory(&self, args: &Value) -> Result<(), String> {
+        let command = args.get("command").and_then(Value::as_str).unwrap_or("");
+        let allowed: &[&str] = match self.memory {
+            Some(MemoryAccess::ReadWrite) => &MEMORY_COMMANDS,
+            _ => &["view"],
+        };
+        if !allowed.contains(&command) {
+            return Err(format!(
+                "memory has no command {command:?} here; the commands are: {}.",
+                allowed.join(", ")
+            ));
+        }
+        let path_key = if command == "rename" {
+            "old_path"
+        } else {
+            "path"
+        };
+        if args.get(path_key).and_then(Value::as_str).is_none() {
+            return Err(format!(
+                "memory {command} needs {path_key}, a path under /memories."
+            ));
+        }
+        Ok(())
+    }
+}
+
+const MEMORY_COMMANDS: [&str; 6] = [
+    "view",
+    "create",
+    "str_replace",
+    "insert",
+    "delete",
+    "rename",
+];
+
+fn model_tool(def: &ToolDefinition) -> Value {
+    json!({"name": def.name, "description": def.description, "inputSchema": def.input_schema})
+}
+
+/// The instructions: the manifest's own, then podhost's notes.
+fn instructions(ts: &TurnStart, skills: &[MountedSkill]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    if let Some(own) = ts.manifest.instructions.as_deref().map(str::trim)
+        && !own.is_empty()
+    {
+        parts.push(own.to_owned());
+    }
+    if ts.has_sandbox() {
+        let workspace = ts
+            .agent
+            .as_ref()
+            .and_then(|a| a.sandbox.as_ref())
+            .and_then(|s| s.workspace.as_deref())
+            .unwrap_or(WORKSPACE);
+        parts.push(format!(
+            "You have an isolated Linux sandbox with a persistent working directory at \
+             {workspace}. Use bash to run commands, read, write and edit to work with files, and \
+             grep and glob to search. Network egress is limited by policy; a failed download \
+             usually means the host is not allowed.\n\
+             Files you write under {WORKSPACE}/outputs reach the user too: when your turn ends, \
+             they become the session's outputs folder."
+        ));
+        if !skills.is_empty() {
+            let mut text = String::from(
+                "Skills are mounted read-only in the sandbox. Each folder holds a skill's files; \
+                 read its SKILL.md before you use it:",
+            );
+            for s in skills {
+                text.push_str(&format!("\n- {} ({}): {}", s.name, s.folder, s.description));
+            }
+            parts.push(text);
+        }
+    }
+    parts.push(
+        "Tool results too large to show are stored as artifacts: the result then says \
+         `truncated` and names its artifactId; read the rest with read_artifact."
+            .to_owned(),
+    );
+    if let Some(memory) = &ts.memory {
+        parts.push(memory_block(memory));
+    }
+    parts.join("\n\n")
+}
+
+/// The memory block: how the tool works, the index, then the agent's own memory instructions.
+fn memory_block(m: &TurnMemory) -> String {
+    let mut text = match m.access {
+        MemoryAccess::ReadWrite => String::from(
+            "You have a memory that lasts across sessions, as files under /memories. Use the \
+             memory tool to view, create, edit, rename and delete them. Keep each memory a small \
+             file whose first lines say what it holds.",
+        ),
+        MemoryAccess::ReadOnly => String::from(
+            "You have a read-only memory, as files under /memories. Use the memory tool's view \
+             command to read them.",
+        ),
+    };
+    match m.index.as_deref().map(str::trim) {
+        Some(index) if !index.is_empty() => {
+            text.push_str("\n\nYour memories, newest first:\n");
+            text.push_str(index);
+            if m.truncated == Some(true) {
+                text.push_str("\n(Older memories are not listed; view /memories to see them all.)");
+            }
+        }
+        _ => text.push_str("\n\nYou have no memories yet."),
+    }
+    if let Some(own) = m.instructions.as_deref().map(str::trim)
+        && !own.is_empty()
+    {
+        text.push_str("\n\n");
+        text.push_str(own);
+    }
+    text
+}
+
+/// The memory tool (Anthropic's memory tool's commands); only `view` when read-only.
+fn memory_tool(access: MemoryAccess) -> Value {
+    let read_only = access == MemoryAccess::ReadOnly;
+    let commands: Vec<&str> = if read_only {
+        vec!["view"]
+    } else {
+        MEMORY_COMMANDS.to_vec()
+    };
+    let mut properties = json!({
+        "command": {"type": "string", "enum": commands, "description": "What to do."},
+        "path": {"type": "string", "description": "A file or directory under /memories."},
+        "view_range": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2,
+                       "description": "view: first and last line to show (1-based; -1 for the end)."},
+    });
+    if !read_only {
+        let more = json!({
+            "file_text": {"type": "string", "description": "create: the file's content."},
+            "old_str": {"type": "string", "description": "str_replace: the exact text to replace (unique in the file)."},
+            "new_str": {"type": "string", "description": "str_replace: the text to put in its place."},
+            "insert_line": {"type": "integer", "minimum": 0, "description": "insert: the line after which to insert (0 for the top)."},
+            "insert_text": {"type": "string", "description": "insert: the text to insert."},
+            "old_path": {"type": "string", "description": "rename: the current path."},
+            "new_path": {"type": "string", "description": "rename: the new path."},
+        });
+        if let (Some(p), Some(m)) = (properties.as_object_mut(), more.as_object()) {
+            p.extend(m.clone());
+        }
+    }
+    let description = if read_only {
+        "Read your memory: view a directory listing or a file under /memories."
+    } else {
+        "Read and write your memory, files under /memories that last across sessions: view, \
+         create, str_replace, insert, delete, rename."
+    };
+    json!({
+        "name": MEMORY_TOOL,
+        "description": description,
+        "inputSchema": {
+            "type": "object",
+            "properties": properties,
+            "required": ["command"],
+            "additionalProperties": false,
+        },
+    })
+}
+
+/// `schedule_wake`: `{in | at, note}` or `{cancel: true}` (v5 §4).
+fn schedule_wake_tool() -> Value {
+    json!({
+        "name": SCHEDULE_WAKE_TOOL,
+        "description": "Schedule this agent to wake up later with a note to itself: give `in` \
+                        (a delay such as \"30m\", \"2h\" or \"1d\") or `at` (an ISO 8601 time), \
+                        and `note`. `{\"cancel\": true}` cancels the wake-up scheduled before.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {
+                "in": {"type": "string", "description": "How long from now."},
+                "at": {"type": "string", "description": "When, as an ISO 8601 time."},
+                "note": {"type": "string", "description": "What to do on waking."},
+                "cancel": {"type": "boolean", "description": "Cancel the scheduled wake-up."},
+            },
+            "additionalProperties": false,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    fn ts(extra: Value) -> TurnStart {
+        let mut v = json!({
+            "type": "turn.start", "engine": "agent",
+            "manifest": {"instructions": "Be brief."},
+            "checkpoint": {"sessionId": "s", "turnId": "t", "segment": 0, "input": "hi"},
+        });
+        if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+            o.extend(e.clone());
+        }
+        TurnStart::parse(&v).unwrap()
+    }
+
+    #[test]
+    fn sandbox_tools_only_with_a_sandbox() {
+        let bare = Offer::new(&ts(json!({"agent": {"id": "a", "kind": "virtual"}})), &[]);
+        assert_eq!(bare.names(), ["read_artifact"]);
+        assert_eq!(bare.route("bash"), None);
+        assert!(!bare.instructions.contains("sandbox"));
+
+        let sandboxed = Offer::new(
+            &ts(
+                json!({"agent": {"id": "a", "kind": "pod", "sandbox": {"workspace": "/workspace"},
+                                 "selfWake": true},
+                       "memory": {"access": "read_only", "index": "- /memories/a.md — a"}}),
+            ),
+            &[MountedSkill {
+                name: "pdf".into(),
+                folder: "/skills/pdf@abc/".into(),
+                description: "Read PDFs".into(),
+            }],
+        );
+        assert_eq!(
+            sandboxed.names(),
+            [
+                "bash",
+                "read",
+                "write",
+                "edit",
+                "grep",
+                "glob",
+                "read_artifact",
+                "memory",
+                "schedule_wake"
+            ]
+        );
+        assert_eq!(
+            sandboxed.route("grep"),
+            Some((Route::Sandbox(ToolName::Grep), None))
+        );
+        assert_eq!(
+            sandboxed.route("memory/view"),
+            Some((Route::Memory, Some("view".into())))
+        );
+        assert_eq!(
+            sandboxed.tools[7]["inputSchema"]["properties"]["command"]["enum"],
+            json!(["view"])
+        );
+        assert_eq!(
+            sandboxed.check_memory(&json!({"command": "create", "path": "/memories/x"})),
+            Err("memory has no command \"create\" here; the commands are: view.".into())
+        );
+        let text = &sandboxed.instructions;
+        assert!(
+            text.starts_with("Be brief.\n\nYou have an isolated Linux sandbox"),
+            "{text}"
+        );
+        assert!(text.contains("Files you write under /workspace/outputs reach the user too"));
+        assert!(text.contains("- pdf (/skills/pdf@abc/): Read PDFs"));
+        assert!(
+            text.ends_with("Your memories, newest first:\n- /memories/a.md — a"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,18 @@
+//! The turn wing: one segment of a run, from its TurnStart to its output.
+//!
+//! * [`run`] drives the agent loop for a granted run, every model and tool call journaled
+//!   ([`effects`]); its `output` part ends the segment (`turn.completed`, `turn.failed`,
+//!   `turn.waiting`, `checkpoint`) and releases the run.
+//! * [`turn_start`] reads what core granted; [`transcript`] builds the prompt and the
+//!   transcript's edits; [`instructions`] says what the model reads and may call.
+//! * [`gates`] calls the Model Gate; [`shaping`] and [`spill`] fit a tool's result into one
+//!   record entry (v5 §5b), storing what does not fit as an artifact.
+
+pub mod effects;
+pub mod gates;
+pub mod instructions;
+pub mod run;
+pub mod shaping;
+pub mod spill;
+pub mod transcript;
+pub mod turn_start;

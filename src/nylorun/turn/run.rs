@@ -1,0 +1,710 @@
+//! Running a leased run's turn segment: the [`RunHandler`] of the pod host (v5 §3–§8).
+//!
+//! Owns: one segment from its `TurnStart` to its output — reading the transcript, offering
+//! tools, driving the agent loop ([`agent::turn`](crate::agent::turn)) as its [`TurnHost`]:
+//! every model and tool call journaled (or replayed) before it runs, model calls through the
+//! Model Gate, sandbox calls through the pod's one [`Toolbox`], each outcome fitted to the record
+//! and reported; then the output (`turn.completed`, `turn.failed`, `turn.waiting`, `checkpoint`)
+//! with the transcript's edits and podhost's state — or nothing, when the run was taken away.
+//!
+//! Invariants:
+//! * Nothing runs before core journaled it; a replayed outcome is never run again.
+//! * Once the run's token fires, podhost reports no outcome: after `cancel`/`deadline` core
+//!   discards them, and after `shutdown`/`ownership.lost` the next owner replays or rejoins.
+//!   A model call in flight is cancelled at the gate only for `cancel`/`deadline`.
+//! * Commands on the workspace run one at a time, with the workspace requests core sends (one
+//!   lock for both); each tool call's token is a child of the run's.
+//! * `state` is small (a version, the turn id, and for a waiting segment its input when it
+//!   fits `harnessStateBytes`) and present in every output.
+//!
+//! Choices where the specs are silent (also in the report): the output of a completed turn is
+//! the final answer's text; the state a waiting segment leaves is what an `approval.answer`
+//! needs to run the segment again (its input); a turn's segment budget is the agent's
+//! `loop.yieldAfter`, else core's `options.yieldAfter`, else 50 steps / 20 minutes; a call to a
+//! tool podhost did not offer is answered `tool.unknown` without journaling it.
+//!
+//! Non-goals: MCP and HTTP tools, compaction, `turn.paused` (core's engine only).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures_util::future::BoxFuture;
+use reqwest::Url;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::model::{Candidate, ModelAnswer, ResultOutcome, ToolCallBlock, ToolResult};
+use crate::agent::turn::{self as agent_turn, Effect, ToolEffect, TurnHost};
+use crate::floor::codes;
+use crate::nylorun::artifacts::skills::{MountedSkill, mount_skills};
+use crate::nylorun::artifacts::{Artifacts, read_for_model};
+use crate::nylorun::link::lease::{RunEnd, RunHandle, RunHandler, StopReason};
+use crate::nylorun::link::protocol::TurnLimits;
+use crate::nylorun::turn::effects::{
+    Decision, Intent, Journal, JournalError, Recorded, SegmentIds,
+};
+use crate::nylorun::turn::gates::{Gates, GatesError, ModelRequest};
+use crate::nylorun::turn::instructions::{Offer, Route};
+use crate::nylorun::turn::shaping::{ENTRY_ENVELOPE_BYTES, json_len};
+use crate::nylorun::turn::spill::fit_outcome;
+use crate::nylorun::turn::transcript::{self, MediaPolicy};
+use crate::nylorun::turn::turn_start::{TurnInput, TurnStart, Unrunnable};
+use crate::tools::{CallContext, ToolName, Toolbox};
+
+mod output;
+
+use output::{HarnessState, end_name, failed, stopped_or_thrown};
+
+/// The version of podhost's `state`.
+const STATE_VERSION: u32 = 1;
+/// Room per result in a `tool-results` entry beyond its value (`callId`, `toolName`, keys).
+const RESULT_OVERHEAD_BYTES: u64 = 64;
+
+/// Runs every granted run's turn segment on the pod's workspace.
+#[derive(Clone)]
+pub struct TurnRunner {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    toolbox: Toolbox,
+    /// Commands run one at a time, with `workspace.exec`'s.
+    exec_lock: Arc<tokio::sync::Mutex<()>>,
+    gates: Gates,
+    /// The host directory the sandbox path `/skills` maps onto.
+    skills_root: PathBuf,
+}
+
+impl TurnRunner {
+    /// `skills_root` is the host directory the sandbox's `/skills` maps onto.
+    pub fn new(
+        toolbox: Toolbox,
+        exec_lock: Arc<tokio::sync::Mutex<()>>,
+        gates_url: Url,
+        skills_root: PathBuf,
+    ) -> Result<Self, GatesError> {
+        Ok(TurnRunner {
+            shared: Arc::new(Shared {
+                toolbox,
+                exec_lock,
+                gates: Gates::new(gates_url)?,
+                skills_root,
+            }),
+        })
+    }
+}
+
+impl RunHandler for TurnRunner {
+    fn run(&self, run: RunHandle) -> BoxFuture<'static, RunEnd> {
+        let shared = self.shared.clone();
+        Box::pin(async move { run_segment(shared, run).await })
+    }
+}
+
+/// Why the loop stopped short of a turn end.
+#[derive(Debug)]
+enum Fault {
+    /// A replayed or journaled effect has another request hash.
+    Drift,
+    /// The run stopped (its token fired, or core cancelled the turn).
+    Stopped,
+    /// A limit the turn cannot keep: `turn.failed` with this error.
+    Failed { code: &'static str, message: String },
+    /// podhost itself failed: `turn.failed` with `thrown`.
+    Internal(String),
+}
+
+impl From<JournalError> for Fault {
+    fn from(e: JournalError) -> Self {
+        match e {
+            JournalError::Drift { .. } => Fault::Drift,
+            JournalError::TurnCancelled(_) | JournalError::Stopped => Fault::Stopped,
+            JournalError::Call(crate::nylorun::link::channel::CallError::Closed { .. }) => {
+                Fault::Stopped
+            }
+            other => Fault::Internal(other.to_string()),
+        }
+    }
+}
+
+async fn run_segment(shared: Arc<Shared>, run: RunHandle) -> RunEnd {
+    let run_id = run.grant().run_id.clone();
+    let mut ts = match TurnStart::parse(run.input())
+        .and_then(|ts| ts.check(run.grant()).map(|()| ts))
+    {
+        Ok(ts) => ts,
+        Err(u) => {
+            tracing::warn!(%run_id, code = u.code, message = %u.message, "a TurnStart podhost cannot run");
+            return failed(&run_id, u.code, &u.message, None);
+        }
+    };
+    let started = Instant::now();
+    let replayable = ts.outcomes.len();
+    let journal = Journal::new(
+        run.channel().clone(),
+        run_id.clone(),
+        std::mem::take(&mut ts.outcomes),
+        run.cancelled(),
+    );
+    let mut segment = match Segment::open(shared, run, ts, journal).await {
+        Ok(s) => s,
+        Err(end) => return end,
+    };
+    tracing::info!(
+        %run_id,
+        session_id = %segment.ids.session_id,
+        turn_id = %segment.ids.turn_id,
+        segment = segment.ids.segment,
+        replayable,
+        "turn segment starting"
+    );
+    let cancel = segment.cancel.clone();
+    let end = agent_turn::run(&mut segment, 0, &cancel).await;
+    let out = segment.finish(end).await;
+    tracing::info!(%run_id, took_ms = started.elapsed().as_millis() as u64, end = %end_name(&out), "turn segment ended");
+    out
+}
+
+/// One segment of a turn, as the agent loop's host.
+struct Segment {
+    shared: Arc<Shared>,
+    run: RunHandle,
+    run_id: String,
+    cancel: CancellationToken,
+    ts: TurnStart,
+    ids: SegmentIds,
+    journal: Journal,
+    offer: Offer,
+    media: MediaPolicy,
+    skills: Vec<MountedSkill>,
+    /// The session's environment plus nothing else: every command's variables.
+    env: Vec<(String, String)>,
+    /// The transcript as read, and as it grows.
+    before: Vec<Value>,
+    entries: Vec<Value>,
+    /// The segment's input as core sent it (or, after an approval, as the waiting segment had it).
+    input_raw: Value,
+    started: Instant,
+    yield_steps: u32,
+    yield_after: std::time::Duration,
+    last_step: Option<u32>,
+    /// Tool calls of the step in progress (they share one record entry).
+    calls_in_step: Vec<(usize, usize)>,
+    /// An effect's fate is unknown: a waiting segment ends `uncertain`.
+    uncertain: bool,
+}
+
+impl Segment {
+    /// Everything before the first step: the input, the transcript, skills, the offer.
+    async fn open(
+        shared: Arc<Shared>,
+        run: RunHandle,
+        ts: TurnStart,
+        journal: Journal,
+    ) -> Result<Segment, RunEnd> {
+        let run_id = run.grant().run_id.clone();
+        let fail = |u: Unrunnable| failed(&run_id, u.code, &u.message, None);
+        let cp = &ts.checkpoint;
+        let state: Option<HarnessState> = cp
+            .state
+            .as_ref()
+            .and_then(|s| HarnessState::deserialize(s).ok());
+
+        // An approval runs the waiting segment again: its intents now answer `execute` or
+        // `completed` (denied). podhost needs the segment's own input for that.
+        let mut input_raw = run.input()["checkpoint"]["input"].clone();
+        let mut input = cp.input.clone();
+        if let TurnInput::Approve { interaction_id, .. } = &input {
+            let saved = state
+                .as_ref()
+                .filter(|s| s.turn_id.as_deref() == Some(cp.turn_id.as_str()))
+                .and_then(|s| s.input.clone());
+            let Some(saved) = saved else {
+                return Err(fail(Unrunnable {
+                    code: codes::turn::START_UNSUPPORTED,
+                    message: format!(
+                        "podhost cannot pair the approval of {interaction_id}: its state holds no \
+                         waiting segment of turn {}",
+                        cp.turn_id
+                    ),
+                }));
+            };
+            match TurnInput::from_value(&saved) {
+                Ok(i @ (TurnInput::Message(_) | TurnInput::Messages(_) | TurnInput::Continue)) => {
+                    input = i;
+                    input_raw = saved;
+                }
+                _ => {
+                    return Err(fail(Unrunnable {
+                        code: codes::turn::START_INVALID,
+                        message: "the waiting segment's saved input is not a turn input".into(),
+                    }));
+                }
+            }
+        }
+
+        let before = if ts.transcript.cursor >= 0 {
+            match journal.read_transcript().await {
+                Ok((_, entries)) => entries,
+                Err(e) => return Err(stopped_or_thrown(&run, Fault::from(e))),
+            }
+        } else {
+            Vec::new()
+        };
+        let mut entries = before.clone();
+        for m in input.messages() {
+            entries.push(transcript::input_entry(&cp.turn_id, m));
+        }
+
+        let artifacts = Artifacts::new(run.channel().clone(), run_id.clone(), ts.limits.clone());
+        let skills = if ts.has_sandbox() && ts.manifest.has_skills() {
+            let skills_value = ts.manifest.skills.clone().unwrap_or(Value::Null);
+            match mount_skills(&artifacts, &skills_value, &shared.skills_root).await {
+                Ok(s) => s,
+                Err(e) => {
+                    if run.cancelled().is_cancelled() {
+                        return Err(stopped_or_thrown(&run, Fault::Stopped));
+                    }
+                    return Err(failed(
+                        &run_id,
+                        "skills.mount_failed",
+                        &format!("podhost could not mount the agent's skills: {e}"),
+                        None,
+                    ));
+                }
+            }
+        } else {
+            Vec::new()
+        };
+        if ts
+            .manifest
+            .mcp_servers
+            .as_ref()
+            .is_some_and(|m| !m.is_null())
+            || ts.mcp.is_some()
+        {
+            tracing::info!(%run_id, "the agent declares MCP servers; podhost offers no MCP tools yet");
+        }
+
+        let (yield_steps, yield_after) = ts.yield_after();
+        let ids = SegmentIds {
+            session_id: cp.session_id.clone(),
+            turn_id: cp.turn_id.clone(),
+            segment: cp.segment,
+            agent_id: ts.agent_id(),
+            manifest_hash: cp.manifest_hash.clone(),
+        };
+        let env = ts
+            .routing
+            .sandbox
+            .as_ref()
+            .map(|s| s.env_vars())
+            .unwrap_or_default();
+        Ok(Segment {
+            offer: Offer::new(&ts, &skills),
+            media: MediaPolicy::from_model(ts.model.as_ref()),
+            shared,
+            run_id,
+            cancel: run.cancelled(),
+            run,
+            ids,
+            journal,
+            skills,
+            env,
+            before,
+            entries,
+            input_raw,
+            started: Instant::now(),
+            yield_steps,
+            yield_after,
+            last_step: None,
+            calls_in_step: Vec::new(),
+            uncertain: false,
+            ts,
+        })
+    }
+
+    fn limits(&self) -> &TurnLimits {
+        &self.ts.limits
+    }
+
+    fn current_token(&self) -> Option<crate::nylorun::link::protocol::RunToken> {
+        self.run.token()
+    }
+
+    /// The record budget of one tool call's outcome: the step's calls share one entry.
+    fn call_budget(&self) -> u64 {
+        let n = self.calls_in_step.len().max(1) as u64;
+        let overhead: u64 = self
+            .calls_in_step
+            .iter()
+            .map(|(id, name)| (*id + *name) as u64 + RESULT_OVERHEAD_BYTES)
+            .sum();
+        let room = self
+            .limits()
+            .record_entry_bytes
+            .saturating_sub(ENTRY_ENVELOPE_BYTES as u64 + overhead);
+        (room / n).max(1024)
+    }
+
+    /// The outcome to record for a tool call: fitted to the record by the spill.
+    async fn fit(&self, effect_id: &str, tool_name: &str, value: Value) -> Value {
+        let limits = TurnLimits {
+            record_entry_bytes: self.call_budget(),
+            ..self.limits().clone()
+        };
+        let artifacts = Artifacts::new(self.run.channel().clone(), self.run_id.clone(), limits);
+        fit_outcome(&artifacts, effect_id, tool_name, value).await
+    }
+
+    /// The skill whose folder a sandbox call's input names, if any.
+    fn skill_of(&self, args: &Value) -> Option<String> {
+        if self.skills.is_empty() {
+            return None;
+        }
+        let text = args.to_string();
+        self.skills
+            .iter()
+            .find(|s| text.contains(s.folder.trim_end_matches('/')))
+            .map(|s| s.name.clone())
+    }
+
+    /// Runs a sandbox tool call: `Ok(value to record)`, or `Err` when podhost could not learn
+    /// what the call did (its fate is unknown).
+    async fn run_sandbox(
+        &self,
+        tool: ToolName,
+        effect_id: &str,
+        tool_name: &str,
+        args: &Value,
+        traceparent: Option<String>,
+    ) -> Result<Result<Value, String>, Fault> {
+        let mut env = self.env.clone();
+        if let Some(tp) = traceparent.or_else(|| self.ts.traceparent().map(str::to_owned)) {
+            env.push(("TRACEPARENT".to_owned(), tp));
+        }
+        let ctx = CallContext {
+            cancel: self.cancel.child_token(),
+            env,
+        };
+        let toolbox = &self.shared.toolbox;
+        let started = Instant::now();
+        let result = if tool == ToolName::Bash {
+            let _one_at_a_time = tokio::select! {
+                g = self.shared.exec_lock.lock() => g,
+                _ = self.cancel.cancelled() => return Err(Fault::Stopped),
+            };
+            toolbox.run(tool, args, &ctx).await
+        } else {
+            toolbox.run(tool, args, &ctx).await
+        };
+        tracing::debug!(%effect_id, %tool, ms = started.elapsed().as_secs_f64() * 1000.0, "tool ran");
+        if self.cancel.is_cancelled() {
+            return Err(Fault::Stopped);
+        }
+        Ok(match result {
+            Ok(outcome) => {
+                let value = serde_json::to_value(&outcome)
+                    .map_err(|e| Fault::Internal(format!("could not encode an outcome: {e}")))?;
+                Ok(self.fit(effect_id, tool_name, value).await)
+            }
+            Err(e) => {
+                tracing::error!(%effect_id, %tool, error = %e, "a tool call failed in podhost");
+                Err(format!("podhost could not learn what the call did: {e}"))
+            }
+        })
+    }
+
+    /// Cancels a model call at the gate when the run was cancelled (not when it was taken
+    /// away: the next owner rejoins the call then).
+    async fn stopped_in_model_call(&self, effect_id: &str) -> Fault {
+        match self.run.stop_reason() {
+            Some(StopReason::Cancel | StopReason::Deadline) => {
+                self.shared
+                    .gates
+                    .cancel_model_call(self.current_token(), effect_id)
+                    .await;
+            }
+            _ => {
+                tracing::info!(%effect_id, "run stopped with a model call at the gate; left for the next owner")
+            }
+        }
+        Fault::Stopped
+    }
+}
+
+impl TurnHost for Segment {
+    type Error = Fault;
+
+    fn should_yield(&self, step: u32) -> bool {
+        step >= self.yield_steps || self.started.elapsed() >= self.yield_after
+    }
+
+    async fn model(
+        &mut self,
+        step: u32,
+        cancel: &CancellationToken,
+    ) -> Result<Effect<ModelAnswer>, Fault> {
+        let prompt = transcript::prompt(
+            &self.offer.instructions,
+            &self.entries,
+            &self.ids.turn_id,
+            &self.media,
+        );
+        let call = json!({
+            "prompt": prompt,
+            "tools": self.offer.tools,
+            "executionId": self.ids.session_id,
+        });
+        let intent = Intent::model(&self.ids, step, call);
+        let effect_id = intent.effect_id.clone();
+        let body = serde_json::to_vec(&json!({
+            "effectId": effect_id,
+            "invocationId": self.ids.step_id(step),
+            "call": intent.input,
+        }))
+        .map_err(|e| Fault::Internal(format!("could not encode the model call: {e}")))?;
+        let limit = self.limits().model_call_bytes;
+        if body.len() as u64 > limit {
+            return Err(Fault::Failed {
+                code: codes::model::CALL_TOO_LARGE,
+                message: format!(
+                    "The model call of step {step} is {} bytes, past limits.modelCallBytes ({limit} \
+                     bytes)",
+                    body.len()
+                ),
+            });
+        }
+        let hash = intent.hash();
+        let value = match self.journal.decide(&intent, &hash).await? {
+            Decision::Known { value, replayed } => {
+                tracing::debug!(%effect_id, replayed, "model outcome known");
+                value
+            }
+            Decision::Wait { uncertain } => {
+                self.uncertain |= uncertain;
+                return Ok(Effect::Wait(effect_id));
+            }
+            Decision::Execute { rejoin, .. } => {
+                if rejoin {
+                    tracing::info!(%effect_id, "rejoining a model call a previous owner left at the gate");
+                }
+                let started = Instant::now();
+                let trace = self.ts.trace.clone().unwrap_or_default();
+                let sent = self
+                    .shared
+                    .gates
+                    .model_call(
+                        ModelRequest {
+                            token: self.current_token(),
+                            effect_id: &effect_id,
+                            traceparent: trace.traceparent.as_deref(),
+                            tracestate: trace.tracestate.as_deref(),
+                            body: &body,
+                        },
+                        cancel,
+                    )
+                    .await;
+                let answer = match sent {
+                    Ok(a) if !cancel.is_cancelled() => a,
+                    _ => return Err(self.stopped_in_model_call(&effect_id).await),
+                };
+                tracing::debug!(%effect_id, ms = started.elapsed().as_secs_f64() * 1000.0, "model call answered");
+                // Core records no outcome past the record entry limit, and a model's answer is
+                // not podhost's to cut: the turn fails, saying so.
+                let value = answer.to_value();
+                let (bytes, limit) = (json_len(&value) as u64, self.limits().record_entry_bytes);
+                if bytes > limit {
+                    return Err(Fault::Failed {
+                        code: codes::model::ANSWER_TOO_LARGE,
+                        message: format!(
+                            "The model's answer of step {step} is {bytes} bytes, past \
+                             limits.recordEntryBytes ({limit} bytes)"
+                        ),
+                    });
+                }
+                match self.journal.outcome(&effect_id, value).await? {
+                    Recorded::Completed(v) => v,
+                    Recorded::Uncertain => {
+                        self.uncertain = true;
+                        return Ok(Effect::Wait(effect_id));
+                    }
+                }
+            }
+        };
+        ModelAnswer::from_value(&value)
+            .map(Effect::Done)
+            .map_err(|e| Fault::Internal(format!("the outcome of {effect_id}: {e}")))
+    }
+
+    async fn answered(&mut self, step: u32, candidate: &Candidate) -> Result<(), Fault> {
+        let step_id = self.ids.step_id(step);
+        self.entries.push(transcript::candidate_entry(
+            &self.ids.turn_id,
+            &step_id,
+            candidate,
+        ));
+        self.last_step = Some(step);
+        self.calls_in_step = candidate
+            .tool_calls()
+            .map(|c| (c.id.len(), c.name.len()))
+            .collect();
+        Ok(())
+    }
+
+    async fn tool(
+        &mut self,
+        step: u32,
+        call: &ToolCallBlock,
+        _cancel: &CancellationToken,
+    ) -> Result<ToolEffect, Fault> {
+        let Some((route, command)) = self.offer.route(&call.name) else {
+            return Ok(ToolEffect::Done(ResultOutcome::failed(
+                codes::tool::UNKNOWN,
+                format!(
+                    "There is no tool named {:?}. The tools are: {}.",
+                    call.name,
+                    self.offer.names().join(", ")
+                ),
+            )));
+        };
+        let mut args = call.args.clone();
+        if let (Some(cmd), Some(o)) = (command, args.as_object_mut()) {
+            o.insert("command".to_owned(), Value::String(cmd));
+        }
+        if route == Route::Memory
+            && let Err(message) = self.offer.check_memory(&args)
+        {
+            return Ok(ToolEffect::Done(ResultOutcome::failed(
+                "memory.invalid_input",
+                message,
+            )));
+        }
+        let mut intent = Intent::tool(
+            &self.ids,
+            step,
+            &call.id,
+            &call.name,
+            route.target(),
+            args.clone(),
+        );
+        if matches!(route, Route::Sandbox(_)) {
+            intent.skill = self.skill_of(&args);
+        }
+        let effect_id = intent.effect_id.clone();
+        let hash = intent.hash();
+        let traceparent = match self.journal.decide(&intent, &hash).await? {
+            Decision::Known { value, replayed } => {
+                tracing::debug!(%effect_id, replayed, "tool outcome known");
+                return Ok(ToolEffect::Done(result_outcome(value)));
+            }
+            Decision::Wait { uncertain } => {
+                self.uncertain |= uncertain;
+                return Ok(ToolEffect::Wait(effect_id));
+            }
+            Decision::Execute { traceparent, .. } => traceparent,
+        };
+        let produced: Result<Value, String> = match route {
+            Route::Sandbox(tool) => {
+                self.run_sandbox(tool, &effect_id, &call.name, &args, traceparent)
+                    .await?
+            }
+            Route::ReadArtifact => {
+                let artifacts = Artifacts::new(
+                    self.run.channel().clone(),
+                    self.run_id.clone(),
+                    self.limits().clone(),
+                );
+                let outcome = read_for_model(&artifacts, &args).await;
+                if self.cancel.is_cancelled() {
+                    return Err(Fault::Stopped);
+                }
+                let value = serde_json::to_value(&outcome)
+                    .map_err(|e| Fault::Internal(format!("could not encode an outcome: {e}")))?;
+                Ok(self.fit(&effect_id, &call.name, value).await)
+            }
+            // Core runs these in the intent's own transaction; `execute` is not an answer
+            // podhost can act on, so the call fails to the model.
+            Route::Memory | Route::ScheduleWake => Ok(json!({
+                "kind": "failed",
+                "code": codes::tool::UNAVAILABLE,
+                "message": format!("{} is run by core, which did not run it", call.name),
+            })),
+        };
+        let recorded = match produced {
+            Ok(value) => self.journal.outcome(&effect_id, value).await?,
+            Err(error) => self.journal.outcome_error(&effect_id, &error).await?,
+        };
+        Ok(ToolEffect::Done(match recorded {
+            Recorded::Completed(v) => result_outcome(v),
+            Recorded::Uncertain => ResultOutcome::failed(
+                codes::tool::UNCERTAIN,
+                "podhost could not learn whether this call ran; check before running it again.",
+            ),
+        }))
+    }
+
+    async fn results(&mut self, step: u32, results: &[ToolResult]) -> Result<(), Fault> {
+        let step_id = self.ids.step_id(step);
+        self.entries.push(transcript::results_entry(
+            &self.ids.turn_id,
+            &step_id,
+            results,
+        ));
+        Ok(())
+    }
+}
+
+/// A recorded tool outcome as the model is told: a `{kind: completed | denied | failed, …}`
+/// value as such, anything else (a spilled stub, a plain output) as a completed output.
+fn result_outcome(value: Value) -> ResultOutcome {
+    let kind = value.get("kind").and_then(Value::as_str);
+    if matches!(kind, Some("completed" | "denied" | "failed"))
+        && let Ok(o) = ResultOutcome::deserialize(&value)
+    {
+        return o;
+    }
+    ResultOutcome::Completed {
+        output: value,
+        files: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    #[test]
+    fn recorded_tool_outcomes_read_as_results() {
+        assert_eq!(
+            result_outcome(json!({"kind": "failed", "code": "tool.denied", "message": "no"})),
+            ResultOutcome::failed("tool.denied", "no")
+        );
+        assert_eq!(
+            result_outcome(json!({"kind": "denied", "reason": "policy"})),
+            ResultOutcome::Denied {
+                reason: "policy".into()
+            }
+        );
+        // A spilled stub, or any plain value, is what the call produced.
+        let stub = json!({"truncated": true, "artifactId": "a1", "size": 9, "preview": "…"});
+        assert_eq!(
+            result_outcome(stub.clone()),
+            ResultOutcome::Completed {
+                output: stub,
+                files: None
+            }
+        );
+        let odd = json!({"kind": "completed"});
+        assert_eq!(
+            result_outcome(odd.clone()),
+            ResultOutcome::Completed {
+                output: odd,
+                files: None
+            }
+        );
+    }
+}

@@ -1,0 +1,555 @@
+//! The session's transcript (v5 §6): its entries, the prompt a model call is built from, and the
+//! edits a segment reports.
+//!
+//! Owns: the four entry kinds podhost writes (`input`, `candidate`, `tool-results`, `final`; it
+//! reads `compaction` too), the projection of instructions + entries into a `ModelCall` prompt
+//! (v2 notes §4.1), and [`updates`]: `{keep, entries, length}` edits from the transcript a segment
+//! read to the one it leaves, each filled up to `limits.recordEntryBytes`.
+//!
+//! Invariants:
+//! * Entries are kept as the JSON core stores (`serde_json::Value`), so an entry podhost did not
+//!   write (or a field it does not know) passes through an edit unchanged.
+//! * The projection is a pure function of its inputs: a replayed segment builds the same prompt,
+//!   and so the same request hash.
+//! * No edit is larger than the limit: an entry that cannot fit alone is an error, never sent
+//!   (core would refuse it).
+//!
+//! Non-goals: compaction (podhost writes no summaries; a `compaction` entry another segment wrote
+//! is projected as the summary it holds).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::agent::model::{Candidate, ResultOutcome, ToolResult};
+use crate::nylorun::turn::shaping::json_len;
+use crate::nylorun::turn::turn_start::{Message, ModelDescriptor};
+
+/// One edit of the transcript: the first `keep` entries of the previous transcript, then
+/// `entries`; the result has exactly `length` entries.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TranscriptUpdate {
+    pub keep: usize,
+    pub entries: Vec<Value>,
+    pub length: usize,
+}
+
+/// An entry that cannot fit in one record entry.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "transcript entry {index} ({kind}) is {bytes} bytes as JSON, past limits.recordEntryBytes \
+     ({limit} bytes)"
+)]
+pub struct EntryTooLarge {
+    pub index: usize,
+    pub kind: String,
+    pub bytes: usize,
+    pub limit: usize,
+}
+
+/// `{kind: "input", turnId, event}` for one message of the turn's input.
+pub fn input_entry(turn_id: &str, message: &Message) -> Value {
+    json!({"kind": "input", "turnId": turn_id, "event": message.event()})
+}
+
+/// `{kind: "candidate", turnId, stepId, candidate}`.
+pub fn candidate_entry(turn_id: &str, step_id: &str, candidate: &Candidate) -> Value {
+    json!({
+        "kind": "candidate",
+        "turnId": turn_id,
+        "stepId": step_id,
+        "candidate": serde_json::to_value(candidate).unwrap_or(Value::Null),
+    })
+}
+
+/// `{kind: "tool-results", turnId, stepId, results}`.
+pub fn results_entry(turn_id: &str, step_id: &str, results: &[ToolResult]) -> Value {
+    json!({
+        "kind": "tool-results",
+        "turnId": turn_id,
+        "stepId": step_id,
+        "results": serde_json::to_value(results).unwrap_or(Value::Null),
+    })
+}
+
+/// `{kind: "final", turnId, stepId, output}`.
+pub fn final_entry(turn_id: &str, step_id: &str, output: &Value) -> Value {
+    json!({"kind": "final", "turnId": turn_id, "stepId": step_id, "output": output})
+}
+
+/// How media parts reach the model.
+#[derive(Clone, Debug, Default)]
+pub struct MediaPolicy {
+    /// What the model reads (`image`, `pdf`, …); `None`: no descriptor, let the gate decide.
+    pub inputs: Option<Vec<String>>,
+}
+
+impl MediaPolicy {
+    pub fn from_model(model: Option<&ModelDescriptor>) -> Self {
+        MediaPolicy {
+            inputs: model.map(|m| m.inputs.clone()),
+        }
+    }
+
+    /// A content part as the model gets it: media it can read as is; a text file, or a kind
+    /// it does not read, as a note naming the artifact (the gate refuses both as media).
+    fn part(&self, part: &Value) -> Value {
+        if part.get("type").and_then(Value::as_str) != Some("media") {
+            return part.clone();
+        }
+        let media_type = part.get("mediaType").and_then(Value::as_str).unwrap_or("");
+        let category = media_category(media_type);
+        let readable = match (&self.inputs, category) {
+            (_, "text") => false,
+            (None, _) => true,
+            (Some(inputs), c) => inputs.iter().any(|i| i == c),
+        };
+        if readable {
+            return part.clone();
+        }
+        let reference = part.get("reference").cloned().unwrap_or(Value::Null);
+        let artifact = reference
+            .get("artifactId")
+            .and_then(Value::as_str)
+            .unwrap_or("?");
+        let name = reference
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or(artifact);
+        let version = reference
+            .get("version")
+            .map(|v| format!(" version {v}"))
+            .unwrap_or_default();
+        let why = if category == "text" {
+            "Its text is not shown here".to_owned()
+        } else {
+            format!("This model cannot read {category} files")
+        };
+        json!({
+            "type": "text",
+            "text": format!(
+                "[Attached file {name} ({media_type}): artifact {artifact}{version}. {why}; call \
+                 read_artifact with artifactId \"{artifact}\" to read it.]"
+            ),
+        })
+    }
+}
+
+/// The kind of input a media type is, as `ModelDescriptor.inputs` names them.
+fn media_category(media_type: &str) -> &'static str {
+    let mt = media_type.to_ascii_lowercase();
+    let (top, sub) = mt.split_once('/').unwrap_or((mt.as_str(), ""));
+    match top {
+        "image" => "image",
+        "audio" => "audio",
+        "video" => "video",
+        "text" => "text",
+        _ if sub == "pdf" => "pdf",
+        _ if [
+            "json",
+            "xml",
+            "yaml",
+            "x-yaml",
+            "javascript",
+            "x-sh",
+            "csv",
+            "toml",
+        ]
+        .contains(&sub)
+            || sub.ends_with("+json")
+            || sub.ends_with("+xml") =>
+        {
+            "text"
+        }
+        _ if sub.contains("msword")
+            || sub.contains("officedocument")
+            || sub.contains("ms-excel")
+            || sub.contains("ms-powerpoint")
+            || sub.contains("opendocument") =>
+        {
+            "office"
+        }
+        _ => "file",
+    }
+}
+
+/// The prompt: instructions, then the transcript's entries (v2 notes §4.1).
+pub fn prompt(
+    instructions: &str,
+    entries: &[Value],
+    current_turn: &str,
+    media: &MediaPolicy,
+) -> Vec<Value> {
+    let mut items = Vec::with_capacity(entries.len() + 1);
+    if !instructions.is_empty() {
+        items.push(json!({
+            "kind": "instructions",
+            "role": "system",
+            "content": [{"type": "text", "text": instructions}],
+        }));
+    }
+    for entry in entries {
+        project_entry(entry, current_turn, media, &mut items);
+    }
+    items
+}
+
+fn project_entry(entry: &Value, current_turn: &str, media: &MediaPolicy, out: &mut Vec<Value>) {
+    let kind = entry.get("kind").and_then(Value::as_str).unwrap_or("");
+    match kind {
+        "input" => {
+            let event = entry.get("event").unwrap_or(&Value::Null);
+            let event_kind = event.get("kind").and_then(Value::as_str).unwrap_or("");
+            if !matches!(event_kind, "user-message" | "interrupt") {
+                return;
+            }
+            let content: Vec<Value> = if let Some(text) = event.get("text").and_then(Value::as_str)
+            {
+                vec![json!({"type": "text", "text": text})]
+            } else if let Some(parts) = event.get("content").and_then(Value::as_array) {
+                parts.iter().map(|p| media.part(p)).collect()
+            } else {
+                return;
+            };
+            out.push(json!({"kind": "message", "role": "user", "content": content}));
+        }
+        "candidate" => {
+            let turn = entry.get("turnId").and_then(Value::as_str).unwrap_or("");
+            let blocks = entry
+                .get("candidate")
+                .and_then(|c| c.get("output"))
+                .and_then(Value::as_array);
+            let content: Vec<Value> = blocks
+                .into_iter()
+                .flatten()
+                .filter_map(|b| assistant_part(b, turn == current_turn))
+                .collect();
+            if !content.is_empty() {
+                out.push(json!({"kind": "message", "role": "assistant", "content": content}));
+            }
+        }
+        "tool-results" => {
+            let results = entry.get("results").and_then(Value::as_array);
+            for r in results.into_iter().flatten() {
+                out.push(tool_result_item(r));
+            }
+        }
+        "compaction" => {
+            let summary = entry.get("summary").and_then(Value::as_str).unwrap_or("");
+            out.push(json!({
+                "kind": "message",
+                "role": "user",
+                "content": [{"type": "text", "text": format!(
+                    "A summary of the conversation so far, which replaced its older part:\n\n{summary}"
+                )}],
+            }));
+        }
+        // `final` repeats the last candidate's text; anything else is not for the model.
+        _ => {}
+    }
+}
+
+/// One block of a recorded answer as a prompt part. Reasoning goes back only when the provider
+/// gave metadata to replay it with (and, for `replay: "turn"`, only within its own turn).
+fn assistant_part(block: &Value, same_turn: bool) -> Option<Value> {
+    let pm = block.get("providerMetadata").filter(|v| !v.is_null());
+    let with_pm = |mut part: Value| {
+        if let Some(pm) = pm {
+            part["providerMetadata"] = pm.clone();
+        }
+        part
+    };
+    match block.get("type").and_then(Value::as_str)? {
+        "text" => Some(with_pm(
+            json!({"type": "text", "text": block.get("text").cloned().unwrap_or_default()}),
+        )),
+        "reasoning" => {
+            let pm = pm?;
+            if pm.get("replay").and_then(Value::as_str) == Some("turn") && !same_turn {
+                return None;
+            }
+            Some(with_pm(
+                json!({"type": "reasoning", "text": block.get("text").cloned().unwrap_or_default()}),
+            ))
+        }
+        "json" => Some(json!({
+            "type": "text",
+            "text": block.get("value").map(Value::to_string).unwrap_or_default(),
+        })),
+        "tool-call" => Some(with_pm(json!({
+            "type": "tool-call",
+            "id": block.get("id").cloned().unwrap_or_default(),
+            "name": block.get("name").cloned().unwrap_or_default(),
+            "args": block.get("args").cloned().unwrap_or_else(|| json!({})),
+        }))),
+        _ => None,
+    }
+}
+
+/// A tool result as a `tool-result` prompt item: its payload as JSON text.
+fn tool_result_item(result: &Value) -> Value {
+    let parsed = ToolResult::deserialize(result).ok();
+    let (status, payload) = match parsed.as_ref().map(|r| &r.outcome) {
+        Some(ResultOutcome::Completed { output, .. }) => ("completed", output.clone()),
+        Some(ResultOutcome::Denied { reason }) => {
+            ("denied", json!({"kind": "denied", "reason": reason}))
+        }
+        Some(f @ ResultOutcome::Failed { .. }) => {
+            ("failed", serde_json::to_value(f).unwrap_or(Value::Null))
+        }
+        None => ("failed", result.clone()),
+    };
+    json!({
+        "kind": "tool-result",
+        "toolCallId": result.get("callId").cloned().unwrap_or_default(),
+        "toolName": result.get("toolName").cloned().unwrap_or_default(),
+        "status": status,
+        "content": [{"type": "text", "text": payload.to_string()}],
+    })
+}
+
+/// The edits that turn `before` into `after`, each at most `limit` bytes as JSON.
+///
+/// `keep` is the longest common prefix. Identical transcripts need no edit; a pure truncation is
+/// one edit with no entries; otherwise the new tail is cut into edits filled greedily up to the
+/// limit, applied in order (each `keep` is the previous edit's `length`).
+pub fn updates(
+    before: &[Value],
+    after: &[Value],
+    limit: usize,
+) -> Result<Vec<TranscriptUpdate>, EntryTooLarge> {
+    let keep = before.iter().zip(after).take_while(|(a, b)| a == b).count();
+    if keep == before.len() && keep == after.len() {
+        return Ok(Vec::new());
+    }
+    if keep == after.len() {
+        return Ok(vec![TranscriptUpdate {
+            keep,
+            entries: Vec::new(),
+            length: keep,
+        }]);
+    }
+    let mut out = Vec::new();
+    let mut current = TranscriptUpdate {
+        keep,
+        entries: Vec::new(),
+        length: keep,
+    };
+    let mut bytes = 0usize;
+    for (i, entry) in after.iter().enumerate().skip(keep) {
+        let size = json_len(entry);
+        let alone = update_bytes(current.length, current.length + 1, size);
+        if current.entries.is_empty() && alone > limit {
+            return Err(too_large(i, entry, alone, limit));
+        }
+        let n = current.entries.len();
+        let grown = update_bytes(current.keep, current.keep + n + 1, bytes + size + n);
+        if n > 0 && grown > limit {
+            let next_keep = current.length;
+            out.push(std::mem::replace(
+                &mut current,
+                TranscriptUpdate {
+                    keep: next_keep,
+                    entries: Vec::new(),
+                    length: next_keep,
+                },
+            ));
+            bytes = 0;
+            let alone = update_bytes(next_keep, next_keep + 1, size);
+            if alone > limit {
+                return Err(too_large(i, entry, alone, limit));
+            }
+        }
+        current.entries.push(entry.clone());
+        current.length += 1;
+        bytes += size;
+    }
+    out.push(current);
+    Ok(out)
+}
+
+fn too_large(index: usize, entry: &Value, bytes: usize, limit: usize) -> EntryTooLarge {
+    EntryTooLarge {
+        index,
+        kind: entry
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or("?")
+            .to_owned(),
+        bytes,
+        limit,
+    }
+}
+
+/// `{"keep":K,"entries":[…],"length":L}` is 32 bytes plus the digits plus the entries (their
+/// bytes and the commas between them, `entries_bytes`).
+fn update_bytes(keep: usize, length: usize, entries_bytes: usize) -> usize {
+    32 + digits(keep) + digits(length) + entries_bytes
+}
+
+fn digits(n: usize) -> usize {
+    n.checked_ilog10().map_or(1, |d| d as usize + 1)
+}
+
+/// Applies edits to a transcript, as core folds them.
+pub fn fold(transcript: &[Value], edits: &[TranscriptUpdate]) -> Result<Vec<Value>, String> {
+    let mut t = transcript.to_vec();
+    for (i, e) in edits.iter().enumerate() {
+        if e.keep > t.len() {
+            return Err(format!("edit {i} keeps {} entries of {}", e.keep, t.len()));
+        }
+        t.truncate(e.keep);
+        t.extend(e.entries.iter().cloned());
+        if t.len() != e.length {
+            return Err(format!(
+                "edit {i} leaves {} entries, not its length {}",
+                t.len(),
+                e.length
+            ));
+        }
+    }
+    Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::model::{Block, ToolCallBlock};
+    use pretty_assertions::assert_eq;
+
+    fn entry(n: usize, pad: usize) -> Value {
+        json!({"kind": "final", "turnId": "t", "stepId": format!("s{n}"), "output": "x".repeat(pad)})
+    }
+
+    #[test]
+    fn updates_fill_each_event_up_to_the_limit_and_fold_back() {
+        let before: Vec<Value> = (0..3).map(|i| entry(i, 10)).collect();
+        let mut after = before[..2].to_vec();
+        after.extend((10..20).map(|i| entry(i, 100)));
+        let limit = 400;
+        let edits = updates(&before, &after, limit).unwrap();
+        assert!(edits.len() > 1);
+        assert_eq!(edits[0].keep, 2);
+        for pair in edits.windows(2) {
+            assert_eq!(pair[1].keep, pair[0].length);
+        }
+        for e in &edits {
+            let size = serde_json::to_string(e).unwrap().len();
+            assert!(size <= limit, "{size} > {limit}");
+            assert!(!e.entries.is_empty());
+        }
+        // Greedy: no edit could have taken the next one's first entry.
+        for pair in edits.windows(2) {
+            let mut grown = pair[0].clone();
+            grown.entries.push(pair[1].entries[0].clone());
+            grown.length += 1;
+            assert!(serde_json::to_string(&grown).unwrap().len() > limit);
+        }
+        assert_eq!(fold(&before, &edits).unwrap(), after);
+    }
+
+    #[test]
+    fn identical_truncated_and_oversized_transcripts() {
+        let t: Vec<Value> = (0..3).map(|i| entry(i, 1)).collect();
+        assert_eq!(updates(&t, &t, 1000).unwrap(), vec![]);
+        assert_eq!(
+            updates(&t, &t[..1], 1000).unwrap(),
+            vec![TranscriptUpdate {
+                keep: 1,
+                entries: vec![],
+                length: 1
+            }]
+        );
+        let big = vec![entry(0, 500)];
+        let err = updates(&[], &big, 300).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "transcript entry 0 (final) is 589 bytes as JSON, past limits.recordEntryBytes (300 \
+             bytes)"
+        );
+        // Exactly at the limit fits.
+        let exact = updates(&[], &big, 589).unwrap();
+        assert_eq!(serde_json::to_string(&exact[0]).unwrap().len(), 589);
+    }
+
+    #[test]
+    fn the_prompt_projects_every_kind() {
+        let candidate = Candidate {
+            output: vec![
+                Block::Reasoning {
+                    text: "think".into(),
+                    provider_metadata: None,
+                },
+                Block::Reasoning {
+                    text: "signed".into(),
+                    provider_metadata: Some(json!({"sig": "x"})),
+                },
+                Block::Text {
+                    text: "Let me look.".into(),
+                    provider_metadata: None,
+                },
+                Block::ToolCall(ToolCallBlock::from_json_arguments(
+                    "c1".into(),
+                    "bash".into(),
+                    r#"{"command":"ls"}"#,
+                )),
+            ],
+            ..Candidate::default()
+        };
+        let results = [ToolResult {
+            call_id: "c1".into(),
+            tool_name: "bash".into(),
+            outcome: ResultOutcome::Completed {
+                output: json!({"exitCode": 0}),
+                files: None,
+            },
+        }];
+        let entries = vec![
+            input_entry(
+                "t",
+                &Message::Content {
+                    content: vec![
+                        json!({"type": "text", "text": "see"}),
+                        json!({"type": "media", "mediaType": "text/csv",
+                               "reference": {"artifactId": "a1", "version": 2, "name": "d.csv"}}),
+                        json!({"type": "media", "mediaType": "image/png",
+                               "reference": {"artifactId": "a2", "version": 1}}),
+                    ],
+                    metadata: None,
+                },
+            ),
+            candidate_entry("t", "s0", &candidate),
+            results_entry("t", "s0", &results),
+            final_entry("t", "s1", &json!("done")),
+        ];
+        let media = MediaPolicy {
+            inputs: Some(vec!["text".into()]),
+        };
+        let p = prompt("Be brief.", &entries, "t", &media);
+        assert_eq!(
+            p,
+            vec![
+                json!({"kind": "instructions", "role": "system",
+                       "content": [{"type": "text", "text": "Be brief."}]}),
+                json!({"kind": "message", "role": "user", "content": [
+                    {"type": "text", "text": "see"},
+                    {"type": "text", "text": "[Attached file d.csv (text/csv): artifact a1 version 2. Its text is not shown here; call read_artifact with artifactId \"a1\" to read it.]"},
+                    {"type": "text", "text": "[Attached file a2 (image/png): artifact a2 version 1. This model cannot read image files; call read_artifact with artifactId \"a2\" to read it.]"},
+                ]}),
+                json!({"kind": "message", "role": "assistant", "content": [
+                    {"type": "reasoning", "text": "signed", "providerMetadata": {"sig": "x"}},
+                    {"type": "text", "text": "Let me look."},
+                    {"type": "tool-call", "id": "c1", "name": "bash", "args": {"command": "ls"}},
+                ]}),
+                json!({"kind": "tool-result", "toolCallId": "c1", "toolName": "bash",
+                       "status": "completed", "content": [{"type": "text", "text": "{\"exitCode\":0}"}]}),
+            ]
+        );
+        // Without a descriptor, media the gate may read pass through.
+        let p = prompt("", &entries[..1], "t", &MediaPolicy::default());
+        assert_eq!(
+            p[0]["content"][2],
+            json!({"type": "media", "mediaType": "image/png", "reference": {"artifactId": "a2", "version": 1}})
+        );
+    }
+}
