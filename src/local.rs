@@ -169,7 +169,7 @@ pub async fn run(args: RunConfig) -> Result<i32, LocalError> {
             on_signal.cancel();
         }
     });
-    let end = turn::run(&mut host, 0, &cancel).await;
+    let end = turn::drive(&mut host, 0, &cancel).await;
     Ok(match end {
         Ok(TurnEnd::Completed { .. }) => exit::OK,
         Ok(TurnEnd::InputRequired { calls }) => {
@@ -238,7 +238,9 @@ pub async fn tool(args: ToolConfig) -> Result<i32, LocalError> {
             on_signal.cancel();
         }
     });
-    let outcome = toolbox.run(name, &input, &CallContext::new(cancel)).await?;
+    let outcome = toolbox
+        .call(name.as_str(), &input, &CallContext::new(cancel))
+        .await?;
     println!("{}", serde_json::json!(outcome));
     Ok(match &outcome {
         ToolOutcome::Failed { code, message, .. } if code == codes::INVALID_INPUT => {

@@ -49,7 +49,7 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::FAILURE as u8);
         }
     };
-    let code = match runtime.block_on(run(cli)) {
+    let code = match runtime.block_on(dispatch(cli)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("podhost: {e:#}");
@@ -87,7 +87,7 @@ fn init_tracing() {
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<i32> {
+async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     // Orphans of commands whose supervisor died re-parent to podhost, which kills and reaps them.
     if let Err(e) = exec::reaper::start() {
         tracing::warn!("could not become a child subreaper: {e}");
@@ -112,15 +112,30 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
 fn local(command: &str, result: Result<i32, podhost::local::LocalError>) -> i32 {
     match result {
         Ok(code) => code,
-        Err(e @ podhost::local::LocalError::Usage(_)) => {
-            eprintln!("podhost {command}: {e}");
-            exit::USAGE
-        }
         Err(e) => {
-            eprintln!("podhost {command}: {e}");
-            exit::FAILURE
+            eprintln!("podhost {command}: {}", error_chain(&e));
+            match e {
+                podhost::local::LocalError::Usage(_) => exit::USAGE,
+                _ => exit::FAILURE,
+            }
         }
     }
+}
+
+/// An error and each of its causes, once, joined by `: `.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let more = cause.to_string();
+        // A variant that shows its source in its own text must not print it twice.
+        if !text.ends_with(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// `podhost health`: exit 0 when the pod host answers `connected: true` (with `--live`: when it
@@ -186,6 +201,6 @@ async fn pod(args: &podhost::config::PodArgs) -> anyhow::Result<i32> {
         on_signal.cancel();
     });
     let handler = podhost::nylorun::host::pod::Handler::Turns;
-    podhost::nylorun::host::pod::run(config, supervisor, handler, shutdown).await?;
+    podhost::nylorun::host::pod::serve(config, supervisor, handler, shutdown).await?;
     Ok(exit::OK)
 }

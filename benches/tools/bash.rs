@@ -75,14 +75,16 @@ pub fn main() {
     let tool = || {
         measure(|| {
             let out = rt
-                .block_on(toolbox.run(ToolName::Bash, &input, &ctx))
+                .block_on(toolbox.call(ToolName::Bash.as_str(), &input, &ctx))
                 .unwrap();
             assert!(out.is_completed(), "{out:?}");
         })
     };
     let bash_on = |tb: &Toolbox| {
         measure(|| {
-            let out = rt.block_on(tb.run(ToolName::Bash, &input, &ctx)).unwrap();
+            let out = rt
+                .block_on(tb.call(ToolName::Bash.as_str(), &input, &ctx))
+                .unwrap();
             assert!(out.is_completed(), "{out:?}");
         })
     };
@@ -90,7 +92,7 @@ pub fn main() {
     let read_on = |tb: &Toolbox| {
         measure(|| {
             let out = rt
-                .block_on(tb.run(ToolName::Read, &read_input, &ctx))
+                .block_on(tb.call(ToolName::Read.as_str(), &read_input, &ctx))
                 .unwrap();
             assert!(out.is_completed(), "{out:?}");
         })

@@ -97,7 +97,7 @@ pub trait TurnHost {
 }
 
 /// Runs the loop from step `first` until the turn ends.
-pub async fn run<H: TurnHost>(
+pub async fn drive<H: TurnHost>(
     host: &mut H,
     first: u32,
     cancel: &CancellationToken,
@@ -279,7 +279,7 @@ mod tests {
     }
 
     async fn run_script(host: &mut Scripted) -> TurnEnd {
-        run(host, 0, &CancellationToken::new()).await.unwrap()
+        drive(host, 0, &CancellationToken::new()).await.unwrap()
     }
 
     #[tokio::test]
@@ -390,7 +390,7 @@ mod tests {
         let cancel = CancellationToken::new();
         cancel.cancel();
         assert_eq!(
-            run(&mut host, 0, &cancel).await.unwrap(),
+            drive(&mut host, 0, &cancel).await.unwrap(),
             TurnEnd::Cancelled
         );
         assert!(host.log.is_empty());

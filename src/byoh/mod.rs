@@ -15,6 +15,7 @@
 //! endpoint listens on loopback only). Model API keys stay in memory, are scrubbed from every
 //! message, and never reach the store, a log, or a command's environment.
 
+pub mod engine;
 pub mod invocation;
 pub mod protocol;
 pub mod runner;
@@ -25,7 +26,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use invocation::{Engine, EngineConfig};
+use engine::{Engine, EngineConfig};
 use store::Store;
 use tracing::{info, warn};
 

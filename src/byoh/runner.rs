@@ -20,7 +20,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
-use super::invocation::{Inner, Live};
+use super::engine::{Engine, Inner, Live};
 use super::protocol::Status;
 use super::store::{Store, now_ms};
 use crate::agent::turn::{self, TurnEnd};
@@ -171,7 +171,7 @@ async fn run_turn(
     };
     let mut host = ChatTurn::new(front, inner.client.clone(), conn, toolbox, transcript)
         .with_max_steps(inner.config.max_steps);
-    turn::run(&mut host, 0, &live.cancel).await.map(Some)
+    turn::drive(&mut host, 0, &live.cancel).await.map(Some)
 }
 
 /// A toolbox on the session's workspace, created on first use.
@@ -197,7 +197,7 @@ pub fn orphan_message(grace: Duration) -> String {
     )
 }
 
-impl super::invocation::Engine {
+impl Engine {
     /// Takes up the turns a previous process left queued or running, and starts the sweeper.
     pub async fn recover(&self) -> Result<(), super::store::StoreError> {
         let inner = &self.inner;

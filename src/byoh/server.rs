@@ -34,7 +34,8 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tracing::{info, warn};
 
-use super::invocation::{ByohError, Engine};
+use super::engine::Engine;
+use super::invocation::ByohError;
 use super::protocol::{
     CancelRequest, ErrorBody, ErrorDetail, MAX_BODY_BYTES, OutputBody, PROTOCOL_VERSION, Status,
     StatusBody, SubmitRequest,

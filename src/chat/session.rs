@@ -29,7 +29,7 @@ use crate::agent::model::ToolCallBlock;
 use crate::agent::model::{Candidate, ModelAnswer, ModelFailure, ResultOutcome, ToolResult};
 use crate::agent::turn::{Effect, ToolEffect, TurnHost};
 use crate::floor::codes;
-use crate::tools::{CallContext, ToolName, Toolbox};
+use crate::tools::{CallContext, ToolName, Toolbox, unknown_tool};
 
 /// The name of the tool whose calls are questions for the user.
 pub const ASK_USER: &str = "ask_user";
@@ -212,24 +212,16 @@ impl<F: Front> ChatTurn<F> {
         Ok(())
     }
 
-    async fn run_tool(&self, call: &ToolCallBlock, cancel: &CancellationToken) -> ResultOutcome {
-        let tool: ToolName = match call.name.parse() {
-            Ok(t) => t,
-            Err(_) => {
-                return ResultOutcome::failed(
-                    codes::tool::UNKNOWN,
-                    format!(
-                        "There is no tool named {:?}. The tools are bash, read, write, edit, \
-                         grep, glob and ask_user.",
-                        call.name
-                    ),
-                );
-            }
-        };
+    async fn call_tool(&self, call: &ToolCallBlock, cancel: &CancellationToken) -> ResultOutcome {
+        if call.name.parse::<ToolName>().is_err() {
+            let mut tools = ToolName::ALL.map(ToolName::as_str).to_vec();
+            tools.push(ASK_USER);
+            return unknown_tool(&call.name, &tools).into();
+        }
         let ctx = CallContext::new(cancel.child_token());
-        match self.toolbox.run(tool, &call.args, &ctx).await {
+        match self.toolbox.call(&call.name, &call.args, &ctx).await {
             Ok(outcome) => outcome.into(),
-            Err(e) => ResultOutcome::failed(codes::harness::ERROR, format!("{e}")),
+            Err(e) => e.to_outcome().into(),
         }
     }
 }
@@ -342,7 +334,7 @@ impl<F: Front> TurnHost for ChatTurn<F> {
                 None => return Ok(ToolEffect::Ask),
             }
         } else {
-            self.run_tool(call, cancel).await
+            self.call_tool(call, cancel).await
         };
         self.push(vec![ChatMessage::tool(
             call.id.clone(),

@@ -202,8 +202,8 @@ impl Executor {
     ///
     /// Await it from an async task, not inside `spawn_blocking`: the supervisor's parent-death
     /// signal is tied to the thread that spawns it, and blocking-pool threads exit when idle.
-    pub async fn run(&self, req: ExecRequest) -> Result<ExecOutput, ExecError> {
-        spawn::run(&self.config, req).await
+    pub async fn execute(&self, req: ExecRequest) -> Result<ExecOutput, ExecError> {
+        spawn::execute(&self.config, req).await
     }
 }
 

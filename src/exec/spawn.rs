@@ -54,7 +54,10 @@ enum Ended {
     Cancelled,
 }
 
-pub(super) async fn run(config: &ExecConfig, req: ExecRequest) -> Result<ExecOutput, ExecError> {
+pub(super) async fn execute(
+    config: &ExecConfig,
+    req: ExecRequest,
+) -> Result<ExecOutput, ExecError> {
     super::validate_command(&req.command).map_err(ExecError::InvalidCommand)?;
     if !req.cwd.is_dir() {
         return Err(ExecError::NoCwd(req.cwd));

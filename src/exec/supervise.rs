@@ -94,7 +94,7 @@ pub fn main() -> ExitCode {
         // podhost is gone already: nobody is waiting for this command.
         return ExitCode::from(EXIT_BROKEN);
     }
-    let status = sup.run(&req);
+    let status = sup.supervise(&req);
     sup.report(&status);
     ExitCode::SUCCESS
 }
@@ -156,7 +156,7 @@ impl Supervisor {
         let _ = self.ctl.write_all(status.encode().as_bytes());
     }
 
-    fn run(&mut self, req: &Request) -> Status {
+    fn supervise(&mut self, req: &Request) -> Status {
         if let Err(e) = prctl::set_child_subreaper(true) {
             return Status::Error(format!("could not become a child subreaper: {e}"));
         }

@@ -33,7 +33,7 @@ pub struct BashInput {
     pub timeout: Option<u64>,
 }
 
-pub async fn run(
+pub async fn execute(
     tb: &Toolbox,
     input: BashInput,
     ctx: &CallContext,
@@ -73,7 +73,7 @@ pub async fn run(
         stream_chars: STREAM_CHARS,
         confine: tb.rules().command.clone(),
     };
-    match tb.executor().run(req).await {
+    match tb.executor().execute(req).await {
         Ok(out) => Ok(ToolOutcome::completed(output(out, timeout))),
         Err(ExecError::InvalidCommand(message)) => {
             Ok(ToolOutcome::failed(codes::INVALID_INPUT, message))

@@ -48,7 +48,7 @@ pub struct EditInput {
     pub replace_all: bool,
 }
 
-pub fn run(tb: &Toolbox, input: EditInput, cancel: &CancellationToken) -> ToolOutcome {
+pub fn edit(tb: &Toolbox, input: EditInput, cancel: &CancellationToken) -> ToolOutcome {
     if input.old_string.is_empty() {
         return ToolOutcome::failed(
             codes::INVALID_INPUT,

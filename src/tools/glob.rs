@@ -44,15 +44,15 @@ pub const MORE_HINT: &str = "… more files omitted; narrow the pattern.";
 /// The whole output when nothing matched.
 pub const NO_FILES: &str = "No files matched.";
 
-pub fn run(tb: &Toolbox, input: GlobInput, cancel: &CancellationToken) -> ToolOutcome {
-    match find(tb, &input, cancel) {
+pub fn find(tb: &Toolbox, input: GlobInput, cancel: &CancellationToken) -> ToolOutcome {
+    match find_files(tb, &input, cancel) {
         Ok(out) => ToolOutcome::completed(out),
         Err(outcome) => outcome,
     }
 }
 
 /// The output text, or why the call could not run.
-fn find(
+fn find_files(
     tb: &Toolbox,
     input: &GlobInput,
     cancel: &CancellationToken,
@@ -71,7 +71,7 @@ fn find(
             paths::file_kind(&root.meta.file_type())
         )));
     }
-    let (ended, visitors) = root.walk(input.include_ignored).run(cancel, || Newest {
+    let (ended, visitors) = root.walk(input.include_ignored).visit(cancel, || Newest {
         glob: &glob,
         root: &root.host,
         matched: 0,

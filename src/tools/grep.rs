@@ -189,8 +189,8 @@ fn regex_error(pattern: &str, ignore_case: bool, e: grep_regex::Error) -> String
     }
 }
 
-pub fn run(tb: &Toolbox, input: GrepInput, cancel: &CancellationToken) -> ToolOutcome {
-    match search(tb, &input, cancel) {
+pub fn search(tb: &Toolbox, input: GrepInput, cancel: &CancellationToken) -> ToolOutcome {
+    match search_files(tb, &input, cancel) {
         Ok(found) => {
             tracing::debug!(
                 searched = found.searched,
@@ -206,7 +206,7 @@ pub fn run(tb: &Toolbox, input: GrepInput, cancel: &CancellationToken) -> ToolOu
 }
 
 /// Runs the search: what it found, or why it could not run.
-fn search(
+fn search_files(
     tb: &Toolbox,
     input: &GrepInput,
     cancel: &CancellationToken,
@@ -223,7 +223,7 @@ fn search(
     let visitors = if root.meta.is_dir() {
         let (ended, visitors) = root
             .walk(input.include_ignored)
-            .run(cancel, || Searching::new(&shared, &root.host));
+            .visit(cancel, || Searching::new(&shared, &root.host));
         if ended == Ended::Cancelled {
             return Err(cancelled());
         }
@@ -704,7 +704,7 @@ mod tests {
         }
         let tb = toolbox(dir.path());
         let cancel = CancellationToken::new();
-        let all = search(
+        let all = search_files(
             &tb,
             &input(serde_json::json!({"pattern": "absent"})),
             &cancel,
@@ -715,7 +715,7 @@ mod tests {
             let few = input(
                 serde_json::json!({"pattern": "needle", "max_results": 5, "output_mode": mode}),
             );
-            let found = search(&tb, &few, &cancel).unwrap();
+            let found = search_files(&tb, &few, &cancel).unwrap();
             assert_eq!((found.files.len(), found.over), (5, true), "{mode}");
             // The sixth match stops every thread: a few files in flight, not the tree.
             assert!(found.searched < 50, "{mode}: searched {}", found.searched);

@@ -16,6 +16,7 @@
 pub mod bash;
 pub mod edit;
 pub mod encoding;
+pub mod files;
 pub mod glob;
 pub mod grep;
 pub mod read;
@@ -34,7 +35,7 @@ use serde_json::Value;
 use crate::floor::workspace::PathError;
 
 pub use crate::floor::codes::sandbox as codes;
-pub use toolbox::{CallContext, Toolbox, ToolboxBuilder};
+pub use toolbox::{CallContext, Toolbox, ToolboxBuilder, unknown_tool};
 
 /// The tools podhost runs in a workspace, by their wire names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -128,6 +129,13 @@ impl ToolOutcome {
     }
 }
 
+impl ToolError {
+    /// The outcome the model is shown when podhost itself failed the call.
+    pub fn to_outcome(&self) -> ToolOutcome {
+        ToolOutcome::failed(crate::floor::codes::harness::ERROR, self.to_string())
+    }
+}
+
 impl From<PathError> for ToolOutcome {
     /// A refused path is a failed outcome the model can act on; an I/O fault while resolving is
     /// `sandbox.error`.
@@ -150,8 +158,9 @@ pub enum ToolError {
         #[source]
         source: crate::exec::ExecError,
     },
-    #[error("{tool} worker failed: {message}")]
-    Worker { tool: ToolName, message: String },
+    /// The thread of a file tool (`what` names it) or of a direct file operation failed.
+    #[error("{what} worker failed: {message}")]
+    Worker { what: &'static str, message: String },
 }
 
 /// Parses a tool's input, or explains to the model what is wrong with it.

@@ -51,7 +51,7 @@ pub struct ReadInput {
     pub limit: Option<u64>,
 }
 
-pub fn run(tb: &Toolbox, input: ReadInput, cancel: &CancellationToken) -> ToolOutcome {
+pub fn read(tb: &Toolbox, input: ReadInput, cancel: &CancellationToken) -> ToolOutcome {
     let first = input.offset.unwrap_or(1);
     if first == 0 {
         return ToolOutcome::failed(

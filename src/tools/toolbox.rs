@@ -33,6 +33,7 @@ pub struct ToolboxBuilder {
     supervisor: PathBuf,
     confinement: Confinement,
     egress: Option<Egress>,
+    one_at_a_time: bool,
 }
 
 impl ToolboxBuilder {
@@ -43,6 +44,7 @@ impl ToolboxBuilder {
             settings: settings.clone(),
             supervisor,
             egress: None,
+            one_at_a_time: false,
         }
     }
 
@@ -63,6 +65,13 @@ impl ToolboxBuilder {
         &self.confinement
     }
 
+    /// Commands of each toolbox run one at a time (a pod's workspace, v2 notes §7.3: core's
+    /// `workspace.exec`, the turns and the setup share it).
+    pub fn one_command_at_a_time(mut self) -> Self {
+        self.one_at_a_time = true;
+        self
+    }
+
     /// The toolbox of `workspace`. Commands get `HOME` = the workspace root; with `private_tmp`,
     /// their own temporary directory (`TMPDIR`), `/tmp` then read-only.
     pub fn build(&self, workspace: Workspace, private_tmp: Option<&Path>) -> Toolbox {
@@ -80,7 +89,11 @@ impl ToolboxBuilder {
             Some(tmp) => self.confinement.clone().private_tmp(tmp),
             None => self.confinement.clone(),
         };
-        Toolbox::new(workspace, executor.with_confinement(confinement))
+        Toolbox::with_commands(
+            workspace,
+            executor.with_confinement(confinement),
+            self.one_at_a_time,
+        )
     }
 }
 
@@ -103,7 +116,7 @@ impl CallContext {
 }
 
 /// The tools bound to one workspace. Cheap to clone; share one per workspace so that edits to a
-/// file serialize on one lock.
+/// file serialize on one lock and, where the front asks for it, commands run one at a time.
 #[derive(Clone)]
 pub struct Toolbox {
     inner: Arc<ToolboxInner>,
@@ -115,6 +128,9 @@ struct ToolboxInner {
     locks: FileLocks,
     /// The executor's confinement made concrete for this workspace.
     rules: WorkspaceRules,
+    /// Held by a running command when commands run one at a time (a pod's workspace, v2 notes
+    /// §7.3); `None` lets them run side by side.
+    commands: Option<tokio::sync::Mutex<()>>,
 }
 
 impl fmt::Debug for Toolbox {
@@ -126,8 +142,13 @@ impl fmt::Debug for Toolbox {
 }
 
 impl Toolbox {
-    /// The tools of `workspace`, confined as `executor`'s policy says (see `exec::confine`).
+    /// The tools of `workspace`, confined as `executor`'s policy says (see `exec::confine`);
+    /// commands run side by side.
     pub fn new(workspace: Workspace, executor: Executor) -> Self {
+        Toolbox::with_commands(workspace, executor, false)
+    }
+
+    fn with_commands(workspace: Workspace, executor: Executor, one_at_a_time: bool) -> Self {
         let rules = executor.confinement().for_workspace(&workspace);
         Toolbox {
             inner: Arc::new(ToolboxInner {
@@ -135,6 +156,7 @@ impl Toolbox {
                 executor,
                 locks: FileLocks::default(),
                 rules,
+                commands: one_at_a_time.then(|| tokio::sync::Mutex::new(())),
             }),
         }
     }
@@ -156,39 +178,67 @@ impl Toolbox {
         &self.inner.rules
     }
 
-    /// Runs one tool call. Input that does not match the tool's schema is a failed outcome.
-    pub async fn run(
+    /// The one entry for a sandbox call, whatever the front: `name` is the tool's wire name.
+    ///
+    /// An unknown name, input that does not match the tool's schema and a call cancelled before
+    /// it ran are failed outcomes the model can act on; `Err` is a fault of podhost. Where
+    /// commands run one at a time, a command waits here for the one before it (or for its
+    /// cancellation).
+    pub async fn call(
         &self,
-        tool: ToolName,
+        name: &str,
         input: &Value,
         ctx: &CallContext,
     ) -> Result<ToolOutcome, ToolError> {
+        let Ok(tool) = name.parse::<ToolName>() else {
+            return Ok(unknown_tool(name, &ToolName::ALL.map(ToolName::as_str)));
+        };
+        let cancelled =
+            || ToolOutcome::failed(codes::CANCELLED, "The call was cancelled before it ran.");
         if ctx.cancel.is_cancelled() {
-            return Ok(ToolOutcome::failed(
-                codes::CANCELLED,
-                "The call was cancelled before it ran.",
-            ));
+            return Ok(cancelled());
         }
         match tool {
-            ToolName::Bash => match parse(tool, input) {
-                Ok(i) => bash::run(self, i, ctx).await,
-                Err(o) => Ok(o),
-            },
-            ToolName::Read => self.blocking(tool, input, ctx, read::run).await,
-            ToolName::Write => self.blocking(tool, input, ctx, write::run).await,
-            ToolName::Edit => self.blocking(tool, input, ctx, edit::run).await,
-            ToolName::Grep => self.blocking(tool, input, ctx, grep::run).await,
-            ToolName::Glob => self.blocking(tool, input, ctx, glob::run).await,
+            ToolName::Bash => {
+                let input = match parse(tool, input) {
+                    Ok(i) => i,
+                    Err(o) => return Ok(o),
+                };
+                let _one_at_a_time = match &self.inner.commands {
+                    Some(lock) => tokio::select! {
+                        held = lock.lock() => Some(held),
+                        () = ctx.cancel.cancelled() => return Ok(cancelled()),
+                    },
+                    None => None,
+                };
+                bash::execute(self, input, ctx).await
+            }
+            ToolName::Read => self.blocking(tool, input, ctx, read::read).await,
+            ToolName::Write => self.blocking(tool, input, ctx, write::write).await,
+            ToolName::Edit => self.blocking(tool, input, ctx, edit::edit).await,
+            ToolName::Grep => self.blocking(tool, input, ctx, grep::search).await,
+            ToolName::Glob => self.blocking(tool, input, ctx, glob::find).await,
         }
     }
 
+    /// Holds the command lock (when commands run one at a time) while `f` runs, so that no
+    /// command runs beside it; `None` when `cancel` fired first.
+    pub(super) async fn without_commands<T>(
+        &self,
+        cancel: &CancellationToken,
+        f: impl std::future::Future<Output = T>,
+    ) -> Option<T> {
+        let _held = match &self.inner.commands {
+            Some(lock) => tokio::select! {
+                held = lock.lock() => Some(held),
+                () = cancel.cancelled() => return None,
+            },
+            None => None,
+        };
+        Some(f.await)
+    }
+
     /// Runs a file tool off the async workers: they do plain file-system I/O.
-    ///
-    /// Confined, each call gets a fresh thread that restricts itself with the workspace's
-    /// Landlock rules (and takes the command user's file-system identity, if any) before it
-    /// touches the file system (Landlock binds a thread and the threads
-    /// it spawns, such as grep's walkers; a pooled thread must never be restricted, since it
-    /// would carry the rules into unrelated work). Unconfined, the blocking pool is enough.
     async fn blocking<I, F>(
         &self,
         tool: ToolName,
@@ -206,27 +256,86 @@ impl Toolbox {
         };
         let this = self.clone();
         let cancel = ctx.cancel.clone();
-        let worker = |message: String| ToolError::Worker { tool, message };
-        if !self.inner.rules.confines_files() {
-            return tokio::task::spawn_blocking(move || f(&this, parsed, &cancel))
+        self.confined_with(self.inner.rules.clone(), tool.as_str(), move || {
+            f(&this, parsed, &cancel)
+        })
+        .await
+    }
+
+    /// Runs `f` where a file tool runs: confined to the workspace's rules, with `writable`
+    /// directories (which must exist) also writable — the skills root, which the tools may only
+    /// read. Every direct file operation of a front goes through here.
+    pub async fn confined<T, F>(
+        &self,
+        what: &'static str,
+        writable: &[&Path],
+        f: F,
+    ) -> Result<T, ToolError>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        let mut rules = self.inner.rules.clone();
+        if let Some(files) = &mut rules.files {
+            for dir in writable {
+                let dir = crate::exec::confine::canonical_lenient(dir);
+                if !files.write.contains(&dir) {
+                    files.write.push(dir);
+                }
+            }
+        }
+        self.confined_with(rules, what, f).await
+    }
+
+    /// Runs `f` on a thread confined by `rules`.
+    ///
+    /// Confined, each call gets a fresh thread that restricts itself with the Landlock rules (and
+    /// takes the command user's file-system identity, if any) before it touches the file
+    /// system (Landlock binds a thread and the threads it spawns, such as grep's walkers; a
+    /// pooled thread must never be restricted, since it would carry the rules into unrelated
+    /// work). Unconfined, the blocking pool is enough.
+    async fn confined_with<T, F>(
+        &self,
+        rules: WorkspaceRules,
+        what: &'static str,
+        f: F,
+    ) -> Result<T, ToolError>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        let worker = |message: String| ToolError::Worker { what, message };
+        if !rules.confines_files() {
+            return tokio::task::spawn_blocking(f)
                 .await
                 .map_err(|e| worker(e.to_string()));
         }
         let (tx, rx) = tokio::sync::oneshot::channel();
         std::thread::Builder::new()
-            .name(format!("podhost-{tool}"))
+            .name(format!("podhost-{what}"))
             .spawn(move || {
-                let result = crate::exec::confine::confine_thread(this.rules())
-                    .map(|()| f(&this, parsed, &cancel))
+                let result = crate::exec::confine::confine_thread(&rules)
+                    .map(|()| f())
                     .map_err(|e| format!("could not confine the call: {e}"));
                 let _ = tx.send(result);
             })
             .map_err(|e| worker(format!("could not start a thread: {e}")))?;
         match rx.await {
             Ok(result) => result.map_err(worker),
-            Err(_) => Err(worker(
-                "the tool's thread ended without an answer".to_owned(),
-            )),
+            Err(_) => Err(worker("its thread ended without an answer".to_owned())),
         }
     }
+}
+
+/// What the model is told when it calls a tool that does not exist: the tools it may call.
+pub fn unknown_tool(name: &str, tools: &[&str]) -> ToolOutcome {
+    let list = match tools {
+        [] => "none".to_owned(),
+        [one] => (*one).to_owned(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+    };
+    ToolOutcome::failed(
+        crate::floor::codes::tool::UNKNOWN,
+        format!("There is no tool named {name:?}. The tools are {list}."),
+    )
 }

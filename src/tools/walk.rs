@@ -140,7 +140,7 @@ impl Walk<'_> {
     /// Walks in parallel, calling one visitor per thread (made by `make`) for each regular file,
     /// and returns how it ended with every visitor, so that the caller can merge what they
     /// collected.
-    pub fn run<V, F>(&self, cancel: &CancellationToken, make: F) -> (Ended, Vec<V>)
+    pub fn visit<V, F>(&self, cancel: &CancellationToken, make: F) -> (Ended, Vec<V>)
     where
         V: FileVisitor,
         F: Fn() -> V + Sync,
@@ -437,7 +437,7 @@ mod tests {
             target: dir,
             include_ignored: false,
         };
-        let (ended, visitors) = w.run(cancel, || Seen {
+        let (ended, visitors) = w.visit(cancel, || Seen {
             files: Vec::new(),
             on_first,
         });

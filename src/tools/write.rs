@@ -37,7 +37,7 @@ pub struct WriteInput {
     pub content: String,
 }
 
-pub fn run(tb: &Toolbox, input: WriteInput, cancel: &CancellationToken) -> ToolOutcome {
+pub fn write(tb: &Toolbox, input: WriteInput, cancel: &CancellationToken) -> ToolOutcome {
     let resolved = match tb.workspace().resolve(&input.path, Access::Write) {
         Ok(r) => r,
         Err(e) => return e.into(),

@@ -171,7 +171,7 @@ pub async fn run(tb: &Toolbox, tool: ToolName, input: Value) -> ToolOutcome {
     let ctx = CallContext::new(CancellationToken::new());
     tokio::time::timeout(
         std::time::Duration::from_secs(30),
-        tb.run(tool, &input, &ctx),
+        tb.call(tool.as_str(), &input, &ctx),
     )
     .await
     .expect("tool call timed out")

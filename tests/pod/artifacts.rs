@@ -67,7 +67,7 @@ struct Driving {
 }
 
 impl RunHandler for Driving {
-    fn run(&self, run: RunHandle) -> BoxFuture<'static, RunEnd> {
+    fn handle(&self, run: RunHandle) -> BoxFuture<'static, RunEnd> {
         let (finish, finished) = oneshot::channel();
         let g = run.grant();
         let _ = self.runs.send(Driven {
@@ -117,6 +117,17 @@ impl Pod {
             shutdown,
             runs,
         }
+    }
+
+    /// A toolbox on the pod's workspace, confined as the pod host's is: what the outputs export
+    /// and the skills mount touch files through.
+    pub fn toolbox(&self) -> podhost::tools::Toolbox {
+        let ws = podhost::floor::workspace::Workspace::new(
+            &self.dirs.workspace,
+            Some(std::path::Path::new("/workspace")),
+        )
+        .unwrap();
+        podhost::tools::Toolbox::new(ws, crate::support::executor(&self.dirs.workspace))
     }
 
     /// Grants run `run_id` of `session` with these limits and manifest; returns it.

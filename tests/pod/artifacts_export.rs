@@ -59,7 +59,13 @@ async fn nested_files_become_one_folder_version_with_their_sizes_and_hashes() {
     put(&out, "empty.txt", b"");
     std::fs::create_dir_all(out.join("nothing/here")).unwrap();
 
-    let report = within(export_outputs(&run.artifacts(), &out, &run.turn)).await;
+    let report = within(export_outputs(
+        &run.artifacts(),
+        &pod.toolbox(),
+        &out,
+        &run.turn,
+    ))
+    .await;
     let want = vec![
         exported("data/big.bin", &big),
         exported("data/sub/deep.txt", b"deep"),
@@ -144,7 +150,13 @@ async fn a_missing_or_empty_outputs_directory_sends_nothing() {
     let mut pod = Pod::start().await;
     let run = pod.run("run-n", "ses_n", json!({}), json!({})).await;
     let out = outputs(&pod);
-    let report = within(export_outputs(&run.artifacts(), &out, &run.turn)).await;
+    let report = within(export_outputs(
+        &run.artifacts(),
+        &pod.toolbox(),
+        &out,
+        &run.turn,
+    ))
+    .await;
     assert_eq!(
         report.outcome,
         ExportOutcome::Nothing {
@@ -152,7 +164,13 @@ async fn a_missing_or_empty_outputs_directory_sends_nothing() {
         }
     );
     std::fs::create_dir_all(out.join("only/dirs")).unwrap();
-    let report = within(export_outputs(&run.artifacts(), &out, &run.turn)).await;
+    let report = within(export_outputs(
+        &run.artifacts(),
+        &pod.toolbox(),
+        &out,
+        &run.turn,
+    ))
+    .await;
     assert_eq!(
         report.outcome,
         ExportOutcome::Nothing {
@@ -176,7 +194,13 @@ async fn a_file_past_the_per_file_limit_is_skipped_and_the_rest_stored() {
     put(&out, "a.txt", b"aaa");
     put(&out, "big.bin", &[7u8; 5000]);
     put(&out, "z.txt", b"zzz");
-    let report = within(export_outputs(&run.artifacts(), &out, &run.turn)).await;
+    let report = within(export_outputs(
+        &run.artifacts(),
+        &pod.toolbox(),
+        &out,
+        &run.turn,
+    ))
+    .await;
     assert_eq!(
         report.stored,
         vec![exported("a.txt", b"aaa"), exported("z.txt", b"zzz")]
@@ -214,7 +238,13 @@ async fn more_files_than_folder_entries_stores_the_first_by_path() {
     for name in ["e", "c", "a", "d", "b"] {
         put(&out, &format!("{name}.txt"), name.as_bytes());
     }
-    let report = within(export_outputs(&run.artifacts(), &out, &run.turn)).await;
+    let report = within(export_outputs(
+        &run.artifacts(),
+        &pod.toolbox(),
+        &out,
+        &run.turn,
+    ))
+    .await;
     assert_eq!(
         report.stored,
         vec![
@@ -246,7 +276,13 @@ async fn symlinks_are_never_followed() {
     put(&out, "ok.txt", b"ok");
     symlink(outside.join("key.txt"), out.join("link.txt")).unwrap();
     symlink(&outside, out.join("dir")).unwrap();
-    let report = within(export_outputs(&run.artifacts(), &out, &run.turn)).await;
+    let report = within(export_outputs(
+        &run.artifacts(),
+        &pod.toolbox(),
+        &out,
+        &run.turn,
+    ))
+    .await;
     assert_eq!(report.stored, vec![exported("ok.txt", b"ok")]);
     let link = "a symbolic link; links are not followed";
     assert_eq!(
@@ -270,7 +306,13 @@ async fn symlinks_are_never_followed() {
     let aliased = pod.dirs.dir.path().join("alias");
     symlink(&outside, &aliased).unwrap();
     let before = pod.writes().len();
-    let report = within(export_outputs(&run2.artifacts(), &aliased, &run2.turn)).await;
+    let report = within(export_outputs(
+        &run2.artifacts(),
+        &pod.toolbox(),
+        &aliased,
+        &run2.turn,
+    ))
+    .await;
     let message = "no file of the outputs directory could be stored: the outputs directory is \
                    a symbolic link; links are not followed";
     assert_eq!(
@@ -299,7 +341,13 @@ async fn an_unchanged_folder_adds_no_version_and_a_replayed_turn_sends_nothing_m
     let out = outputs(&pod);
     put(&out, "a.txt", b"same");
     let run = pod.run("run-u1", "ses_u", json!({}), json!({})).await;
-    let first = within(export_outputs(&run.artifacts(), &out, &run.turn)).await;
+    let first = within(export_outputs(
+        &run.artifacts(),
+        &pod.toolbox(),
+        &out,
+        &run.turn,
+    ))
+    .await;
     let ExportOutcome::Written {
         artifact,
         created: true,
@@ -310,7 +358,13 @@ async fn an_unchanged_folder_adds_no_version_and_a_replayed_turn_sends_nothing_m
     let id = artifact.artifact_id.clone();
     // The same turn again (a replay): its key is written, nothing more is sent.
     let before = pod.writes().len();
-    let replay = within(export_outputs(&run.artifacts(), &out, &run.turn)).await;
+    let replay = within(export_outputs(
+        &run.artifacts(),
+        &pod.toolbox(),
+        &out,
+        &run.turn,
+    ))
+    .await;
     assert_eq!(
         replay.outcome,
         ExportOutcome::Written {
@@ -322,7 +376,13 @@ async fn an_unchanged_folder_adds_no_version_and_a_replayed_turn_sends_nothing_m
     run.finish();
     // The next turn with the same files: unchanged, version 1 named.
     let run2 = pod.run("run-u2", "ses_u", json!({}), json!({})).await;
-    let second = within(export_outputs(&run2.artifacts(), &out, &run2.turn)).await;
+    let second = within(export_outputs(
+        &run2.artifacts(),
+        &pod.toolbox(),
+        &out,
+        &run2.turn,
+    ))
+    .await;
     let ExportOutcome::Unchanged { artifact } = &second.outcome else {
         panic!("{:?}", second.outcome);
     };
@@ -334,7 +394,13 @@ async fn an_unchanged_folder_adds_no_version_and_a_replayed_turn_sends_nothing_m
     // A change makes version 2 of the same folder.
     put(&out, "a.txt", b"changed");
     let run3 = pod.run("run-u3", "ses_u", json!({}), json!({})).await;
-    let third = within(export_outputs(&run3.artifacts(), &out, &run3.turn)).await;
+    let third = within(export_outputs(
+        &run3.artifacts(),
+        &pod.toolbox(),
+        &out,
+        &run3.turn,
+    ))
+    .await;
     let ExportOutcome::Written {
         artifact,
         created: true,
@@ -357,7 +423,13 @@ async fn a_refused_commit_stores_nothing_and_is_claimed() {
     let out = outputs(&pod);
     put(&out, "a.txt", b"0123456789");
     pod.core.artifacts().set_total_before_commit(5);
-    let report = within(export_outputs(&run.artifacts(), &out, &run.turn)).await;
+    let report = within(export_outputs(
+        &run.artifacts(),
+        &pod.toolbox(),
+        &out,
+        &run.turn,
+    ))
+    .await;
     let message = "The version adds 10 bytes; the Tenant has 5 left";
     assert_eq!(
         report.outcome,
@@ -391,7 +463,13 @@ async fn a_file_whose_bytes_change_while_sent_fails_alone() {
     put(&out, "big.bin", &[3u8; 2500]);
     put(&out, "z.txt", b"kept too");
     pod.core.artifacts().corrupt_next_folder_chunk();
-    let report = within(export_outputs(&run.artifacts(), &out, &run.turn)).await;
+    let report = within(export_outputs(
+        &run.artifacts(),
+        &pod.toolbox(),
+        &out,
+        &run.turn,
+    ))
+    .await;
     assert_eq!(
         report.failed,
         vec![skipped(

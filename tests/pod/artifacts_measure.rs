@@ -52,7 +52,7 @@ async fn measure_export_and_paged_reads() {
             .await;
         let a = run.artifacts();
         let start = Instant::now();
-        let report = within(export_outputs(&a, &out, &run.turn)).await;
+        let report = within(export_outputs(&a, &pod.toolbox(), &out, &run.turn)).await;
         export.push(start.elapsed());
         assert!(
             matches!(report.outcome, ExportOutcome::Written { .. }),

@@ -116,9 +116,14 @@ async fn skills_are_fetched_in_chunks_and_mounted_read_only() {
         )
         .await;
     let root = pod.dirs.dir.path().join("skills");
-    let mounted = within(mount_skills(&run.artifacts(), &s.manifest["skills"], &root))
-        .await
-        .unwrap();
+    let mounted = within(mount_skills(
+        &run.artifacts(),
+        &pod.toolbox(),
+        &s.manifest["skills"],
+        &root,
+    ))
+    .await
+    .unwrap();
     assert_eq!(mounted, s.mounted());
     let (pdf, notes) = s.folders();
     assert_eq!(listing(&root), vec![notes.clone(), pdf.clone()]);
@@ -184,9 +189,14 @@ async fn a_corrupted_range_is_refused_and_nothing_half_mounted_stays() {
         )
         .await;
     let root = pod.dirs.dir.path().join("skills");
-    let e = within(mount_skills(&run.artifacts(), &s.manifest["skills"], &root))
-        .await
-        .unwrap_err();
+    let e = within(mount_skills(
+        &run.artifacts(),
+        &pod.toolbox(),
+        &s.manifest["skills"],
+        &root,
+    ))
+    .await
+    .unwrap_err();
     let mut got = s.util.clone();
     got[100] ^= 0xff;
     assert_eq!(
@@ -200,9 +210,14 @@ async fn a_corrupted_range_is_refused_and_nothing_half_mounted_stays() {
     // No folder, no staging directory.
     assert_eq!(listing(&root), Vec::<String>::new());
     // The next attempt gets good bytes and mounts both.
-    let mounted = within(mount_skills(&run.artifacts(), &s.manifest["skills"], &root))
-        .await
-        .unwrap();
+    let mounted = within(mount_skills(
+        &run.artifacts(),
+        &pod.toolbox(),
+        &s.manifest["skills"],
+        &root,
+    ))
+    .await
+    .unwrap();
     assert_eq!(mounted, s.mounted());
     run.finish();
 }
@@ -218,6 +233,7 @@ async fn a_mounted_skill_is_not_fetched_again_and_a_tampered_one_is_mounted_anew
         .await;
     within(mount_skills(
         &run1.artifacts(),
+        &pod.toolbox(),
         &s.manifest["skills"],
         &root,
     ))
@@ -232,6 +248,7 @@ async fn a_mounted_skill_is_not_fetched_again_and_a_tampered_one_is_mounted_anew
         .await;
     let mounted = within(mount_skills(
         &run2.artifacts(),
+        &pod.toolbox(),
         &s.manifest["skills"],
         &root,
     ))
@@ -252,6 +269,7 @@ async fn a_mounted_skill_is_not_fetched_again_and_a_tampered_one_is_mounted_anew
     std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(0o555)).unwrap();
     within(mount_skills(
         &run2.artifacts(),
+        &pod.toolbox(),
         &s.manifest["skills"],
         &root,
     ))
@@ -291,9 +309,14 @@ async fn paths_that_escape_are_refused_before_anything_is_fetched() {
         .run("run-e", "ses_e", json!({}), json!({"skills": cases[0].0}))
         .await;
     for (skills, message) in cases {
-        let e = within(mount_skills(&run.artifacts(), &skills, &root))
-            .await
-            .unwrap_err();
+        let e = within(mount_skills(
+            &run.artifacts(),
+            &pod.toolbox(),
+            &skills,
+            &root,
+        ))
+        .await
+        .unwrap_err();
         assert_eq!(e.to_string(), message);
     }
     assert_eq!(pod.requests("definition.file"), Vec::<Value>::new());
@@ -305,6 +328,7 @@ async fn paths_that_escape_are_refused_before_anything_is_fetched() {
         .add_definition_file(b"not in the manifest");
     let e = within(mount_skills(
         &run.artifacts(),
+        &pod.toolbox(),
         &json!([{"name": "stray", "files": {"SKILL.md": other}}]),
         &root,
     ))
@@ -320,9 +344,14 @@ async fn paths_that_escape_are_refused_before_anything_is_fetched() {
     assert_eq!(listing(&root), Vec::<String>::new());
     // No skills at all is nothing to do.
     assert_eq!(
-        within(mount_skills(&run.artifacts(), &Value::Null, &root))
-            .await
-            .unwrap(),
+        within(mount_skills(
+            &run.artifacts(),
+            &pod.toolbox(),
+            &Value::Null,
+            &root
+        ))
+        .await
+        .unwrap(),
         Vec::new()
     );
     run.finish();

@@ -236,6 +236,8 @@ pub fn start_in_process(
     CancellationToken,
     tokio::task::JoinHandle<Result<(), podhost::nylorun::host::pod::PodError>>,
 ) {
+    // The binary installs the TLS crypto provider in `main`; in process, the test does.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     #[derive(Parser)]
     struct Wrap {
         #[command(flatten)]
@@ -271,7 +273,7 @@ pub fn start_in_process(
     }
     let config = Wrap::parse_from(args).pod.validate().unwrap();
     let shutdown = CancellationToken::new();
-    let task = tokio::spawn(podhost::nylorun::host::pod::run(
+    let task = tokio::spawn(podhost::nylorun::host::pod::serve(
         config,
         support::supervisor_bin().to_path_buf(),
         handler,
@@ -309,7 +311,7 @@ impl Holding {
 }
 
 impl RunHandler for Holding {
-    fn run(&self, run: RunHandle) -> BoxFuture<'static, RunEnd> {
+    fn handle(&self, run: RunHandle) -> BoxFuture<'static, RunEnd> {
         let (finish, finished) = oneshot::channel();
         let _ = self.runs.send(HeldRun {
             grant: run.grant().clone(),

@@ -211,7 +211,7 @@ async fn sandbox_tools_are_not_offered_without_a_sandbox() {
     assert_eq!(
         output["transcript"][0]["entries"][2]["results"],
         json!([{"callId": "c1", "toolName": "bash", "kind": "failed", "code": "tool.unknown",
-                "message": "There is no tool named \"bash\". The tools are: read_artifact."}])
+                "message": "There is no tool named \"bash\". The tools are read_artifact."}])
     );
     let intents: Vec<String> = s
         .core

@@ -328,7 +328,7 @@ async fn an_abandoned_call_still_kills_its_command() {
     let command = format!("setsid sleep {m} & touch started; wait");
     let input = json!({ "command": command });
     let ctx = CallContext::default();
-    let call = ws.toolbox.run(ToolName::Bash, &input, &ctx);
+    let call = ws.toolbox.call(ToolName::Bash.as_str(), &input, &ctx);
     let started = ws.root().join("started");
     tokio::select! {
         _ = call => panic!("the command ended by itself"),
@@ -574,8 +574,8 @@ fn a_supervisor_killed_outright_leaves_nothing_behind() {
         (out.status.code(), String::from_utf8(out.stderr).unwrap()),
         (
             Some(1),
-            "podhost: bash could not run: the command supervisor failed: it ended (signal: 9 \
-             (SIGKILL)) without reporting how the command ended\n"
+            "podhost tool: bash could not run: the command supervisor failed: it ended (signal: \
+             9 (SIGKILL)) without reporting how the command ended\n"
                 .to_owned()
         )
     );
@@ -771,8 +771,8 @@ async fn a_supervisor_that_reports_nothing_is_a_harness_fault() {
     let ws = workspace_with(|c| c.supervisor = "/bin/true".into());
     let err = ws
         .toolbox
-        .run(
-            ToolName::Bash,
+        .call(
+            ToolName::Bash.as_str(),
             &json!({"command": "true"}),
             &CallContext::default(),
         )

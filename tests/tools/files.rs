@@ -185,9 +185,9 @@ async fn a_cancelled_call_changes_nothing() {
         )
         .unwrap();
         [
-            read::run(&tb, read_input, &cancel),
-            write::run(&tb, write_input, &cancel),
-            edit::run(&tb, edit_input, &cancel),
+            read::read(&tb, read_input, &cancel),
+            write::write(&tb, write_input, &cancel),
+            edit::edit(&tb, edit_input, &cancel),
         ]
     });
     let outcomes = tokio::time::timeout(Duration::from_secs(10), outcomes)

@@ -255,11 +255,11 @@ async fn grep_paths_outside_the_workspace_root_are_shown_as_display_paths() {
     let cancel = CancellationToken::new();
     let input = |path: &str| serde_json::from_value(json!({"pattern": "needle", "path": path}));
     assert_eq!(
-        grep::run(&tb, input("/skills").unwrap(), &cancel),
+        grep::search(&tb, input("/skills").unwrap(), &cancel),
         ToolOutcome::completed("/skills/s/SKILL.md:1:a needle")
     );
     assert_eq!(
-        grep::run(&tb, input("/workspace").unwrap(), &cancel),
+        grep::search(&tb, input("/workspace").unwrap(), &cancel),
         ToolOutcome::completed("a.md:1:needle")
     );
 }
@@ -518,12 +518,12 @@ async fn grep_a_cancelled_call_reports_cancelled() {
     cancel.cancel();
     let input = serde_json::from_value(json!({"pattern": "needle"})).unwrap();
     assert_eq!(
-        grep::run(&ws.toolbox, input, &cancel),
+        grep::search(&ws.toolbox, input, &cancel),
         ToolOutcome::failed(codes::CANCELLED, "The search was cancelled.")
     );
     let input = serde_json::from_value(json!({"pattern": "x"})).unwrap();
     assert_eq!(
-        glob::run(&ws.toolbox, input, &cancel),
+        glob::find(&ws.toolbox, input, &cancel),
         ToolOutcome::failed(codes::CANCELLED, "The file search was cancelled.")
     );
 }
@@ -930,7 +930,7 @@ impl BigWorkspace {
         let ctx = podhost::tools::CallContext::new(CancellationToken::new());
         let outcome = tokio::time::timeout(
             Duration::from_secs(60),
-            self.toolbox.run(tool, &input, &ctx),
+            self.toolbox.call(tool.as_str(), &input, &ctx),
         )
         .await
         .expect("tool call timed out")

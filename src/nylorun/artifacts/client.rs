@@ -648,13 +648,20 @@ mod tests {
 
     /// The turn runs in a `Send` future (`RunHandler`): every entry point must be one.
     #[allow(dead_code)]
-    fn entry_points_are_send(a: &Artifacts, v: &Value, p: &std::path::Path) {
+    fn entry_points_are_send(
+        a: &Artifacts,
+        t: &crate::tools::Toolbox,
+        v: &Value,
+        p: &std::path::Path,
+    ) {
         fn send<T: Send>(_: T) {}
         send(a.write_file(&FileTarget::default(), b""));
         send(a.read_to_end("a", None, 1));
         send(read_for_model(a, v));
-        send(crate::nylorun::artifacts::export::export_outputs(a, p, "t"));
-        send(crate::nylorun::artifacts::skills::mount_skills(a, v, p));
+        send(crate::nylorun::artifacts::export::export_outputs(
+            a, t, p, "t",
+        ));
+        send(crate::nylorun::artifacts::skills::mount_skills(a, t, v, p));
     }
 
     #[test]

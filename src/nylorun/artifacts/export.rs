@@ -44,6 +44,7 @@ use crate::nylorun::artifacts::wire::ArtifactMeta;
 use crate::nylorun::artifacts::{
     ArtifactError, Artifacts, Committed, FolderFile, FolderStart, FolderTarget, FolderUpload,
 };
+use crate::tools::Toolbox;
 
 mod walk;
 
@@ -172,15 +173,19 @@ impl ExportReport {
     }
 }
 
-/// Saves `outputs_dir` as a version of the session's `outputs` folder, keyed by the turn.
+/// Saves `outputs_dir` (a host directory in `toolbox`'s workspace) as a version of the session's
+/// `outputs` folder, keyed by the turn. Every file is listed and opened confined by `toolbox`.
 pub async fn export_outputs(
     artifacts: &Artifacts,
+    toolbox: &Toolbox,
     outputs_dir: &Path,
     turn_id: &str,
 ) -> ExportReport {
     let max_files = usize::try_from(artifacts.limits().folder_entries).unwrap_or(usize::MAX);
     let dir = outputs_dir.to_path_buf();
-    let walked = tokio::task::spawn_blocking(move || walk(&dir, max_files)).await;
+    let walked = toolbox
+        .confined("export", &[], move || walk(&dir, max_files))
+        .await;
     let walked = match walked {
         Ok(w) => w,
         Err(e) => {
@@ -219,7 +224,15 @@ pub async fn export_outputs(
             .filter(|f| !excluded.contains(&f.rel))
             .collect();
         let mut tried = Attempt::default();
-        let end = upload(artifacts, &target, &files, walked.extra_files, &mut tried).await;
+        let end = upload(
+            artifacts,
+            toolbox,
+            &target,
+            &files,
+            walked.extra_files,
+            &mut tried,
+        )
+        .await;
         match end {
             Err(Fatal { path, error }) if attempt == 1 && retryable(&error) && path.is_some() => {
                 let path = path.unwrap_or_default();
@@ -319,6 +332,7 @@ impl Fatal {
 /// One upload of `files`: begin, each file, commit (or abort when none could be added).
 async fn upload(
     artifacts: &Artifacts,
+    toolbox: &Toolbox,
     target: &FolderTarget,
     files: &[&WalkedFile],
     extra_files: u64,
@@ -364,7 +378,7 @@ async fn upload(
             ));
             continue;
         }
-        match send_file(artifacts, &mut up, f, total).await {
+        match send_file(artifacts, toolbox, &mut up, f, total).await {
             Ok(sent) => {
                 total += sent.size;
                 tried.stored.push(sent);
@@ -436,6 +450,7 @@ enum FileEnd {
 /// Sends one file: opened safely, hashed, then inline or in chunks.
 async fn send_file(
     artifacts: &Artifacts,
+    toolbox: &Toolbox,
     up: &mut FolderUpload<'_>,
     f: &WalkedFile,
     total: u64,
@@ -443,7 +458,10 @@ async fn send_file(
     let chunk = artifacts.chunk_bytes() as u64;
     let (host, dev, ino) = (f.host.clone(), f.dev, f.ino);
     let inline_max = chunk;
-    let read = tokio::task::spawn_blocking(move || open_and_hash(&host, dev, ino, inline_max))
+    let read = toolbox
+        .confined("export", &[], move || {
+            open_and_hash(&host, dev, ino, inline_max)
+        })
         .await
         .map_err(|e| FileEnd::Failed(problem(&f.rel, "unreadable", e.to_string(), None)))?;
     let opened =

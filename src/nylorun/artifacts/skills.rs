@@ -12,6 +12,8 @@
 //! `skillFolderOf` without its rule.)
 //!
 //! Invariants:
+//! * Every file touch runs confined by the pod's toolbox (`Toolbox::confined`), with the
+//!   skills root writable, so a link planted under it cannot lead a write elsewhere.
 //! * Nothing half-mounted: a skill is fetched into a staging directory under the root, every
 //!   file checked against its digest, modes set (files 0444, directories 0555), and only then
 //!   renamed into place in one step. On any error the staging directory is removed.
@@ -27,7 +29,7 @@
 //! folders of older skill versions.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
@@ -37,6 +39,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt as _;
 
 use crate::nylorun::artifacts::{ArtifactError, Artifacts};
+use crate::tools::Toolbox;
 
 /// Where skills are mounted in a pod, as the model sees them.
 pub const SKILLS_DISPLAY_ROOT: &str = "/skills";
@@ -114,18 +117,20 @@ struct Checked {
 }
 
 /// Mounts `skills` (the manifest's `skills`; `null` or absent is none) under `root`, named for
-/// the model under `/skills`.
+/// the model under `/skills`. Every file touch runs confined by `toolbox` (`root` writable).
 pub async fn mount_skills(
     artifacts: &Artifacts,
+    toolbox: &Toolbox,
     skills: &Value,
     root: &Path,
 ) -> Result<Vec<MountedSkill>, SkillError> {
-    mount_skills_at(artifacts, skills, root, SKILLS_DISPLAY_ROOT).await
+    mount_skills_at(artifacts, toolbox, skills, root, SKILLS_DISPLAY_ROOT).await
 }
 
 /// [`mount_skills`] with the root's path as the model sees it.
 pub async fn mount_skills_at(
     artifacts: &Artifacts,
+    toolbox: &Toolbox,
     skills: &Value,
     root: &Path,
     display_root: &str,
@@ -140,6 +145,7 @@ pub async fn mount_skills_at(
         .map(check)
         .collect::<Result<Vec<_>, _>>()?;
     if !checked.is_empty() {
+        // Made before the confined work: a confined thread can be granted only what exists.
         std::fs::create_dir_all(root).map_err(|source| SkillError::Io {
             skill: checked[0].name.clone(),
             action: "create",
@@ -148,8 +154,9 @@ pub async fn mount_skills_at(
         })?;
     }
     let mut mounted = Vec::with_capacity(checked.len());
+    let files = SkillFiles { toolbox, root };
     for skill in checked {
-        mount_one(artifacts, &skill, root).await?;
+        mount_one(artifacts, &files, &skill).await?;
         mounted.push(MountedSkill {
             folder: format!("{}/{}/", display_root.trim_end_matches('/'), skill.folder),
             name: skill.name,
@@ -280,10 +287,33 @@ fn io_error(
     }
 }
 
-async fn mount_one(artifacts: &Artifacts, skill: &Checked, root: &Path) -> Result<(), SkillError> {
-    let target = root.join(&skill.folder);
+/// The skills root, and the toolbox whose confinement every file touch under it runs in.
+struct SkillFiles<'a> {
+    toolbox: &'a Toolbox,
+    root: &'a Path,
+}
+
+impl SkillFiles<'_> {
+    /// Runs `f` confined to the toolbox's rules with the skills root writable.
+    async fn confined<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+    ) -> std::io::Result<T> {
+        self.toolbox
+            .confined("skills", &[self.root], f)
+            .await
+            .map_err(std::io::Error::other)?
+    }
+}
+
+async fn mount_one(
+    artifacts: &Artifacts,
+    files: &SkillFiles<'_>,
+    skill: &Checked,
+) -> Result<(), SkillError> {
+    let target = files.root.join(&skill.folder);
     let io = |action: &'static str, path: &Path| io_error(skill, action, path);
-    match in_place(skill, &target).await {
+    match in_place(files, skill, &target).await {
         Place::Verified => {
             tracing::debug!(skill = %skill.name, folder = %skill.folder, "skill already mounted");
             return Ok(());
@@ -291,30 +321,36 @@ async fn mount_one(artifacts: &Artifacts, skill: &Checked, root: &Path) -> Resul
         Place::Missing => {}
         Place::Wrong(why) => {
             tracing::warn!(skill = %skill.name, folder = %skill.folder, %why, "a mounted skill does not match its manifest; mounting it again");
-            remove_tree_blocking(&target)
+            let t = target.clone();
+            files
+                .confined(move || remove_tree(&t))
                 .await
                 .map_err(io("remove", &target))?;
         }
     }
-    let stage = root.join(format!(
+    let stage = files.root.join(format!(
         ".staging-{}-{}",
         skill.folder,
         uuid::Uuid::new_v4()
     ));
-    let result = fetch_into(artifacts, skill, &stage).await;
-    if let Err(e) = result {
-        let _ = remove_tree_blocking(&stage).await;
+    let remove_stage = || {
+        let st = stage.clone();
+        files.confined(move || remove_tree(&st))
+    };
+    if let Err(e) = fetch_into(artifacts, files, skill, &stage).await {
+        let _ = remove_stage().await;
         return Err(e);
     }
-    match tokio::fs::rename(&stage, &target).await {
+    let (from, to) = (stage.clone(), target.clone());
+    match files.confined(move || std::fs::rename(&from, &to)).await {
         Ok(()) => {
             tracing::info!(skill = %skill.name, folder = %skill.folder, files = skill.files.len(), "skill mounted");
             Ok(())
         }
         Err(e) => {
             // Another run mounted it first: keep theirs if it is right.
-            let _ = remove_tree_blocking(&stage).await;
-            match in_place(skill, &target).await {
+            let _ = remove_stage().await;
+            match in_place(files, skill, &target).await {
                 Place::Verified => Ok(()),
                 _ => Err(io("rename into", &target)(e)),
             }
@@ -325,26 +361,36 @@ async fn mount_one(artifacts: &Artifacts, skill: &Checked, root: &Path) -> Resul
 /// Fetches every file into `stage`, checks it, and sets the read-only modes.
 async fn fetch_into(
     artifacts: &Artifacts,
+    files: &SkillFiles<'_>,
     skill: &Checked,
     stage: &Path,
 ) -> Result<(), SkillError> {
     let io = |action: &'static str, path: &Path| io_error(skill, action, path);
-    tokio::fs::create_dir(stage)
+    let (st, dirs) = (stage.to_path_buf(), skill.dirs.clone());
+    files
+        .confined(move || {
+            std::fs::create_dir(&st)?;
+            dirs.iter()
+                .try_for_each(|dir| std::fs::create_dir(st.join(dir)))
+        })
         .await
         .map_err(io("create", stage))?;
-    for dir in &skill.dirs {
-        let p = stage.join(dir);
-        tokio::fs::create_dir(&p).await.map_err(io("create", &p))?;
-    }
     let chunk = artifacts.chunk_bytes() as u64;
     for (path, digest) in &skill.files {
         let host = stage.join(path);
-        let mut file = tokio::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&host)
+        let h = host.clone();
+        // Opened confined; its bytes are then written to the open file, which needs no path.
+        let file = files
+            .confined(move || {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                    .open(&h)
+            })
             .await
             .map_err(io("create", &host))?;
+        let mut file = tokio::fs::File::from_std(file);
         let expected = &digest["sha256:".len()..];
         let mut hasher = Sha256::new();
         let mut offset = 0u64;
@@ -386,18 +432,21 @@ async fn fetch_into(
             });
         }
         file.sync_all().await.map_err(io("write", &host))?;
-        tokio::fs::set_permissions(&host, std::fs::Permissions::from_mode(0o444))
+        // fchmod: the open file, not its path.
+        file.set_permissions(std::fs::Permissions::from_mode(0o444))
             .await
             .map_err(io("set the mode of", &host))?;
     }
     // Deepest first, the staging root last: a directory is read-only once its files are in.
-    for dir in skill.dirs.iter().rev() {
-        let p = stage.join(dir);
-        tokio::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o555))
-            .await
-            .map_err(io("set the mode of", &p))?;
-    }
-    tokio::fs::set_permissions(stage, std::fs::Permissions::from_mode(0o555))
+    let (st, dirs) = (stage.to_path_buf(), skill.dirs.clone());
+    files
+        .confined(move || {
+            let read_only = std::fs::Permissions::from_mode(0o555);
+            for dir in dirs.iter().rev() {
+                std::fs::set_permissions(st.join(dir), read_only.clone())?;
+            }
+            std::fs::set_permissions(&st, read_only)
+        })
         .await
         .map_err(io("set the mode of", stage))
 }
@@ -408,12 +457,15 @@ enum Place {
     Wrong(String),
 }
 
-/// Whether `target` holds exactly the skill's files (on the blocking pool: it may hash them).
-async fn in_place(skill: &Checked, target: &Path) -> Place {
-    let files = skill.files.clone();
-    let dirs = skill.dirs.clone();
-    let target = target.to_path_buf();
-    tokio::task::spawn_blocking(move || verify(&files, &dirs, &target))
+/// Whether `target` holds exactly the skill's files (off the async workers: it may hash them).
+async fn in_place(files: &SkillFiles<'_>, skill: &Checked, target: &Path) -> Place {
+    let (want, dirs, target) = (
+        skill.files.clone(),
+        skill.dirs.clone(),
+        target.to_path_buf(),
+    );
+    files
+        .confined(move || Ok(verify(&want, &dirs, &target)))
         .await
         .unwrap_or_else(|e| Place::Wrong(e.to_string()))
 }
@@ -510,14 +562,6 @@ fn hash_file(path: &Path) -> std::io::Result<String> {
         h.update(&buf[..n]);
     }
     Ok(hex::encode(h.finalize()))
-}
-
-/// [`remove_tree`] on the blocking pool.
-async fn remove_tree_blocking(path: &Path) -> std::io::Result<()> {
-    let path = path.to_path_buf();
-    tokio::task::spawn_blocking(move || remove_tree(&path))
-        .await
-        .map_err(std::io::Error::other)?
 }
 
 /// Removes a tree whose directories may be read-only.

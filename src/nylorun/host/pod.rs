@@ -83,7 +83,7 @@ impl From<Arc<dyn RunHandler>> for Handler {
 
 /// Runs the pod host until `shutdown` is cancelled. `supervisor` is the podhost binary each
 /// command runs under.
-pub async fn run(
+pub async fn serve(
     config: PodConfig,
     supervisor: PathBuf,
     handler: impl Into<Handler>,
@@ -102,21 +102,18 @@ pub async fn run(
         .egress
         .clone()
         .unwrap_or_default();
-    let exec_lock = Arc::new(tokio::sync::Mutex::new(()));
     let workspace = WorkspaceServer::new(
         toolbox.clone(),
-        exec_lock.clone(),
         &config.sandbox_id,
         &config.harness_id,
         &config.harness_root,
     );
-    // Turns share the workspace's toolbox and its command lock with `workspace.*` serving.
+    // Turns share the workspace's toolbox, and so its command lock, with `workspace.*` serving.
     let handler: Arc<dyn RunHandler> = match handler.into() {
         Handler::Custom(h) => h,
         Handler::Turns => Arc::new(
             TurnRunner::new(
                 toolbox.clone(),
-                exec_lock.clone(),
                 config.gates_url.clone(),
                 config.skills.clone(),
             )
@@ -159,7 +156,6 @@ pub async fn run(
         config,
         keeper,
         workspace,
-        exec_lock,
         handler,
         connected,
         shutdown: shutdown.clone(),
@@ -203,6 +199,7 @@ fn pod_toolbox(config: &PodConfig, supervisor: PathBuf) -> Result<Toolbox, PodEr
         tracing::warn!("PODHOST_DENY_NETWORK is ignored in a pod: egress goes through its proxy");
     }
     let builder = ToolboxBuilder::new(&config.exec, supervisor)
+        .one_command_at_a_time()
         .egress(Egress::new(config.egress_proxy.clone()))
         .confine(|c| {
             c.hide_contents(&config.harness_root)
@@ -217,7 +214,6 @@ struct Host {
     config: PodConfig,
     keeper: Arc<HostKeeper>,
     workspace: WorkspaceServer,
-    exec_lock: Arc<tokio::sync::Mutex<()>>,
     handler: Arc<dyn RunHandler>,
     connected: Arc<AtomicBool>,
     shutdown: CancellationToken,
@@ -252,10 +248,9 @@ impl Host {
             if !setup_done {
                 setup_done = true;
                 let first = self.keeper.take_first_join().unwrap_or_default();
-                setup::run_once(
+                setup::apply_once(
                     &self.config.harness_root,
                     self.workspace.toolbox(),
-                    &self.exec_lock,
                     first.setup,
                     first.seeded,
                     &self.shutdown,

@@ -7,9 +7,9 @@
 //!
 //! Decisions (v5 gives no more than "input files and setup commands"):
 //! * The shape is assumed and read leniently (see [`Setup`]).
-//! * Files are written by the write tool's path rules (`Workspace::resolve` for writing: no
-//!   escape from the workspace roots), atomically, with `mode` when given.
-//! * Commands run through the bash tool, in order, under the workspace's command lock; each gets
+//! * Files are written through the toolbox (`Toolbox::replace_file`): the write tool's path
+//!   rules and confinement, atomically under the file's lock, with `mode` when given.
+//! * Commands run through the bash tool, in order, one at a time with the pod's; each gets
 //!   its `timeout` (seconds, at most the bash tool's 600), else 600: setup commands install
 //!   things and the bash default of 120 s is often too short.
 //! * The first failing command stops the setup: later commands usually build on earlier ones.
@@ -19,16 +19,12 @@
 //!   why; the agent sees the workspace as the setup left it. The marker is written either way,
 //!   so a restart does not run commands that may not be safe to run twice.
 
-use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::sync::Arc;
 
 use base64::Engine as _;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::floor::workspace::Access;
 use crate::nylorun::link::protocol::{Setup, SetupCommand, SetupFile};
 use crate::tools::{CallContext, ToolName, ToolOutcome, Toolbox};
 
@@ -59,10 +55,9 @@ pub enum SetupResult {
 }
 
 /// Runs the setup once, if there is one and the marker is absent.
-pub async fn run_once(
+pub async fn apply_once(
     harness_root: &Path,
     toolbox: &Toolbox,
-    exec_lock: &Arc<tokio::sync::Mutex<()>>,
     setup: Option<Setup>,
     seeded: Option<bool>,
     cancel: &CancellationToken,
@@ -88,7 +83,7 @@ pub async fn run_once(
         commands = setup.commands.len(),
         "running the Agent's setup"
     );
-    let result = run(toolbox, exec_lock, &setup, cancel).await;
+    let result = apply(toolbox, &setup, cancel).await;
     let record = match &result {
         SetupResult::Done { files, commands } => {
             tracing::info!(files, commands, "setup done");
@@ -107,20 +102,11 @@ pub async fn run_once(
     result
 }
 
-async fn run(
-    toolbox: &Toolbox,
-    exec_lock: &Arc<tokio::sync::Mutex<()>>,
-    setup: &Setup,
-    cancel: &CancellationToken,
-) -> SetupResult {
+async fn apply(toolbox: &Toolbox, setup: &Setup, cancel: &CancellationToken) -> SetupResult {
     for (i, file) in setup.files.iter().enumerate() {
-        let tb = toolbox.clone();
-        let f = file.clone();
-        let written = tokio::task::spawn_blocking(move || write_file(&tb, &f)).await;
-        let err = match written {
-            Ok(Ok(())) => continue,
-            Ok(Err(e)) => e,
-            Err(e) => e.to_string(),
+        let err = match write_file(toolbox, file).await {
+            Ok(()) => continue,
+            Err(e) => e,
         };
         return SetupResult::Failed {
             step: format!("file {} ({})", i + 1, file.path),
@@ -142,10 +128,7 @@ async fn run(
         );
         let input = json!({"command": command, "timeout": timeout});
         let ctx = CallContext::new(cancel.child_token());
-        let outcome = {
-            let _one_at_a_time = exec_lock.lock().await;
-            toolbox.run(ToolName::Bash, &input, &ctx).await
-        };
+        let outcome = toolbox.call(ToolName::Bash.as_str(), &input, &ctx).await;
         match outcome {
             Ok(ToolOutcome::Completed { output }) => {
                 let code = output.get("exitCode").and_then(Value::as_i64).unwrap_or(-1);
@@ -194,44 +177,25 @@ fn parse_mode(v: &Value) -> Option<u32> {
     .filter(|m| *m <= 0o7777)
 }
 
-fn write_file(toolbox: &Toolbox, file: &SetupFile) -> Result<(), String> {
-    let resolved = toolbox
-        .workspace()
-        .resolve(&file.path, Access::Write)
-        .map_err(|e| e.to_string())?;
+async fn write_file(toolbox: &Toolbox, file: &SetupFile) -> Result<(), String> {
     let bytes = match (&file.base64, &file.content) {
         (Some(b64), _) => base64::engine::general_purpose::STANDARD
             .decode(b64.trim())
-            .map_err(|e| format!("base64 of {} does not decode: {e}", resolved.display))?,
+            .map_err(|e| format!("base64 of {} does not decode: {e}", file.path))?,
         (None, Some(text)) => text.clone().into_bytes(),
         (None, None) => Vec::new(),
     };
-    let mode =
-        match &file.mode {
-            Some(v) => Some(parse_mode(v).ok_or_else(|| {
-                format!("mode {v} of {} is not a permission mode", resolved.display)
-            })?),
-            None => None,
-        };
-    let parent = resolved
-        .host
-        .parent()
-        .ok_or_else(|| format!("{} has no directory", resolved.display))?;
-    std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", resolved.display))?;
-    let tmp = parent.join(format!(".podhost-setup.{}.tmp", std::process::id()));
-    let result = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
-        if let Some(m) = mode {
-            f.set_permissions(std::fs::Permissions::from_mode(m))?;
-        }
-        f.sync_all()?;
-        std::fs::rename(&tmp, &resolved.host)
-    })();
-    result.map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        format!("{}: {e}", resolved.display)
-    })
+    let mode = match &file.mode {
+        Some(v) => Some(
+            parse_mode(v)
+                .ok_or_else(|| format!("mode {v} of {} is not a permission mode", file.path))?,
+        ),
+        None => None,
+    };
+    match toolbox.replace_file(&file.path, bytes, mode).await {
+        Ok(written) => written,
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 fn write_marker(path: &Path, record: &Value) {

@@ -1,15 +1,15 @@
 //! Serving core's `workspace.*` requests (v5 §10, shapes from v2 notes §1.4) on the pod's own
 //! workspace.
 //!
-//! Owns: the method→tool rule (bash→exec; read, grep, glob→read; write, edit→write), byte reads
-//! and directory listings, the pod's workspace record, and the per-workspace lock that runs
-//! commands one at a time.
+//! Owns: the method→tool rule (bash→exec; read, grep, glob→read; write, edit→write), the wire
+//! shapes of byte reads and directory listings, and the pod's workspace record.
 //!
 //! Invariants:
-//! * Every path — a tool's, a byte read's, a listing's — goes through
-//!   [`Workspace::resolve`]; files are opened with [`open_regular`]; a listing never follows a
-//!   symlink. Nothing outside the workspace roots is read.
-//! * Commands on the workspace run one at a time (v2 notes §7.3), also the setup's.
+//! * Every file touch goes through the pod's [`Toolbox`]: tool calls through
+//!   [`Toolbox::call`], byte reads, listings and `workspace.remove` through its confined file
+//!   operations (`tools::files`). Nothing outside the workspace roots is read.
+//! * Commands on the workspace run one at a time (v2 notes §7.3), also the setup's: the
+//!   toolbox holds that lock; byte reads and listings do not wait for it.
 //! * Params are strict: an unknown field is `invalid` with the parse error, and a tool on the
 //!   wrong method is `invalid` "\<method> does not run \<tool>".
 //! * A tool that ran and failed is an outcome (`{kind: "failed", …}`), not an error answer; an
@@ -18,7 +18,6 @@
 //! Non-goals: one pod is one workspace (v2 notes §6.5): every session's key maps onto it, and
 //! sweeps stop nothing (the pod's lifetime is core's to manage).
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
@@ -29,13 +28,13 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
-use crate::floor::workspace::{Access, OpenError, Workspace, open_regular};
 use crate::nylorun::link::channel::RemoteError;
 use crate::nylorun::link::protocol::{
     ErrorCode, RemoveParams, ReportParams, SweepParams, WorkspaceBytesCall, WorkspaceCall,
     WorkspaceListCall, WorkspaceRecord, WorkspaceSession, methods,
 };
-use crate::tools::{CallContext, ToolName, ToolOutcome, Toolbox, codes};
+use crate::tools::files::{FileRead, Listing};
+use crate::tools::{CallContext, ToolError, ToolName, Toolbox};
 
 /// The record file under the harness root.
 pub const RECORD_FILE: &str = "workspace-record.json";
@@ -48,8 +47,6 @@ pub struct WorkspaceServer {
 
 struct Inner {
     toolbox: Toolbox,
-    /// Commands run one at a time.
-    exec_lock: Arc<tokio::sync::Mutex<()>>,
     sandbox_id: String,
     harness_id: String,
     record_path: PathBuf,
@@ -60,13 +57,7 @@ struct Inner {
 pub type TenantCell = Arc<OnceLock<String>>;
 
 impl WorkspaceServer {
-    pub fn new(
-        toolbox: Toolbox,
-        exec_lock: Arc<tokio::sync::Mutex<()>>,
-        sandbox_id: &str,
-        harness_id: &str,
-        harness_root: &Path,
-    ) -> Self {
+    pub fn new(toolbox: Toolbox, sandbox_id: &str, harness_id: &str, harness_root: &Path) -> Self {
         let record_path = harness_root.join(RECORD_FILE);
         let record = std::fs::read(&record_path)
             .ok()
@@ -74,7 +65,6 @@ impl WorkspaceServer {
         WorkspaceServer {
             inner: Arc::new(Inner {
                 toolbox,
-                exec_lock,
                 sandbox_id: sandbox_id.to_owned(),
                 harness_id: harness_id.to_owned(),
                 record_path,
@@ -107,7 +97,7 @@ impl WorkspaceServer {
             methods::WORKSPACE_REPORT => Box::pin(async move { this.report(params) }),
             methods::WORKSPACE_SWEEP => Box::pin(async move { this.sweep(params, &tenant) }),
             methods::WORKSPACE_REMOVE => {
-                Box::pin(async move { this.remove(params, &tenant).await })
+                Box::pin(async move { this.remove(params, cancel, &tenant).await })
             }
             _ => return None,
         };
@@ -125,15 +115,23 @@ impl WorkspaceServer {
         if has("bytes") {
             let call: WorkspaceBytesCall = parse(m, params)?;
             self.touch(&call.session, call.spec.as_ref(), tenant);
-            let ws = self.inner.toolbox.workspace().clone();
             let req = call.bytes;
-            blocking(move || read_bytes(&ws, &req.path, req.max_bytes)).await
+            let read = self
+                .inner
+                .toolbox
+                .read_bytes(&req.path, req.max_bytes)
+                .await;
+            read_answer(&req.path, read.map_err(internal)?)
         } else if has("list") {
             let call: WorkspaceListCall = parse(m, params)?;
             self.touch(&call.session, call.spec.as_ref(), tenant);
-            let ws = self.inner.toolbox.workspace().clone();
             let req = call.list;
-            blocking(move || list_dir(&ws, &req.dir, req.max_entries, &cancel)).await
+            let listing = self
+                .inner
+                .toolbox
+                .list_files(&req.dir, req.max_entries, &cancel)
+                .await;
+            list_answer(&req.dir, listing.map_err(internal)?)
         } else {
             self.tool_call(m, params, cancel, tenant).await
         }
@@ -160,17 +158,12 @@ impl WorkspaceServer {
         }
         self.touch(&call.session, call.spec.as_ref(), tenant);
         let ctx = CallContext::new(cancel);
-        let toolbox = &self.inner.toolbox;
-        let outcome = if call.tool == ToolName::Bash {
-            let _one_at_a_time = self.inner.exec_lock.lock().await;
-            toolbox.run(call.tool, &call.input, &ctx).await
-        } else {
-            toolbox.run(call.tool, &call.input, &ctx).await
-        };
-        match outcome {
-            Ok(o) => to_value(&o),
-            Err(e) => Err(RemoteError::new(ErrorCode::Internal, e.to_string())),
-        }
+        let outcome = self
+            .inner
+            .toolbox
+            .call(call.tool.as_str(), &call.input, &ctx)
+            .await;
+        to_value(&outcome.map_err(internal)?)
     }
 
     /// `workspace.report`: what this harness's sandbox is. The v2 notes did not capture the
@@ -202,7 +195,12 @@ impl WorkspaceServer {
 
     /// `workspace.remove`: deletes the workspace's files when a key, sandbox id or `all` names
     /// this pod's workspace. Keys must start `nylorun-<tenantId>-`.
-    async fn remove(&self, params: Value, tenant: &TenantCell) -> Result<Value, RemoteError> {
+    async fn remove(
+        &self,
+        params: Value,
+        cancel: CancellationToken,
+        tenant: &TenantCell,
+    ) -> Result<Value, RemoteError> {
         let m = methods::WORKSPACE_REMOVE;
         let p: RemoveParams = parse(m, null_as_empty(params))?;
         let tenant_id = tenant.get().ok_or_else(|| {
@@ -225,18 +223,22 @@ impl WorkspaceServer {
         if !named {
             return Ok(json!({}));
         }
-        let _no_commands = self.inner.exec_lock.lock().await;
-        let root = self.inner.toolbox.workspace().root().to_path_buf();
-        let removed = blocking(move || {
-            empty_dir(&root).map(|()| Value::Null).map_err(|e| {
-                RemoteError::new(
+        match self.inner.toolbox.empty_workspace(&cancel).await {
+            Ok(Some(Ok(()))) => {}
+            Ok(Some(Err(e))) => {
+                return Err(RemoteError::new(
                     ErrorCode::Internal,
                     format!("could not delete the workspace's files: {e}"),
-                )
-            })
-        })
-        .await;
-        removed?;
+                ));
+            }
+            Ok(None) => {
+                return Err(RemoteError::new(
+                    ErrorCode::Unavailable,
+                    "the request was cancelled while a command ran",
+                ));
+            }
+            Err(e) => return Err(internal(e)),
+        }
         *self
             .inner
             .record
@@ -310,165 +312,40 @@ fn to_value<T: serde::Serialize>(v: &T) -> Result<Value, RemoteError> {
     serde_json::to_value(v).map_err(|e| RemoteError::new(ErrorCode::Internal, e.to_string()))
 }
 
-async fn blocking<F>(f: F) -> Result<Value, RemoteError>
-where
-    F: FnOnce() -> Result<Value, RemoteError> + Send + 'static,
-{
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| RemoteError::new(ErrorCode::Internal, format!("worker failed: {e}")))?
+/// A byte read on the wire: `{kind: "read", path, base64}`, `{kind: "missing", path}`, or a
+/// failed outcome.
+fn read_answer(path: &str, read: FileRead) -> Result<Value, RemoteError> {
+    match read {
+        FileRead::Bytes(bytes) => Ok(json!({
+            "kind": "read",
+            "path": path,
+            "base64": base64::engine::general_purpose::STANDARD.encode(&bytes),
+        })),
+        FileRead::Missing => Ok(json!({"kind": "missing", "path": path})),
+        FileRead::Failed(outcome) => to_value(&outcome),
+    }
 }
 
-fn failed(code: &str, message: String) -> Result<Value, RemoteError> {
-    to_value(&ToolOutcome::failed(code, message))
+/// A listing on the wire: `{kind: "listed", path, listing: {entries: [{path, size}],
+/// truncated}}`, `{kind: "missing", path}`, or a failed outcome.
+fn list_answer(dir: &str, listing: Listing) -> Result<Value, RemoteError> {
+    match listing {
+        Listing::Listed { entries, truncated } => {
+            let entries: Vec<Value> = entries
+                .into_iter()
+                .map(|e| json!({"path": e.path, "size": e.size}))
+                .collect();
+            Ok(json!({
+                "kind": "listed",
+                "path": dir,
+                "listing": {"entries": entries, "truncated": truncated},
+            }))
+        }
+        Listing::Missing => Ok(json!({"kind": "missing", "path": dir})),
+        Listing::Failed(outcome) => to_value(&outcome),
+    }
 }
 
-/// A byte read: `{kind: "read", path, base64}`, `{kind: "missing", path}`, or a failed outcome.
-pub fn read_bytes(ws: &Workspace, path: &str, max_bytes: u64) -> Result<Value, RemoteError> {
-    let resolved = match ws.resolve(path, Access::Read) {
-        Ok(r) => r,
-        Err(e) => return to_value(&ToolOutcome::from(e)),
-    };
-    let display = resolved.display.clone();
-    let mut file = match open_regular(&resolved.host) {
-        Ok(f) => f,
-        Err(OpenError::NotFound) => return Ok(json!({"kind": "missing", "path": path})),
-        Err(OpenError::NotAFile(what)) => {
-            return failed(
-                codes::NOT_A_FILE,
-                format!("{display} is {what}, not a file."),
-            );
-        }
-        Err(OpenError::Symlink) => {
-            return failed(
-                codes::PATH_DENIED,
-                format!("{display} became a symbolic link while it was read."),
-            );
-        }
-        Err(OpenError::Io(e)) => return failed(codes::ERROR, format!("{display}: {e}")),
-    };
-    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let too_large = |n: u64| {
-        failed(
-            codes::TOO_LARGE,
-            format!("{display} is {n} bytes, past maxBytes {max_bytes}."),
-        )
-    };
-    if size > max_bytes {
-        return too_large(size);
-    }
-    // The file may grow while it is read: read at most one byte past the limit to see it.
-    let mut bytes = Vec::with_capacity(size as usize);
-    if let Err(e) = (&mut file)
-        .take(max_bytes.saturating_add(1))
-        .read_to_end(&mut bytes)
-    {
-        return failed(codes::ERROR, format!("{display}: {e}"));
-    }
-    if bytes.len() as u64 > max_bytes {
-        return too_large(bytes.len() as u64);
-    }
-    Ok(json!({
-        "kind": "read",
-        "path": path,
-        "base64": base64::engine::general_purpose::STANDARD.encode(&bytes),
-    }))
-}
-
-/// A listing: every regular file under `dir` (symlinks skipped, not followed), paths relative
-/// to `dir` with `/`, in name order, at most `max_entries` and `truncated` when there were more.
-pub fn list_dir(
-    ws: &Workspace,
-    dir: &str,
-    max_entries: u64,
-    cancel: &CancellationToken,
-) -> Result<Value, RemoteError> {
-    let resolved = match ws.resolve(dir, Access::Read) {
-        Ok(r) => r,
-        Err(e) => return to_value(&ToolOutcome::from(e)),
-    };
-    let missing = || Ok(json!({"kind": "missing", "path": dir}));
-    match std::fs::symlink_metadata(&resolved.host) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => return missing(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return missing(),
-        Err(e) => return failed(codes::ERROR, format!("{}: {e}", resolved.display)),
-    }
-    let mut entries = Vec::new();
-    let mut truncated = false;
-    // Depth-first with each directory's names sorted (as JavaScript sorts them, by UTF-16 code
-    // units), so the listing comes out in path order. An explicit stack: no recursion depth limit.
-    let mut stack = vec![(
-        String::new(),
-        sorted_entries(&resolved.host),
-        resolved.host.clone(),
-    )];
-    while let Some((rel, items, host)) = stack.last_mut() {
-        if cancel.is_cancelled() {
-            return failed(codes::CANCELLED, "The listing was cancelled.".to_owned());
-        }
-        let Some((name, ft, size)) = items.next() else {
-            stack.pop();
-            continue;
-        };
-        let path = if rel.is_empty() {
-            name.clone()
-        } else {
-            format!("{rel}/{name}")
-        };
-        if ft.is_file() {
-            if entries.len() as u64 >= max_entries {
-                truncated = true;
-                break;
-            }
-            entries.push(json!({"path": path, "size": size}));
-        } else if ft.is_dir() {
-            let sub = host.join(&name);
-            let items = sorted_entries(&sub);
-            stack.push((path, items, sub));
-        }
-        // Symlinks, FIFOs, sockets and devices are skipped.
-    }
-    Ok(json!({
-        "kind": "listed",
-        "path": dir,
-        "listing": {"entries": entries, "truncated": truncated},
-    }))
-}
-
-/// A directory's entries (name, type without following symlinks, size of regular files),
-/// sorted. A directory that vanished or cannot be read lists as empty, like a racing delete.
-fn sorted_entries(dir: &Path) -> std::vec::IntoIter<(String, std::fs::FileType, u64)> {
-    let mut names: Vec<(String, std::fs::FileType, u64)> = match std::fs::read_dir(dir) {
-        Ok(read) => read
-            .filter_map(Result::ok)
-            .filter_map(|e| {
-                let ft = e.file_type().ok()?;
-                let size = if ft.is_file() {
-                    e.metadata().map(|m| m.len()).unwrap_or(0)
-                } else {
-                    0
-                };
-                Some((e.file_name().to_string_lossy().into_owned(), ft, size))
-            })
-            .collect(),
-        Err(_) => Vec::new(),
-    };
-    names.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
-    names.into_iter()
-}
-
-/// Deletes everything inside `root` (not `root` itself: in a pod it is a mount). Symlinks are
-/// removed, never followed.
-fn empty_dir(root: &Path) -> std::io::Result<()> {
-    for entry in std::fs::read_dir(root)? {
-        let entry = entry?;
-        let path = entry.path();
-        if entry.file_type()?.is_dir() {
-            std::fs::remove_dir_all(&path)?;
-        } else {
-            std::fs::remove_file(&path)?;
-        }
-    }
-    Ok(())
+fn internal(e: ToolError) -> RemoteError {
+    RemoteError::new(ErrorCode::Internal, e.to_string())
 }

@@ -267,7 +267,7 @@ pub enum RunEnd {
 
 /// Where the turn code plugs in: one call per granted run.
 pub trait RunHandler: Send + Sync + 'static {
-    fn run(&self, run: RunHandle) -> BoxFuture<'static, RunEnd>;
+    fn handle(&self, run: RunHandle) -> BoxFuture<'static, RunEnd>;
 }
 
 /// Timing of the lease slots.
@@ -428,7 +428,7 @@ impl Leaser {
             state: run.clone(),
             channel: self.channel.clone(),
         };
-        let mut task = tokio::spawn(self.handler.run(handle));
+        let mut task = tokio::spawn(self.handler.handle(handle));
         let mut renew_at = Instant::now() + self.renew_every;
         let mut give_up_at: Option<Instant> = None;
         let end = loop {

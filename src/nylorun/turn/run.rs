@@ -51,7 +51,7 @@ use crate::nylorun::turn::shaping::{ENTRY_ENVELOPE_BYTES, json_len};
 use crate::nylorun::turn::spill::fit_outcome;
 use crate::nylorun::turn::transcript::{self, MediaPolicy};
 use crate::nylorun::turn::turn_start::{TurnInput, TurnStart, Unrunnable};
-use crate::tools::{CallContext, ToolName, Toolbox};
+use crate::tools::{CallContext, ToolName, Toolbox, unknown_tool};
 
 mod output;
 
@@ -69,9 +69,8 @@ pub struct TurnRunner {
 }
 
 struct Shared {
+    /// The pod's toolbox: its commands run one at a time, with `workspace.exec`'s.
     toolbox: Toolbox,
-    /// Commands run one at a time, with `workspace.exec`'s.
-    exec_lock: Arc<tokio::sync::Mutex<()>>,
     gates: Gates,
     /// The host directory the sandbox path `/skills` maps onto.
     skills_root: PathBuf,
@@ -79,16 +78,10 @@ struct Shared {
 
 impl TurnRunner {
     /// `skills_root` is the host directory the sandbox's `/skills` maps onto.
-    pub fn new(
-        toolbox: Toolbox,
-        exec_lock: Arc<tokio::sync::Mutex<()>>,
-        gates_url: Url,
-        skills_root: PathBuf,
-    ) -> Result<Self, GatesError> {
+    pub fn new(toolbox: Toolbox, gates_url: Url, skills_root: PathBuf) -> Result<Self, GatesError> {
         Ok(TurnRunner {
             shared: Arc::new(Shared {
                 toolbox,
-                exec_lock,
                 gates: Gates::new(gates_url)?,
                 skills_root,
             }),
@@ -97,7 +90,7 @@ impl TurnRunner {
 }
 
 impl RunHandler for TurnRunner {
-    fn run(&self, run: RunHandle) -> BoxFuture<'static, RunEnd> {
+    fn handle(&self, run: RunHandle) -> BoxFuture<'static, RunEnd> {
         let shared = self.shared.clone();
         Box::pin(async move { run_segment(shared, run).await })
     }
@@ -161,7 +154,7 @@ async fn run_segment(shared: Arc<Shared>, run: RunHandle) -> RunEnd {
         "turn segment starting"
     );
     let cancel = segment.cancel.clone();
-    let end = agent_turn::run(&mut segment, 0, &cancel).await;
+    let end = agent_turn::drive(&mut segment, 0, &cancel).await;
     let out = segment.finish(end).await;
     tracing::info!(%run_id, took_ms = started.elapsed().as_millis() as u64, end = %end_name(&out), "turn segment ended");
     out
@@ -261,7 +254,14 @@ impl Segment {
         let artifacts = Artifacts::new(run.channel().clone(), run_id.clone(), ts.limits.clone());
         let skills = if ts.has_sandbox() && ts.manifest.has_skills() {
             let skills_value = ts.manifest.skills.clone().unwrap_or(Value::Null);
-            match mount_skills(&artifacts, &skills_value, &shared.skills_root).await {
+            match mount_skills(
+                &artifacts,
+                &shared.toolbox,
+                &skills_value,
+                &shared.skills_root,
+            )
+            .await
+            {
                 Ok(s) => s,
                 Err(e) => {
                     if run.cancelled().is_cancelled() {
@@ -389,17 +389,8 @@ impl Segment {
             cancel: self.cancel.child_token(),
             env,
         };
-        let toolbox = &self.shared.toolbox;
         let started = Instant::now();
-        let result = if tool == ToolName::Bash {
-            let _one_at_a_time = tokio::select! {
-                g = self.shared.exec_lock.lock() => g,
-                _ = self.cancel.cancelled() => return Err(Fault::Stopped),
-            };
-            toolbox.run(tool, args, &ctx).await
-        } else {
-            toolbox.run(tool, args, &ctx).await
-        };
+        let result = self.shared.toolbox.call(tool.as_str(), args, &ctx).await;
         tracing::debug!(%effect_id, %tool, ms = started.elapsed().as_secs_f64() * 1000.0, "tool ran");
         if self.cancel.is_cancelled() {
             return Err(Fault::Stopped);
@@ -561,14 +552,9 @@ impl TurnHost for Segment {
         _cancel: &CancellationToken,
     ) -> Result<ToolEffect, Fault> {
         let Some((route, command)) = self.offer.route(&call.name) else {
-            return Ok(ToolEffect::Done(ResultOutcome::failed(
-                codes::tool::UNKNOWN,
-                format!(
-                    "There is no tool named {:?}. The tools are: {}.",
-                    call.name,
-                    self.offer.names().join(", ")
-                ),
-            )));
+            return Ok(ToolEffect::Done(
+                unknown_tool(&call.name, &self.offer.names()).into(),
+            ));
         };
         let mut args = call.args.clone();
         if let (Some(cmd), Some(o)) = (command, args.as_object_mut()) {

@@ -191,7 +191,13 @@ impl Segment {
                         self.limits().clone(),
                     );
                     let outputs = self.shared.toolbox.workspace().root().join("outputs");
-                    let report = export_outputs(&artifacts, &outputs, &self.ids.turn_id).await;
+                    let report = export_outputs(
+                        &artifacts,
+                        &self.shared.toolbox,
+                        &outputs,
+                        &self.ids.turn_id,
+                    )
+                    .await;
                     tracing::info!(%run_id, ?report, "outputs folder exported");
                     for (kind, payload) in report.claims() {
                         self.claim(kind, payload).await;
