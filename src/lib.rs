@@ -37,7 +37,7 @@
 //! workspace writable, podhost's state and other sessions' workspaces out of reach; podhost
 //! itself is non-dumpable, so its memory and environment are closed to them.
 
-pub mod agent;
+pub(crate) mod agent;
 pub mod byoh;
 pub mod chat;
 pub mod config;

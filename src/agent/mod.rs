@@ -1,12 +1,11 @@
 //! The agent loop, shared by every front.
 //!
 //! Owns: what a model answers and what a tool call returns to it ([`model`]), and the loop that
-//! turns answers into tool calls and tool results into the next model call ([`turn`]), and how a
-//! tool's result is fitted to a record budget ([`shaping`]).
+//! turns answers into tool calls and tool results into the next model call ([`turn`]).
 //!
 //! Non-goals: any wire format or storage. A front implements [`turn::TurnHost`]: Nylorun journals
 //! effects with core and calls the Model Gate; the BYOH endpoint keeps a durable store and calls
 //! an OpenAI-compatible model.
 
-pub mod model;
-pub mod turn;
+pub(crate) mod model;
+pub(crate) mod turn;

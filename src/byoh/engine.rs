@@ -176,8 +176,4 @@ impl Engine {
             }),
         }
     }
-
-    pub fn config(&self) -> &EngineConfig {
-        &self.inner.config
-    }
 }

@@ -28,9 +28,6 @@ use crate::chat::message::ApiKey;
 /// Why a request was refused; `server` maps each to one HTTP status.
 #[derive(Debug, thiserror::Error)]
 pub enum ByohError {
-    /// The body is not JSON, or not the protocol's shape (400).
-    #[error("{0}")]
-    BadRequest(String),
     /// The body is well-formed but breaks the protocol's rules (422).
     #[error("{0}")]
     Invalid(String),

@@ -1,26 +1,24 @@
-//! The Oumi Bring-Your-Own-Harness endpoint (`podhost serve`) and the local agent runner
-//! (`podhost run`), both over the one agent loop with an OpenAI-compatible model.
+//! The Oumi Bring-Your-Own-Harness endpoint (`podhost serve`), over the one agent loop with an
+//! OpenAI-compatible model (the chat session of [`crate::chat`]).
 //!
 //! Layout, by responsibility:
 //! * [`protocol`]: wire types and their validation.
 //! * [`server`]: axum routes, authentication, limits, the error → status mapping.
+//! * [`engine`]: the state the routes and the turn tasks share (live turns, permits, locks).
 //! * [`invocation`]: what each route means: idempotency, backpressure, cancellation.
 //! * [`runner`]: turn tasks, recovery after a restart, the retention sweeper.
-//! * [`session`]: the loop's host for a chat session (transcript, tools, `ask_user`).
 //! * [`store`]: the durable SQLite store.
-//! * [`openai`]: the model client.
-//! * [`local`]: `podhost run`.
 //!
 //! Trust boundary: callers of the endpoint are authenticated by a bearer credential (or the
 //! endpoint listens on loopback only). Model API keys stay in memory, are scrubbed from every
 //! message, and never reach the store, a log, or a command's environment.
 
-pub mod engine;
-pub mod invocation;
-pub mod protocol;
+pub(crate) mod engine;
+pub(crate) mod invocation;
+pub(crate) mod protocol;
 pub mod runner;
-pub mod server;
-pub mod store;
+pub(crate) mod server;
+pub(crate) mod store;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

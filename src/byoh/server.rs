@@ -76,7 +76,6 @@ impl ApiError {
 impl From<ByohError> for ApiError {
     fn from(e: ByohError) -> Self {
         let status = match &e {
-            ByohError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ByohError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ByohError::NotFound(_) => StatusCode::NOT_FOUND,
             ByohError::Busy(_) | ByohError::NoOutput(_) => StatusCode::CONFLICT,

@@ -7,6 +7,6 @@
 //!
 //! Non-goals: storage, statuses and routes (the BYOH front), the terminal (the local front).
 
-pub mod client;
-pub mod message;
+pub(crate) mod client;
+pub(crate) mod message;
 pub mod session;

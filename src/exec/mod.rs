@@ -36,13 +36,13 @@
 //! * [`env`](mod@env): the command's environment; [`egress`]: the CA bundle file its trust
 //!   variables name.
 
-pub mod capture;
+pub(crate) mod capture;
 pub mod confine;
 pub mod egress;
-pub mod env;
+pub(crate) mod env;
 pub mod init;
-pub mod limits;
-pub mod procs;
+pub(crate) mod limits;
+pub(crate) mod procs;
 pub mod protocol;
 pub mod reaper;
 mod spawn;

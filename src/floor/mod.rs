@@ -11,9 +11,9 @@
 //! Invariant: nothing here imports a module of podhost (`exec` and `tools` both build on it); a
 //! test in `tests/layers.rs` checks it.
 
-pub mod backoff;
+pub(crate) mod backoff;
 pub mod codes;
-pub mod locks;
-pub mod secret;
+pub(crate) mod locks;
+pub(crate) mod secret;
 pub mod text;
 pub mod workspace;

@@ -13,14 +13,14 @@
 //! Non-goals: deciding *whether* a tool may run (the fronts and core decide), shaping results to a
 //! record budget (`nylorun::turn::shaping`).
 
-pub mod bash;
+pub(crate) mod bash;
 pub mod edit;
-pub mod encoding;
-pub mod files;
+pub(crate) mod encoding;
+pub(crate) mod files;
 pub mod glob;
 pub mod grep;
 pub mod read;
-pub mod walk;
+pub(crate) mod walk;
 pub mod write;
 
 mod toolbox;

@@ -5,9 +5,9 @@
 //! * [`export`] saves `/workspace/outputs` as the session's `outputs` folder at a completed
 //!   turn's end; [`skills`] mounts the manifest's skills under `/skills`.
 
-pub mod client;
+pub(crate) mod client;
 pub mod export;
 pub mod skills;
-pub mod wire;
+pub(crate) mod wire;
 
 pub use client::*;

@@ -6,22 +6,15 @@
 //! (v2 answered `{base64}`), so [`DefinitionFileAnswer`] reads `base64` and ignores the rest.
 //!
 //! Assumption: v5 names the `sha256` fields of `artifact.write` and of an artifact's metadata
-//! without their format. podhost sends lowercase hex ([`content_digest`]); the manifest's skill
+//! without their format. podhost sends lowercase hex; the manifest's skill
 //! files and `definition.file` use the `sha256:<hex>` form v5 and v2 show.
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 /// Method names.
 pub const ARTIFACT_READ: &str = "artifact.read";
 pub const ARTIFACT_WRITE: &str = "artifact.write";
 pub const DEFINITION_FILE: &str = "definition.file";
-
-/// The digest of bytes as podhost writes it in `artifact.write` (`file`, `chunk`): lowercase hex
-/// SHA-256.
-pub fn content_digest(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
 
 /// `artifact.read` params.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

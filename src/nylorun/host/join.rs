@@ -351,15 +351,6 @@ impl HostKeeper {
         }
     }
 
-    /// The host token held now, if any.
-    pub fn token(&self) -> Option<HostToken> {
-        self.held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .map(|h| h.token.clone())
-    }
-
     /// Forgets the host token (core refused it at the upgrade): the next [`Self::ensure`] joins.
     pub fn forget(&self) {
         *self.held.lock().unwrap_or_else(PoisonError::into_inner) = None;

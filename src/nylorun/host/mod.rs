@@ -7,12 +7,12 @@
 //! * [`workspace`] serves core's `workspace.*` requests; [`setup`] runs the sandbox's setup.
 //! * [`health`] is the loopback `GET /health`; [`settings`] the validated configuration.
 
-pub mod health;
-pub mod join;
+pub(crate) mod health;
+pub(crate) mod join;
 pub mod pod;
-pub mod settings;
-pub mod setup;
-pub mod workspace;
+pub(crate) mod settings;
+pub(crate) mod setup;
+pub(crate) mod workspace;
 
 /// Now as ISO 8601 UTC with milliseconds (`2026-01-02T03:04:05.678Z`), as JavaScript's
 /// `Date.toISOString` writes it.

@@ -11,6 +11,6 @@
 
 pub mod canonical;
 pub mod channel;
-pub mod connect;
+pub(crate) mod connect;
 pub mod lease;
 pub mod protocol;

@@ -9,10 +9,10 @@
 //!   record entry (v5 §5b), storing what does not fit as an artifact.
 
 pub mod effects;
-pub mod gates;
-pub mod instructions;
+pub(crate) mod gates;
+pub(crate) mod instructions;
 pub mod run;
-pub mod shaping;
+pub(crate) mod shaping;
 pub mod spill;
-pub mod transcript;
+pub(crate) mod transcript;
 pub mod turn_start;

@@ -392,6 +392,7 @@ fn digits(n: usize) -> usize {
 }
 
 /// Applies edits to a transcript, as core folds them.
+#[cfg(test)]
 pub fn fold(transcript: &[Value], edits: &[TranscriptUpdate]) -> Result<Vec<Value>, String> {
     let mut t = transcript.to_vec();
     for (i, e) in edits.iter().enumerate() {
