@@ -270,6 +270,8 @@ pub fn start_in_process(
         }
     }
     let config = Wrap::parse_from(args).pod.validate().unwrap();
+    // What `podhost`'s main does before it runs the pod: the TLS clients' crypto provider.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(podhost::nylorun::host::pod::run(
         config,
