@@ -20,6 +20,12 @@ mod fake_gates;
 #[path = "../support/turn_fixture.rs"]
 mod turn_fixture;
 
+#[path = "../support/prometheus.rs"]
+mod prometheus;
+
+#[path = "../support/tls_front.rs"]
+mod tls_front;
+
 mod artifacts;
 mod artifacts_export;
 mod artifacts_measure;
@@ -31,7 +37,9 @@ mod health;
 mod join;
 mod lease;
 mod measure;
+mod metrics;
 mod setup;
+mod tls;
 mod turn;
 mod turn_fakes;
 mod turn_measure;
