@@ -156,7 +156,20 @@ async fn a_health_listener_turned_off_or_a_bad_port() {
                 .to_owned()
         )
     );
+    // A value from the environment is named by its variable, one from a flag by the flag.
     let got = health(&[], &[("NYLORUN_HARNESS_HEALTH_PORT", "health")]).await;
+    assert_eq!(
+        got,
+        (
+            2,
+            String::new(),
+            "error: invalid value 'health' for NYLORUN_HARNESS_HEALTH_PORT: invalid digit found \
+             in string\n\n\
+             For more information, try '--help'.\n"
+                .to_owned()
+        )
+    );
+    let got = health(&["--port", "health"], &[]).await;
     assert_eq!(
         got,
         (
