@@ -1,8 +1,9 @@
 //! Build script: the git revision podhost is built from, and link options for the
 //! `podhost-exec` binary.
 //!
-//! * `PODHOST_GIT_REVISION` (a compile-time variable): the commit the build comes from, for
-//!   `podhost --version`, the start-up log and `/healthz`. Taken from the environment when set
+//! * `BUILD_GIT_REVISION` (a compile-time variable): the commit the build comes from, for
+//!   `podhost --version`, the start-up log and `/healthz`. Taken from `PODHOST_GIT_REVISION`
+//!   when that is set in the build's environment
 //!   (a build without `.git`, such as a container build given the revision as an argument),
 //!   else from `git rev-parse HEAD`, else `unknown`. Uncommitted changes are not marked: that
 //!   would rebuild the crate at every `git add`.
@@ -51,7 +52,9 @@ fn revision() -> String {
 
 fn main() {
     println!("cargo::rerun-if-changed=build.rs");
-    println!("cargo::rustc-env=PODHOST_GIT_REVISION={}", revision());
+    // Not named PODHOST_…: cargo also sets this variable in the processes it runs (`cargo
+    // test`), where a PODHOST_ name would read as one of podhost's settings.
+    println!("cargo::rustc-env=BUILD_GIT_REVISION={}", revision());
     if std::env::var("PROFILE").as_deref() == Ok("release") {
         println!("cargo::rustc-link-arg-bin=podhost-exec=-Wl,--strip-debug");
     }

@@ -48,7 +48,7 @@ fn main() -> ExitCode {
     if front.is_long_running() {
         tracing::info!(
             version = env!("CARGO_PKG_VERSION"),
-            revision = env!("PODHOST_GIT_REVISION"),
+            revision = env!("BUILD_GIT_REVISION"),
             "podhost {}",
             config::VERSION
         );

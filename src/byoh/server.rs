@@ -423,7 +423,7 @@ async fn healthz(State(app): State<App>) -> Response {
             "status": if writable { "ok" } else { "degraded" },
             "protocol_version": PROTOCOL_VERSION,
             "version": env!("CARGO_PKG_VERSION"),
-            "revision": env!("PODHOST_GIT_REVISION"),
+            "revision": env!("BUILD_GIT_REVISION"),
             "running": app.engine.running(),
             "store": store,
             "confinement": crate::exec::confine::reported(),

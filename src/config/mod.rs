@@ -26,7 +26,7 @@ pub use tls::TlsArgs;
 pub const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
     " (",
-    env!("PODHOST_GIT_REVISION"),
+    env!("BUILD_GIT_REVISION"),
     ")"
 );
 

@@ -208,7 +208,7 @@ async fn probes_need_no_credential_and_readiness_follows_the_store() {
             &json!(env!("CARGO_PKG_VERSION"))
         )
     );
-    assert_eq!(health["revision"], env!("PODHOST_GIT_REVISION"));
+    assert_eq!(health["revision"], env!("BUILD_GIT_REVISION"));
 
     // Another process holds the store's write lock: not ready, and the details say why.
     let lock = rusqlite::Connection::open(s.data.join("podhost.sqlite")).unwrap();

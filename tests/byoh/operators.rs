@@ -35,10 +35,10 @@ fn the_version_names_the_revision_it_was_built_from() {
     let want = format!(
         "podhost {} ({})\n",
         env!("CARGO_PKG_VERSION"),
-        env!("PODHOST_GIT_REVISION")
+        env!("BUILD_GIT_REVISION")
     );
     assert_eq!(run(&["--version"], &[]), (Some(0), want, String::new()));
-    let rev = env!("PODHOST_GIT_REVISION");
+    let rev = env!("BUILD_GIT_REVISION");
     assert!(
         rev == "unknown" || (rev.len() == 40 && rev.chars().all(|c| c.is_ascii_hexdigit())),
         "{rev}"
@@ -178,7 +178,7 @@ fn log_settings_that_cannot_be_used_are_warned_about() {
         text.contains(&format!(
             "podhost {} ({})",
             env!("CARGO_PKG_VERSION"),
-            env!("PODHOST_GIT_REVISION")
+            env!("BUILD_GIT_REVISION")
         )),
         "{text}"
     );
@@ -196,7 +196,7 @@ fn json_log_lines_carry_their_fields_at_the_top_level() {
         .find(|v| v["revision"].is_string())
         .unwrap_or_else(|| panic!("no start-up line: {lines:?}"));
     assert_eq!(start["version"], env!("CARGO_PKG_VERSION"));
-    assert_eq!(start["revision"], env!("PODHOST_GIT_REVISION"));
+    assert_eq!(start["revision"], env!("BUILD_GIT_REVISION"));
     assert_eq!(start["level"], "INFO");
     assert!(start.get("fields").is_none(), "{start}");
     let listening = parsed.last().unwrap();

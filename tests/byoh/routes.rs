@@ -142,7 +142,7 @@ async fn every_route_but_the_probes_and_metrics_needs_the_credential() {
             StatusCode::OK,
             json!({"status": "ok", "protocol_version": "1", "running": 0,
                    "version": env!("CARGO_PKG_VERSION"),
-                   "revision": env!("PODHOST_GIT_REVISION"),
+                   "revision": env!("BUILD_GIT_REVISION"),
                    "store": {"writable": true},
                    "confinement": serve_confinement()})
         )

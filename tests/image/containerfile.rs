@@ -103,7 +103,7 @@ async fn the_image_carries_the_oci_labels_of_what_it_was_built_from() {
             "org.opencontainers.image.description": "A sandboxed agent harness: the Nylorun pod host",
             "org.opencontainers.image.licenses": "Apache-2.0",
             "org.opencontainers.image.version": env!("CARGO_PKG_VERSION"),
-            "org.opencontainers.image.revision": env!("PODHOST_GIT_REVISION"),
+            "org.opencontainers.image.revision": env!("BUILD_GIT_REVISION"),
             "org.opencontainers.image.source": crate::fixture::SOURCE,
             "org.opencontainers.image.created": crate::fixture::CREATED,
         })

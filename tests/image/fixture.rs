@@ -174,7 +174,7 @@ async fn build() -> Image {
                 "--build-arg",
                 &format!("VERSION={}", env!("CARGO_PKG_VERSION")),
                 "--build-arg",
-                &format!("REVISION={}", env!("PODHOST_GIT_REVISION")),
+                &format!("REVISION={}", env!("BUILD_GIT_REVISION")),
                 "--build-arg",
                 &format!("SOURCE={SOURCE}"),
                 "--build-arg",

@@ -42,7 +42,7 @@ async fn health_says_whether_the_pod_is_connected() {
             503,
             json!({"status": "disconnected", "service": "podhost", "connected": false,
                    "confinement": pod_confinement(), "version": env!("CARGO_PKG_VERSION"),
-                   "revision": env!("PODHOST_GIT_REVISION")})
+                   "revision": env!("BUILD_GIT_REVISION")})
         )
     );
     core.set_tenant_closed(false);
@@ -54,7 +54,7 @@ async fn health_says_whether_the_pod_is_connected() {
             200,
             json!({"status": "ok", "service": "podhost", "connected": true,
                    "confinement": pod_confinement(), "version": env!("CARGO_PKG_VERSION"),
-                   "revision": env!("PODHOST_GIT_REVISION")})
+                   "revision": env!("BUILD_GIT_REVISION")})
         )
     );
 }

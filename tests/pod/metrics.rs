@@ -109,7 +109,7 @@ async fn metrics_count_the_pods_connection_leases_effects_and_turns() {
         (code, &body["status"], &body["connected"]),
         (503, &json!("disconnected"), &json!(false))
     );
-    assert_eq!(body["revision"], env!("PODHOST_GIT_REVISION"));
+    assert_eq!(body["revision"], env!("BUILD_GIT_REVISION"));
     let (_, text) = get(&format!("http://127.0.0.1:{health}/metrics")).await;
     let m = parse(&text);
     assert_eq!(family(&m, "podhost_pod_connected"), entries(&[("", 0.0)]));

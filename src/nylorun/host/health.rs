@@ -61,7 +61,7 @@ async fn health(State(connected): State<Arc<AtomicBool>>) -> (StatusCode, Json<V
             "connected": up,
             "confinement": crate::exec::confine::reported(),
             "version": env!("CARGO_PKG_VERSION"),
-            "revision": env!("PODHOST_GIT_REVISION"),
+            "revision": env!("BUILD_GIT_REVISION"),
         })),
     )
 }
