@@ -21,6 +21,10 @@
 //!   an outcome, never `Err`.
 //! * [`exec`] is the only place that starts processes (process groups, capture, timeouts, limits,
 //!   environment, confinement). All `unsafe` lives there.
+//! * [`floor`] is under everything and imports nothing of podhost: workspace paths, codes,
+//!   text — and the two things every layer shares without importing upward: the one metrics
+//!   registry ([`floor::metrics`], where `exec`, `tools`, `chat` and the fronts record with
+//!   one-line calls) and the one TLS client configuration ([`floor::tls`]).
 //!
 //! # Who owns what
 //!

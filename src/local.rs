@@ -17,6 +17,7 @@ use crate::chat::session::{ChatTurn, DEFAULT_MAX_STEPS, Front, SessionError, ste
 use crate::exec::ExecSettings;
 use crate::floor::codes::exit;
 use crate::floor::text::truncate_middle;
+use crate::floor::tls::{TlsSettings, client_config};
 use crate::floor::workspace::Workspace;
 use crate::tools::{CallContext, ToolError, ToolName, ToolOutcome, Toolbox, ToolboxBuilder, codes};
 
@@ -43,6 +44,8 @@ pub struct RunConfig {
     pub workspace: PathBuf,
     /// The task for the agent.
     pub task: String,
+    /// Which CA certificates to trust besides the system's, for the model endpoint.
+    pub tls: TlsSettings,
     pub exec: ExecSettings,
 }
 
@@ -149,7 +152,8 @@ pub async fn run(args: RunConfig) -> Result<i32, LocalError> {
         None => None,
     };
     let toolbox = toolbox(&args.workspace, &args.exec)?;
-    let client = ModelClient::new(RetryPolicy::default())?;
+    let tls = client_config(&args.tls).map_err(|e| LocalError::Usage(e.to_string()))?;
+    let client = ModelClient::new(RetryPolicy::default(), tls)?;
     let conn = ModelEndpoint {
         base_url: args.base_url.clone(),
         model: args.model.clone(),

@@ -13,6 +13,7 @@
 //!
 //! Non-goals: streaming, and choosing what to send (the turn builds the transcript).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
@@ -20,13 +21,20 @@ use tokio_util::sync::CancellationToken;
 
 use super::message::{ApiKey, ChatMessage, ModelEndpoint};
 use crate::agent::model::{Block, Candidate, FinishReason, ToolCallBlock, Usage};
+use crate::floor::backoff::{Backoff, sleep_or_cancel};
+use crate::floor::metrics;
+use crate::floor::text::error_chain;
+
+/// The `endpoint` label of this client's model calls in the metrics.
+const ENDPOINT: metrics::Endpoint = "openai";
 
 /// How hard the client tries.
 #[derive(Clone, Debug)]
 pub struct RetryPolicy {
     /// Attempts in all (the first one included).
     pub attempts: u32,
-    /// The first backoff; it doubles per attempt up to `max_delay`.
+    /// The first backoff; it doubles per attempt up to `max_delay`, each pause drawn from the
+    /// upper half of its step (the pacing of [`Backoff`], shared with reconnects).
     pub base_delay: Duration,
     pub max_delay: Duration,
     /// The longest `Retry-After` honoured.
@@ -80,9 +88,10 @@ enum Attempt {
 }
 
 impl ModelClient {
-    /// Needs a rustls crypto provider installed (the binary installs one in `main`).
-    pub fn new(policy: RetryPolicy) -> Result<Self, ModelError> {
+    /// `tls` is podhost's one client configuration ([`crate::floor::tls`]).
+    pub fn new(policy: RetryPolicy, tls: Arc<rustls::ClientConfig>) -> Result<Self, ModelError> {
         let http = reqwest::Client::builder()
+            .tls_backend_preconfigured(rustls::ClientConfig::clone(&tls))
             .timeout(policy.request_timeout)
             .connect_timeout(Duration::from_secs(30))
             .build()
@@ -113,8 +122,30 @@ impl ModelClient {
         body: &Value,
         cancel: &CancellationToken,
     ) -> Result<Candidate, ModelError> {
+        let started = std::time::Instant::now();
+        let result = self.complete_with_retries(conn, key, body, cancel).await;
+        metrics::model_call(
+            ENDPOINT,
+            match &result {
+                Ok(_) => "ok",
+                Err(ModelError::Cancelled) => "cancelled",
+                Err(_) => "failed",
+            },
+            started.elapsed(),
+        );
+        result
+    }
+
+    async fn complete_with_retries(
+        &self,
+        conn: &ModelEndpoint,
+        key: Option<&ApiKey>,
+        body: &Value,
+        cancel: &CancellationToken,
+    ) -> Result<Candidate, ModelError> {
         let url = format!("{}/chat/completions", conn.base_url.trim_end_matches('/'));
         let attempts = self.policy.attempts.max(1);
+        let mut backoff = Backoff::new(self.policy.base_delay, self.policy.max_delay);
         let mut last = (String::new(), String::new());
         for n in 1..=attempts {
             let attempt = tokio::select! {
@@ -135,17 +166,13 @@ impl ModelClient {
                     if n == attempts {
                         break;
                     }
-                    let backoff = self
-                        .policy
-                        .base_delay
-                        .saturating_mul(1 << (n - 1).min(16))
-                        .min(self.policy.max_delay);
+                    metrics::model_retry(ENDPOINT);
+                    let pause = backoff.next_delay();
                     let delay = after
                         .map(|a| a.min(self.policy.retry_after_cap))
-                        .unwrap_or(backoff);
-                    tokio::select! {
-                        _ = cancel.cancelled() => return Err(ModelError::Cancelled),
-                        _ = tokio::time::sleep(delay) => {}
+                        .unwrap_or(pause);
+                    if !sleep_or_cancel(delay, cancel).await {
+                        return Err(ModelError::Cancelled);
                     }
                 }
             }
@@ -182,6 +209,7 @@ impl ModelClient {
             }
         };
         let status = resp.status();
+        metrics::model_http_status(ENDPOINT, status.as_u16());
         let after = retry_after(resp.headers());
         let text = match self.read_capped(resp).await {
             Ok(Some(t)) => t,
@@ -238,18 +266,6 @@ impl ModelClient {
         }
         Ok(Some(String::from_utf8_lossy(&buf).into_owned()))
     }
-}
-
-/// An error and its sources, one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        src = s.source();
-    }
-    out
 }
 
 /// The start of an error body, on one line.
@@ -416,7 +432,6 @@ mod tests {
 
     #[tokio::test]
     async fn answers_past_the_cap_fail_the_call() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let app = axum::Router::new().route(
             "/v1/chat/completions",
             axum::routing::post(|| async { "x".repeat(2048) }),
@@ -424,10 +439,14 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await });
-        let client = ModelClient::new(RetryPolicy {
-            max_answer_bytes: 1024,
-            ..RetryPolicy::default()
-        })
+        let tls = crate::floor::tls::client_config(&Default::default()).unwrap();
+        let client = ModelClient::new(
+            RetryPolicy {
+                max_answer_bytes: 1024,
+                ..RetryPolicy::default()
+            },
+            tls,
+        )
         .unwrap();
         let conn = ModelEndpoint {
             base_url: format!("http://{addr}/v1"),

@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::exec::ExecArgs;
+use super::origins::Origins;
+use super::tls::TlsArgs;
 use crate::local::{RunConfig, ToolConfig};
 
 /// `podhost run`.
@@ -26,7 +28,12 @@ pub struct RunArgs {
     /// The task for the agent.
     pub task: String,
     #[command(flatten)]
+    pub tls: TlsArgs,
+    #[command(flatten)]
     pub exec: ExecArgs,
+    /// Which settings were given as flags (filled in by `Cli::parse_args`).
+    #[arg(skip)]
+    pub origins: Origins,
 }
 
 #[derive(Debug, Args)]
@@ -52,6 +59,7 @@ impl RunArgs {
             api_key_env: self.api_key_env.clone(),
             workspace: self.workspace.clone(),
             task: self.task.clone(),
+            tls: self.tls.settings(&self.origins),
             exec: self.exec.settings(),
         }
     }

@@ -190,6 +190,22 @@ impl Toolbox {
         input: &Value,
         ctx: &CallContext,
     ) -> Result<ToolOutcome, ToolError> {
+        let started = std::time::Instant::now();
+        let result = self.dispatch(name, input, ctx).await;
+        crate::floor::metrics::tool_call(
+            metric_tool(name),
+            metric_outcome(&result),
+            started.elapsed(),
+        );
+        result
+    }
+
+    async fn dispatch(
+        &self,
+        name: &str,
+        input: &Value,
+        ctx: &CallContext,
+    ) -> Result<ToolOutcome, ToolError> {
         let Ok(tool) = name.parse::<ToolName>() else {
             return Ok(unknown_tool(name, &ToolName::ALL.map(ToolName::as_str)));
         };
@@ -338,4 +354,19 @@ pub fn unknown_tool(name: &str, tools: &[&str]) -> ToolOutcome {
         crate::floor::codes::tool::UNKNOWN,
         format!("There is no tool named {name:?}. The tools are {list}."),
     )
+}
+
+/// A tool's name as a metric label: one of the six, or `unknown` (a model may name anything).
+fn metric_tool(name: &str) -> &'static str {
+    name.parse::<ToolName>().map_or("unknown", ToolName::as_str)
+}
+
+/// A call's outcome as a metric label.
+fn metric_outcome(result: &Result<ToolOutcome, ToolError>) -> &'static str {
+    match result {
+        Ok(ToolOutcome::Completed { .. }) => "completed",
+        Ok(ToolOutcome::Failed { code, .. }) if code == codes::CANCELLED => "cancelled",
+        Ok(ToolOutcome::Failed { .. }) => "failed",
+        Err(_) => "error",
+    }
 }

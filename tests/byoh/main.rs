@@ -4,8 +4,12 @@
 
 #[path = "../support/openai_fake.rs"]
 mod openai_fake;
+#[path = "../support/prometheus.rs"]
+mod prometheus;
 #[path = "../support/mod.rs"]
 mod support;
+#[path = "../support/tls_front.rs"]
+mod tls_front;
 
 mod harness;
 
@@ -13,5 +17,8 @@ mod durability;
 mod failures;
 mod idempotency;
 mod local;
+mod metrics;
+mod operators;
 mod routes;
+mod tls;
 mod turns;

@@ -29,6 +29,12 @@ mod pod_launch;
 #[path = "../support/driven_runs.rs"]
 mod driven_runs;
 
+#[path = "../support/prometheus.rs"]
+mod prometheus;
+
+#[path = "../support/tls_front.rs"]
+mod tls_front;
+
 mod artifacts;
 mod artifacts_export;
 mod artifacts_skills;
@@ -38,7 +44,9 @@ mod config;
 mod health;
 mod join;
 mod lease;
+mod metrics;
 mod setup;
+mod tls;
 mod turn;
 mod turn_fakes;
 mod turn_replay;
