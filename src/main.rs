@@ -73,8 +73,9 @@ fn confinement_ok(exec: &exec::ExecSettings, loud: bool) -> bool {
 }
 
 fn init_tracing() {
+    // rmcp reports every session at `info`; podhost says what matters itself.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"));
     // JSON lines in pods (`PODHOST_LOG_FORMAT=json`), text elsewhere.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -93,7 +94,13 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         tracing::warn!("could not become a child subreaper: {e}");
     }
     match cli.command {
-        Command::Tool(args) => Ok(local("tool", podhost::local::tool(args.config()).await)),
+        Command::Tool(args) => {
+            let stop = on_signals()?;
+            Ok(local(
+                "tool",
+                podhost::local::tool::tool(args.config(), stop).await,
+            ))
+        }
         Command::Serve(args) => {
             let config = args.config();
             if !confinement_ok(&config.exec, true) {
@@ -101,10 +108,53 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             }
             Ok(podhost::byoh::serve(config).await?)
         }
-        Command::Run(args) => Ok(local("run", podhost::local::run(args.config()).await)),
+        Command::Run(args) => {
+            let config = match args.config(|name| std::env::var(name).ok()) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("podhost run: {e}");
+                    return Ok(exit::USAGE);
+                }
+            };
+            let stop = on_signals()?;
+            Ok(local("run", podhost::local::run::run(config, stop).await))
+        }
+        Command::Mcp(args) => {
+            let stop = on_signals()?;
+            Ok(local(
+                "mcp",
+                podhost::local::mcp::mcp(args.config(), stop).await,
+            ))
+        }
         Command::Pod(args) => pod(&args).await,
         Command::Health(args) => Ok(health(&args)),
     }
+}
+
+/// Listens for SIGINT and SIGTERM for a local command, before it starts anything: the first
+/// stops it (it cancels what is in flight, kills the command's process tree, and exits 130 or
+/// 143); a second one exits at once with that code (the commands' supervisors, which die with
+/// podhost, kill their trees).
+fn on_signals() -> anyhow::Result<podhost::local::Stop> {
+    use podhost::local::{Stop, StopSignal};
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut int = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+    let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+    let stop = Stop::new();
+    let on_signal = stop.clone();
+    tokio::spawn(async move {
+        loop {
+            let which = tokio::select! {
+                Some(()) = int.recv() => StopSignal::Interrupt,
+                Some(()) = term.recv() => StopSignal::Terminate,
+                else => return,
+            };
+            if !on_signal.stop(which) {
+                std::process::exit(which.exit_code());
+            }
+        }
+    });
+    Ok(stop)
 }
 
 /// The exit code of a local command: 2 for bad input or configuration (nothing ran), 1 for a
