@@ -318,7 +318,7 @@ impl ModelClient {
                 Err(_) => {
                     return Attempt::Retry {
                         head: "The model endpoint's stream stalled".to_owned(),
-                        detail: format!("no data for {} s", self.policy.stream_idle.as_secs()),
+                        detail: format!("no data for {} s", self.policy.stream_idle.as_secs_f64()),
                         after: None,
                     };
                 }
@@ -606,6 +606,104 @@ mod tests {
                 "The model endpoint's answer (HTTP 200) is larger than 1024 bytes".into()
             )
         );
+    }
+
+    /// A server streaming `chunks` (each after `pause`), then holding the stream open.
+    async fn streaming_server(chunks: Vec<String>, pause: Duration) -> ModelEndpoint {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let app = axum::Router::new().route(
+            "/v1/chat/completions",
+            axum::routing::post(move || {
+                let chunks = chunks.clone();
+                async move {
+                    let body = futures_util::stream::unfold(
+                        chunks.into_iter(),
+                        move |mut it| async move {
+                            match it.next() {
+                                Some(c) => {
+                                    tokio::time::sleep(pause).await;
+                                    Some((Ok::<_, std::convert::Infallible>(c), it))
+                                }
+                                None => {
+                                    std::future::pending::<()>().await;
+                                    None
+                                }
+                            }
+                        },
+                    );
+                    (
+                        [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+                        axum::body::Body::from_stream(body),
+                    )
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        ModelEndpoint {
+            base_url: format!("http://{addr}/v1"),
+            model: "m".into(),
+            generation_settings: Map::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_streamed_answer_past_the_cap_fails_the_call() {
+        let chunk = |t: &str| {
+            format!(
+                "data: {}\n\n",
+                json!({"choices": [{"index": 0, "delta": {"content": t}}]})
+            )
+        };
+        let conn = streaming_server(vec![chunk(&"x".repeat(600)); 3], Duration::ZERO).await;
+        let client = ModelClient::new(RetryPolicy {
+            max_answer_bytes: 1024,
+            ..RetryPolicy::default()
+        })
+        .unwrap()
+        .streaming(true);
+        let err = client
+            .complete(&conn, None, &json!({}), &CancellationToken::new())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err,
+            ModelError::Failed(
+                "The model endpoint's streamed answer is larger than 1024 bytes".into()
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_silent_past_its_idle_limit_is_retried_then_fails() {
+        let first = format!(
+            "data: {}\n\n",
+            json!({"choices": [{"index": 0, "delta": {"content": "thinking"}}]})
+        );
+        let conn = streaming_server(vec![first], Duration::ZERO).await;
+        let (tx, rx) = tokio::sync::watch::channel(0);
+        let client = ModelClient::new(RetryPolicy {
+            attempts: 2,
+            base_delay: Duration::from_millis(1),
+            stream_idle: Duration::from_millis(200),
+            ..RetryPolicy::default()
+        })
+        .unwrap()
+        .streaming(true)
+        .with_progress(tx);
+        let err = client
+            .complete(&conn, None, &json!({}), &CancellationToken::new())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err,
+            ModelError::Failed(
+                "The model endpoint's stream stalled after 2 attempts: no data for 0.2 s".into()
+            )
+        );
+        // What came before the silence was reported as progress.
+        assert_eq!(*rx.borrow(), 8);
     }
 
     #[test]

@@ -33,7 +33,7 @@ use super::{ToolOutcome, Toolbox, codes};
 use crate::floor::text;
 use crate::floor::workspace::{self as paths, Access, OpenError, Resolved};
 
-mod notebook;
+pub mod notebook;
 
 /// Lines shown when the call gives no `limit`.
 pub const DEFAULT_LIMIT: u64 = 2000;

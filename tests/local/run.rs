@@ -139,6 +139,27 @@ async fn the_task_is_read_from_stdin_with_a_dash() {
 }
 
 #[tokio::test]
+async fn a_task_on_stdin_past_its_limit_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeModel::start("fake-model", Some(KEY)).await;
+    let mut cmd = run_cmd(&fake, dir.path(), &["-"]);
+    cmd.stdin(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(&vec![b'a'; (1 << 20) + 1]).await.unwrap();
+    drop(stdin);
+    let out = finish(child).await;
+    assert_eq!(
+        (out.code, out.stderr.as_str()),
+        (
+            2,
+            "podhost run: the task on stdin is larger than 1048576 bytes\n"
+        )
+    );
+    assert_eq!(fake.requests().len(), 0);
+}
+
+#[tokio::test]
 async fn agents_md_and_system_are_appended_to_the_instructions() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
