@@ -9,7 +9,7 @@ use podhost::config::{self, Cli, Command, HealthArgs};
 use podhost::exec;
 use podhost::floor::codes::exit;
 use podhost::floor::text::error_chain;
-use podhost::local::{RunConfig, ToolConfig};
+use podhost::local::{McpConfig, RunConfig, ToolConfig};
 use podhost::nylorun::host::pod::PodConfig;
 use tokio_util::sync::CancellationToken;
 
@@ -86,6 +86,7 @@ enum Front {
     Tool(ToolConfig),
     Serve(ServeConfig),
     Run(RunConfig),
+    Mcp(McpConfig),
     Pod(Box<PodConfig>),
     Health(HealthArgs),
     /// A command that already ran (completions, man pages), with its exit code.
@@ -98,7 +99,11 @@ impl Front {
         Ok(match command {
             Command::Tool(args) => Front::Tool(args.config()),
             Command::Serve(args) => Front::Serve(args.config().map_err(|e| ("serve", e.into()))?),
-            Command::Run(args) => Front::Run(args.config()),
+            Command::Run(args) => Front::Run(
+                args.config(|name| std::env::var(name).ok())
+                    .map_err(|e| ("run", e.into()))?,
+            ),
+            Command::Mcp(args) => Front::Mcp(args.config()),
             Command::Pod(args) => {
                 Front::Pod(Box::new(args.validate().map_err(|e| ("pod", e.into()))?))
             }
@@ -128,12 +133,14 @@ impl Front {
             Front::Tool(c) => Some(&c.exec),
             Front::Serve(c) => Some(&c.exec),
             Front::Run(c) => Some(&c.exec),
+            Front::Mcp(c) => Some(&c.exec),
             Front::Pod(c) => Some(&c.exec),
             Front::Health(_) | Front::Done(_) => None,
         }
     }
 
-    /// Whether this front runs for long (and so reports its confinement at `info`).
+    /// Whether this front runs for long (and so reports its confinement at `info`). `podhost
+    /// mcp` runs for long, but as a client's child: its start-up stays quiet.
     fn is_long_running(&self) -> bool {
         matches!(self, Front::Serve(_) | Front::Pod(_))
     }
@@ -163,9 +170,10 @@ fn init_tracing() {
                 warnings.push(format!(
                     "RUST_LOG {spec:?} is not a valid log filter ({e}); logging at info"
                 ));
-                tracing_subscriber::EnvFilter::new("info")
+                tracing_subscriber::EnvFilter::new("info,rmcp=warn")
             }),
-        _ => tracing_subscriber::EnvFilter::new("info"),
+        // rmcp reports every session at `info`; podhost says what matters itself.
+        _ => tracing_subscriber::EnvFilter::new("info,rmcp=warn"),
     };
     let json = match std::env::var("PODHOST_LOG_FORMAT") {
         Ok(f) if f == "json" => true,
@@ -198,7 +206,13 @@ async fn dispatch(front: Front) -> anyhow::Result<i32> {
         tracing::warn!("could not become a child subreaper: {e}");
     }
     match front {
-        Front::Tool(config) => Ok(local("tool", podhost::local::tool(config).await)),
+        Front::Tool(config) => {
+            let stop = on_signals()?;
+            Ok(local(
+                "tool",
+                podhost::local::tool::tool(config, stop).await,
+            ))
+        }
         Front::Serve(config) => {
             if !confinement_ok(&config.exec, true) {
                 return Ok(exit::FAILURE);
@@ -211,11 +225,42 @@ async fn dispatch(front: Front) -> anyhow::Result<i32> {
                 }
             }
         }
-        Front::Run(config) => Ok(local("run", podhost::local::run(config).await)),
+        Front::Run(config) => {
+            let stop = on_signals()?;
+            Ok(local("run", podhost::local::run::run(config, stop).await))
+        }
+        Front::Mcp(config) => {
+            let stop = on_signals()?;
+            Ok(local("mcp", podhost::local::mcp::mcp(config, stop).await))
+        }
         Front::Pod(config) => pod(*config).await,
         Front::Health(args) => Ok(health(&args)),
         Front::Done(code) => Ok(code),
     }
+}
+
+/// Stops a local command on SIGINT or SIGTERM (its command's process tree killed, exit 130 or
+/// 143); a second signal exits at once.
+fn on_signals() -> anyhow::Result<podhost::local::Stop> {
+    use podhost::local::{Stop, StopSignal};
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut int = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+    let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+    let stop = Stop::new();
+    let on_signal = stop.clone();
+    tokio::spawn(async move {
+        loop {
+            let which = tokio::select! {
+                Some(()) = int.recv() => StopSignal::Interrupt,
+                Some(()) = term.recv() => StopSignal::Terminate,
+                else => return,
+            };
+            if !on_signal.stop(which) {
+                std::process::exit(which.exit_code());
+            }
+        }
+    });
+    Ok(stop)
 }
 
 /// The exit code of a local command: 2 for bad input or configuration (nothing ran), 1 for a

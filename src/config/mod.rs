@@ -3,8 +3,9 @@
 //! Every setting is a flag with an environment variable (clap `env = …`), so one binary serves a
 //! pod, a CI test and a laptop. The clap structs live here and only here; each converts into a
 //! front's plain configuration (`byoh::ServeConfig`, `nylorun::host::settings::PodConfig`,
-//! `local::RunConfig`, `local::ToolConfig`, with an `exec::ExecSettings`), purely. No front
-//! imports this module.
+//! `local::RunConfig`, `local::ToolConfig`, `local::McpConfig`, with an `exec::ExecSettings`),
+//! purely (`podhost run` reads the `OPENAI_*` variables through a function it is given). No
+//! front imports this module.
 
 mod exec;
 mod local;
@@ -16,7 +17,7 @@ mod tls;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 pub use exec::{ConfineArgs, ExecArgs};
-pub use local::{RunArgs, ToolArgs};
+pub use local::{LocalEnvArgs, McpArgs, RunArgs, ToolArgs};
 pub use origins::Origins;
 pub use pod::{PodArgs, SettingsError};
 pub use serve::ServeArgs;
@@ -98,8 +99,13 @@ pub enum Command {
     Tool(ToolArgs),
     /// Serve the Oumi BYOH endpoint (submit, get_status, collect_output, cancel).
     Serve(ServeArgs),
-    /// Run one agent task in a local workspace against an OpenAI-compatible model.
-    Run(RunArgs),
+    /// Run one agent task in a local workspace against an OpenAI-compatible model: activity on
+    /// stderr, the answer on stdout (or JSON Lines events with --json); exit 0 only with an
+    /// answer.
+    Run(Box<RunArgs>),
+    /// Serve the six tools over the Model Context Protocol (stdio, or streamable HTTP with
+    /// --listen) on a local workspace.
+    Mcp(McpArgs),
     /// Be a Nylorun pod's harness: join core, serve the Harness API, lease runs.
     Pod(Box<PodArgs>),
     /// Ask the running pod host whether it is connected to core (a Kubernetes exec probe):
@@ -173,6 +179,7 @@ impl Command {
             Command::Tool(args) => Some(&args.exec),
             Command::Serve(args) => Some(&args.exec),
             Command::Run(args) => Some(&args.exec),
+            Command::Mcp(args) => Some(&args.exec),
             Command::Pod(args) => Some(&args.exec),
             // A probe, completions and man pages run no command.
             Command::Health(_) | Command::Completions(_) | Command::Man(_) => None,
@@ -239,6 +246,7 @@ mod tests {
                 "podhost-tool.1",
                 "podhost-serve.1",
                 "podhost-run.1",
+                "podhost-mcp.1",
                 "podhost-pod.1",
                 "podhost-health.1",
                 "podhost-completions.1",

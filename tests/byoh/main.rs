@@ -1,4 +1,4 @@
-//! Integration tests of `podhost serve` (the Oumi BYOH endpoint) and `podhost run`, against the
+//! Integration tests of `podhost serve` (the Oumi BYOH endpoint), against the
 //! real binary and a scripted OpenAI-compatible model server.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -16,7 +16,6 @@ mod harness;
 mod durability;
 mod failures;
 mod idempotency;
-mod local;
 mod metrics;
 mod operators;
 mod routes;

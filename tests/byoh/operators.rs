@@ -62,7 +62,7 @@ fn completions_and_man_pages_come_from_the_command_line_definitions() {
     let man = dir.path().join("man1");
     let (code, listed, err) = run(&["man", "--dir", man.to_str().unwrap()], &[]);
     assert_eq!((code, err.as_str()), (Some(0), ""));
-    assert_eq!(listed.lines().count(), 7, "{listed}");
+    assert_eq!(listed.lines().count(), 8, "{listed}");
     let page = std::fs::read_to_string(man.join("podhost-serve.1")).unwrap();
     assert!(page.starts_with(".ie \\n(.g .ds Aq \\(aq"), "{page}");
     assert!(page.contains("PODHOST_MAX_RUNNING"), "{page}");
