@@ -7,10 +7,12 @@
 //!   transcript's edits; [`instructions`] says what the model reads and may call.
 //! * [`gates`] calls the Model Gate; [`shaping`] and [`spill`] fit a tool's result into one
 //!   record entry (v5 §5b), storing what does not fit as an artifact.
+//! * [`media`] is the one rule for which files a model is shown.
 
 pub mod effects;
 pub(crate) mod gates;
 pub(crate) mod instructions;
+pub mod media;
 pub mod run;
 pub(crate) mod shaping;
 pub mod spill;
