@@ -7,8 +7,9 @@
 //!   transcript's edits; [`instructions`] says what the model reads and may call.
 //! * [`gates`] calls the Model Gate; [`shaping`] and [`spill`] fit a tool's result into one
 //!   record entry (v5 §5b), storing what does not fit as an artifact.
-//! * [`toolgate`] holds what MCP and HTTP tools need from the Tool Gate (discovery, the catalog,
-//!   the client, their results); [`naming`] names them for the model.
+//! * [`toolgate`] runs MCP and HTTP tools through the Tool Gate (discovery, the catalog, the
+//!   client, their results); [`naming`] names them for the model; [`tool_search`] loads the
+//!   deferred ones.
 //! * [`media`] is the one rule for which files a model is shown.
 
 pub mod effects;
@@ -19,6 +20,7 @@ pub mod naming;
 pub mod run;
 pub(crate) mod shaping;
 pub mod spill;
+pub(crate) mod tool_search;
 pub mod toolgate;
 pub(crate) mod transcript;
 pub mod turn_start;
