@@ -170,11 +170,11 @@ async fn main() {
     let through = median(through_podhost().await);
     println!("mcp call, median of {ROUNDS}:");
     println!(
-        "  direct to server-everything (stdio):           {:8.3} ms",
+        "  direct to server-everything over stdio:            {:8.3} ms",
         ms(direct)
     );
     println!(
-        "  through podhost and the Tool Gate (intent→outcome): {:8.3} ms",
+        "  through podhost and the Tool Gate, intent→outcome: {:8.3} ms",
         ms(through)
     );
     println!(

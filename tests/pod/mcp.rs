@@ -451,3 +451,56 @@ async fn disabled_tools_are_not_offered_and_no_facts_means_no_tools() {
         .collect();
     assert_eq!(py, ["py__add", "py__big_text", "py__tick", "py__whoami"]);
 }
+
+#[tokio::test]
+async fn tools_are_listed_page_by_page_up_to_a_bound() {
+    let m = mcp_setup().await;
+    let s = &m.s;
+    // Pages of one tool: every tool of every page is offered.
+    s.gates.toolgate.page_tools(1, false);
+    s.gates.script([fake_gates::text("Listed.")]);
+    let ts = mcp_turn_start(json!("List."), json!([{"name": "py"}]));
+    s.core.grant_turn("run-1", TOKEN, ts.clone());
+    assert_eq!(wait_end(&s.core, "run-1").await.0, "turn.completed");
+    let lists = s.gates.toolgate.requests_of("mcp/list");
+    assert_eq!(lists.len(), 6);
+    let cursors: Vec<Value> = lists.iter().map(|r| r.body["cursor"].clone()).collect();
+    assert_eq!(
+        cursors,
+        [
+            Value::Null,
+            json!("1"),
+            json!("2"),
+            json!("3"),
+            json!("4"),
+            json!("5")
+        ]
+    );
+    let py: Vec<String> = offered(s, 0)
+        .into_iter()
+        .filter(|n| n.starts_with("py__"))
+        .collect();
+    assert_eq!(py.len(), 6);
+
+    // A server whose pages never end: podhost stops after 100 and says so.
+    s.gates.toolgate.page_tools(1, true);
+    let mut endless = ts;
+    endless["checkpoint"]["sessionId"] = json!("ses_2");
+    endless["checkpoint"]["turnId"] = json!("turn_2");
+    s.gates.script([fake_gates::text("Nothing.")]);
+    s.core.grant_turn("run-2", "run-token-2", endless);
+    let (method, output) = wait_end(&s.core, "run-2").await;
+    assert_eq!(method, "turn.completed", "{output}");
+    let report = s.core.journal().mcp_reports()[1].1.clone();
+    assert_eq!(
+        report,
+        json!({"runId": "run-2", "diagnostics": [{"server": {"serverName": "py"},
+               "stage": "list", "code": "invalid",
+               "message": "the server lists more than 100 pages of tools"}]})
+    );
+    assert_eq!(
+        s.gates.toolgate.requests_of("mcp/list").len() - lists.len(),
+        100
+    );
+    assert!(!offered(s, 1).iter().any(|n| n.starts_with("py__")));
+}

@@ -88,6 +88,49 @@ async fn hops_lost_until_the_attempts_are_used_up_end_interrupted() {
 }
 
 #[tokio::test]
+async fn a_call_whose_hops_keep_getting_lost_is_reported_unknown() {
+    let m = mcp_setup().await;
+    let s = &m.s;
+    s.gates.toolgate.lose_answers(100);
+    // Core keeps answering the re-sends `execute` (its attempts set high).
+    let journal = s.core.journal();
+    journal.script_intent(EFFECT, json!({"status": "execute"}));
+    for _ in 0..9 {
+        journal.script_intent(EFFECT, json!({"status": "execute", "rejoin": true}));
+    }
+    s.gates.script([
+        fake_gates::tool_call("c1", "py__tick", json!({})),
+        fake_gates::text("Unknown."),
+    ]);
+    s.core.grant_turn("run-1", TOKEN, py_turn("Tick."));
+    let (method, output) = wait_end(&s.core, "run-1").await;
+    assert_eq!(method, "turn.completed", "{output}");
+    // One send and five re-sends, one execution; then the fate is reported unknown.
+    assert_eq!(s.gates.toolgate.requests_of("tool-calls").len(), 6);
+    assert_eq!(s.gates.toolgate.executions(EFFECT), 1);
+    let error = s
+        .core
+        .run_frames(s.conn, "run-1")
+        .into_iter()
+        .find(|(m, p)| m == "effect.outcome" && p["effectId"] == EFFECT)
+        .unwrap()
+        .1["error"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        error.ends_with(
+            "podhost sent the call 6 times without an answer and cannot tell whether it ran."
+        ),
+        "{error}"
+    );
+    assert_eq!(
+        output["transcript"][0]["entries"][2]["results"][0]["code"],
+        "tool.uncertain"
+    );
+}
+
+#[tokio::test]
 async fn a_cancel_mid_call_cancels_it_at_the_gate_and_the_server() {
     let m = mcp_setup().await;
     let s = &m.s;

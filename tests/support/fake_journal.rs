@@ -24,8 +24,8 @@
 //!   onto the stored transcript with its `length` checked; a failed or cancelled turn's edits
 //!   are checked and then dropped (core reverts them).
 //!
-//! The test scripts intent answers per effect id, seeds transcripts, and reads rows, outputs and
-//! timings. The run tokens live here too, so the fake Model Gate can tell current, stale and
+//! The test scripts intent answers per effect id (a scripted answer wins over a row's own, so a
+//! re-send can be answered too), seeds transcripts, and reads rows, outputs and timings. The run tokens live here too, so the fake Model Gate can tell current, stale and
 //! unknown ones apart.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
@@ -469,6 +469,15 @@ impl Journal {
                 )));
             }
             row.attempts += 1;
+            // A scripted answer wins over the row's own (the row keeps its status).
+            if let Some(answer) = s
+                .scripted
+                .get_mut(&e.effect_id)
+                .and_then(VecDeque::pop_front)
+            {
+                return Ok(answer);
+            }
+            let row = s.rows.get_mut(&e.effect_id).unwrap();
             return Ok(match row.status {
                 Status::Completed => {
                     json!({"status": "completed", "outcome": {"value": row.value}})

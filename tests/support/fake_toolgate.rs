@@ -275,6 +275,10 @@ struct Inner {
     connections: Vec<(String, String)>,
     /// Answers to drop after the call ran.
     lose: u32,
+    /// `mcp/list` answers pages of this many tools (cursor: the next tool's index).
+    page_size: Option<usize>,
+    /// `mcp/list` always says there is a next page.
+    endless_pages: bool,
     cancels: Vec<String>,
 }
 
@@ -343,6 +347,13 @@ impl ToolGate {
     /// The next `n` call answers are lost after the call ran: the connection drops mid-body.
     pub fn lose_answers(&self, n: u32) {
         self.inner.lock().unwrap().lose = n;
+    }
+
+    /// `mcp/list` answers pages of `size` tools; with `endless`, every page names a next one.
+    pub fn page_tools(&self, size: usize, endless: bool) {
+        let mut inner = self.inner.lock().unwrap();
+        inner.page_size = Some(size);
+        inner.endless_pages = endless;
     }
 
     /// While held, calls run but their answers wait.
@@ -614,12 +625,43 @@ async fn discovery(
                 ok(serde_json::to_value(client.peer_info()).unwrap())
             }
             Ok(client) => {
-                let params = b
-                    .cursor
-                    .map(|c| serde_json::from_value(json!({"cursor": c})).unwrap());
-                match client.list_tools(params).await {
-                    Ok(r) => ok(serde_json::to_value(r).unwrap()),
-                    Err(e) => failed("mcp.error", &e.to_string()),
+                let (size, endless) = {
+                    let inner = gate.inner.lock().unwrap();
+                    (inner.page_size, inner.endless_pages)
+                };
+                match size {
+                    // The server's own pages.
+                    None => {
+                        let params = b
+                            .cursor
+                            .map(|c| serde_json::from_value(json!({"cursor": c})).unwrap());
+                        match client.list_tools(params).await {
+                            Ok(r) => ok(serde_json::to_value(r).unwrap()),
+                            Err(e) => failed("mcp.error", &e.to_string()),
+                        }
+                    }
+                    // Its whole list, cut into pages here.
+                    Some(size) => match client.list_tools(None).await {
+                        Ok(r) => {
+                            let all = serde_json::to_value(r).unwrap()["tools"].clone();
+                            let all = all.as_array().cloned().unwrap_or_default();
+                            let from: usize =
+                                b.cursor.as_deref().map_or(0, |c| c.parse().unwrap_or(0));
+                            let page: Vec<Value> = all
+                                .iter()
+                                .skip(from % all.len().max(1))
+                                .take(size)
+                                .cloned()
+                                .collect();
+                            let next = from + size;
+                            let mut result = json!({"tools": page});
+                            if endless || next < all.len() {
+                                result["nextCursor"] = json!(next.to_string());
+                            }
+                            ok(result)
+                        }
+                        Err(e) => failed("mcp.error", &e.to_string()),
+                    },
                 }
             }
         },

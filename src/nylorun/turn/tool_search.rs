@@ -255,6 +255,34 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_holds_at_most_its_bytes_and_names_the_rest() {
+        let tool = |i: usize| McpToolFacts {
+            name: format!("big{i}"),
+            description: Some("A tool with a large schema".into()),
+            input_schema: json!({"type": "object", "description": "s".repeat(10 * 1024)}),
+            output_schema: None,
+            annotations: None,
+            enabled: true,
+            deferred: Some(true),
+        };
+        let c = Catalog::build(
+            Some(&McpFacts {
+                servers: vec![McpServerFacts {
+                    agent_id: None,
+                    name: "s".into(),
+                    instructions: None,
+                    tools: (0..4).map(tool).collect(),
+                }],
+            }),
+            None,
+        );
+        let out = search(&c, &json!({"query": "large schema"}));
+        assert!(json_len(&out["output"]["tools"]) <= ANSWER_BYTES);
+        assert_eq!(out["output"]["tools"].as_array().unwrap().len(), 2);
+        assert_eq!(out["output"]["more"], json!(["s__big2", "s__big3"]));
+    }
+
+    #[test]
     fn the_definition_file_parses_and_names_the_tool() {
         let def: ToolDefinition = serde_json::from_str(SOURCE).unwrap();
         assert_eq!(def.name, TOOL_SEARCH);

@@ -338,6 +338,46 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn an_answer_past_the_bound_is_too_large_and_not_read() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let big = format!("{{\"ok\":true,\"result\":\"{}\"}}", "x".repeat(5000));
+        let app = axum::Router::new().route(
+            "/nylorun/v1/tool-calls",
+            axum::routing::post(move || {
+                let big = big.clone();
+                async move { big }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = Url::parse(&format!("http://{}/", listener.local_addr().unwrap())).unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let gate = ToolGate::new(base).unwrap();
+        let send = |bound: u64| {
+            let gate = gate.clone();
+            async move {
+                let req = CallRequest {
+                    token: Some(RunToken::new("t")),
+                    route: &routes::TOOL_CALLS,
+                    key: "k",
+                    traceparent: None,
+                    tracestate: None,
+                    body: b"{}",
+                    bound,
+                };
+                tokio::time::timeout(
+                    Duration::from_secs(10),
+                    gate.call(req, &CancellationToken::new()),
+                )
+                .await
+                .unwrap()
+                .unwrap()
+            }
+        };
+        assert_eq!(send(1000).await, GateReply::TooLarge { limit: 1000 });
+        assert_eq!(send(6000).await, GateReply::Ok(json!("x".repeat(5000))));
+    }
+
     #[test]
     fn routes_keep_the_base_path_and_encode_the_key() {
         let _ = rustls::crypto::ring::default_provider().install_default();
