@@ -28,6 +28,9 @@ mod fake_journal;
 #[path = "../../tests/support/fake_gates.rs"]
 mod fake_gates;
 
+#[path = "../../tests/support/fake_toolgate.rs"]
+mod fake_toolgate;
+
 #[path = "../../tests/support/turn_fixture.rs"]
 mod turn_fixture;
 

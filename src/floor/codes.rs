@@ -72,6 +72,23 @@ pub mod tool {
     pub const RESULT_TOO_LARGE: &str = "tool.result-too-large";
 }
 
+/// Codes of an MCP or HTTP tool's outcome that the tool, its server or the Tool Gate gave
+/// (v5 §5, §5b); the gate's own codes (`mcp.too-large`, `http.too-large`, …) pass through as it
+/// sent them.
+pub mod gate {
+    /// The MCP tool answered `isError: true`.
+    pub const MCP_TOOL_ERROR: &str = "mcp.tool_error";
+    /// The gate answered `{ok: false}` for an MCP call without a code of its own.
+    pub const MCP_ERROR: &str = "mcp.error";
+    /// The same for an HTTP call.
+    pub const HTTP_ERROR: &str = "http.error";
+    /// The answer was past `limits.toolAnswerBytes` (the gate's code, or podhost's bound).
+    pub const MCP_TOO_LARGE: &str = "mcp.too-large";
+    pub const HTTP_TOO_LARGE: &str = "http.too-large";
+    /// The gate refused the call before running it (`key_required`, `effect_not_journaled`, …).
+    pub const REFUSED: &str = "tool.gate_refused";
+}
+
 /// Codes of a failed model call (`ModelFailure::code`, the Model Gate's `kind`s, v2 notes §4.3),
 /// and of a turn ended by one (`model.<code>`).
 pub mod model {

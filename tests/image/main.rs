@@ -22,6 +22,9 @@ mod fake_journal;
 #[path = "../support/fake_gates.rs"]
 mod fake_gates;
 
+#[path = "../support/fake_toolgate.rs"]
+mod fake_toolgate;
+
 #[path = "../support/turn_fixture.rs"]
 mod turn_fixture;
 

@@ -20,6 +20,12 @@ mod fake_journal;
 #[path = "../support/fake_gates.rs"]
 mod fake_gates;
 
+#[path = "../support/fake_toolgate.rs"]
+mod fake_toolgate;
+
+#[path = "../support/mcp_servers.rs"]
+mod mcp_servers;
+
 #[path = "../support/turn_fixture.rs"]
 mod turn_fixture;
 
@@ -44,6 +50,11 @@ mod config;
 mod health;
 mod join;
 mod lease;
+mod mcp;
+mod mcp_approvals;
+mod mcp_fakes;
+mod mcp_faults;
+mod mcp_results;
 mod metrics;
 mod setup;
 mod tls;

@@ -15,6 +15,9 @@
 //! Calls are answered by a per-test script of [`Reply`]s, then by the v2 fixture model. A call
 //! scripted to hang outlives its client (as a gate's call does) until the test releases it or
 //! the cancel route `POST /nylorun/v1/model-calls/{key}/cancel` aborts it.
+//!
+//! The Tool Gate's routes (`mcp/*`, `tool-calls`, `http-calls`) are on the same listener:
+//! [`FakeGates::toolgate`] (`fake_toolgate.rs`).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{HashMap, VecDeque};
@@ -35,6 +38,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::fake_journal::{Journal, Status, TokenState};
+use crate::fake_toolgate::ToolGate;
 
 /// How the gate answers one new call.
 #[derive(Clone, Debug)]
@@ -106,6 +110,8 @@ pub struct GateState {
 pub struct FakeGates {
     pub addr: SocketAddr,
     pub state: Arc<GateState>,
+    /// The Tool Gate, on the same listener.
+    pub toolgate: Arc<ToolGate>,
     stop: CancellationToken,
 }
 
@@ -119,6 +125,7 @@ const WAIT: Duration = Duration::from_secs(20);
 
 impl FakeGates {
     pub async fn start(journal: Arc<Journal>) -> FakeGates {
+        let toolgate = ToolGate::new(journal.clone());
         let state = Arc::new(GateState {
             journal,
             gate: Mutex::default(),
@@ -127,8 +134,9 @@ impl FakeGates {
         let app = Router::new()
             .route("/nylorun/v1/model-calls", post(model_call))
             .route("/nylorun/v1/model-calls/{key}/cancel", post(cancel))
-            .layer(DefaultBodyLimit::max(64 << 20))
-            .with_state(state.clone());
+            .with_state(state.clone())
+            .merge(toolgate.routes())
+            .layer(DefaultBodyLimit::max(64 << 20));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
@@ -138,7 +146,12 @@ impl FakeGates {
                 .with_graceful_shutdown(async move { s.cancelled().await })
                 .await;
         });
-        FakeGates { addr, state, stop }
+        FakeGates {
+            addr,
+            state,
+            toolgate,
+            stop,
+        }
     }
 
     pub fn url(&self) -> String {

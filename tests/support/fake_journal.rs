@@ -7,7 +7,15 @@
 //!   (a mismatch is `invalid` "The request hash does not match the request"). Rows replay:
 //!   `completed` for a finished row with the same hash, `effect_drift` for another hash,
 //!   `execute` + `rejoin` for a model call still `invoking`, the re-send count for a tool.
-//!   Runtime targets are answered `completed` in the intent (core runs them).
+//!   Runtime targets are answered `completed` in the intent (core runs them). An MCP target
+//!   must name a tool the session discovered (`tool.unknown`) and the turn leaves enabled
+//!   (`tool.disabled`); an HTTP target a tool the manifest declares (`tool.unavailable`). A gate
+//!   call (MCP, HTTP) still `invoking` is a re-send: `execute` + `rejoin` up to three attempts,
+//!   then `completed` with `tool.interrupted`. A call held for a person (`pending`) answers
+//!   `execute` once approved and `completed` with `tool.denied` once denied ([`Journal::decide`]).
+//! * `session.mcp`: strict params; the first snapshot a session records wins (checked as the
+//!   fake's guess of `McpSnapshotSchema` v2, `fake_toolgate::shapes`); the answer is `{mcp?}`,
+//!   the session's facts.
 //! * `effect.outcome`: strict, one of `value` / `error`, only for an `invoking` row of the run,
 //!   a value larger than `recordEntryBytes` refused with `limit_exceeded`.
 //! * `transcript.read` answers the session's transcript at the run's cursor.
@@ -16,8 +24,8 @@
 //!   onto the stored transcript with its `length` checked; a failed or cancelled turn's edits
 //!   are checked and then dropped (core reverts them).
 //!
-//! The test scripts intent answers per effect id, seeds transcripts, and reads rows, outputs and
-//! timings. The run tokens live here too, so the fake Model Gate can tell current, stale and
+//! The test scripts intent answers per effect id (a scripted answer wins over a row's own, so a
+//! re-send can be answered too), seeds transcripts, and reads rows, outputs and timings. The run tokens live here too, so the fake Model Gate can tell current, stale and
 //! unknown ones apart.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
@@ -34,11 +42,12 @@ use crate::fake_core::FakeCore;
 
 /// The journal's requests (the output methods are dispatched separately); `event` is a run's
 /// claim.
-pub const METHODS: [&str; 4] = [
+pub const METHODS: [&str; 5] = [
     "effect.intent",
     "effect.outcome",
     "transcript.read",
     "event",
+    "session.mcp",
 ];
 
 type Refusal = (String, String);
@@ -54,6 +63,10 @@ pub enum Status {
     Completed,
     Pending,
     Uncertain,
+    /// A person approved the held call: its next intent answers `execute`.
+    Approved,
+    /// A person denied the held call: its next intent answers `completed` with `tool.denied`.
+    Denied,
 }
 
 /// One journaled effect.
@@ -82,8 +95,14 @@ pub struct RunInfo {
     pub record_entry_bytes: usize,
     pub harness_state_bytes: usize,
     pub model_call_bytes: usize,
+    pub tool_answer_bytes: usize,
     pub sandbox: bool,
     pub over: bool,
+    pub manifest_hash: String,
+    /// The manifest's `mcpServers`, as granted.
+    pub mcp_servers: Value,
+    /// The manifest's HTTP tools' names.
+    pub http_tools: Vec<String>,
 }
 
 /// What a run token is to the gates now.
@@ -117,6 +136,10 @@ struct State {
     timings: Vec<Timing>,
     /// Claimed events: `(run id, type, payload)`.
     claims: Vec<(String, String, Value)>,
+    /// session → the first snapshot recorded and the facts made from it.
+    mcp: HashMap<String, (Value, Value)>,
+    /// Every `session.mcp`: `(run id, params)`.
+    mcp_reports: Vec<(String, Value)>,
 }
 
 /// The journal; shared by the fake core and the fake gates.
@@ -157,8 +180,18 @@ impl Journal {
             record_entry_bytes: limit(ts, "recordEntryBytes", 960 * 1024),
             harness_state_bytes: limit(ts, "harnessStateBytes", 256 * 1024),
             model_call_bytes: limit(ts, "modelCallBytes", 32 << 20),
+            tool_answer_bytes: limit(ts, "toolAnswerBytes", 8 << 20),
             sandbox: !ts["agent"]["sandbox"].is_null(),
             over: false,
+            manifest_hash: cp["manifestHash"].as_str().unwrap_or("").to_owned(),
+            mcp_servers: ts["manifest"]["mcpServers"].clone(),
+            http_tools: ts["manifest"]["tools"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|t| matches!(t["type"].as_str(), None | Some("http")))
+                .filter_map(|t| t["name"].as_str().map(str::to_owned))
+                .collect(),
         };
         let mut s = self.state.lock().unwrap();
         s.runs.insert(run_id.to_owned(), info);
@@ -331,6 +364,7 @@ impl Journal {
             "effect.outcome" => self.outcome(&run_id, p).map_err(|e| e.or_invalid(m)),
             "transcript.read" => self.read(&run_id, p).map_err(|e| e.or_invalid(m)),
             "event" => self.event(&run_id, p).map_err(|e| e.or_invalid(m)),
+            "session.mcp" => self.session_mcp(&run_id, p).map_err(|e| e.or_invalid(m)),
             _ => Err(refuse("invalid", format!("Unknown request {m}"))),
         };
         self.bump();
@@ -435,6 +469,15 @@ impl Journal {
                 )));
             }
             row.attempts += 1;
+            // A scripted answer wins over the row's own (the row keeps its status).
+            if let Some(answer) = s
+                .scripted
+                .get_mut(&e.effect_id)
+                .and_then(VecDeque::pop_front)
+            {
+                return Ok(answer);
+            }
+            let row = s.rows.get_mut(&e.effect_id).unwrap();
             return Ok(match row.status {
                 Status::Completed => {
                     json!({"status": "completed", "outcome": {"value": row.value}})
@@ -451,7 +494,26 @@ impl Journal {
                     row.value = Some(value.clone());
                     json!({"status": "completed", "outcome": {"value": value}})
                 }
+                // A gate keeps a call running for the next owner: a re-send rejoins it.
+                Status::Invoking
+                    if ["mcp", "http"]
+                        .contains(&row.intent["target"]["kind"].as_str().unwrap_or("")) =>
+                {
+                    json!({"status": "execute", "rejoin": true})
+                }
                 Status::Invoking => json!({"status": "execute"}),
+                Status::Approved => {
+                    row.status = Status::Invoking;
+                    row.attempts = 1;
+                    json!({"status": "execute"})
+                }
+                Status::Denied => {
+                    let value = json!({"kind": "failed", "code": "tool.denied",
+                                       "message": "A person denied this call."});
+                    row.status = Status::Completed;
+                    row.value = Some(value.clone());
+                    json!({"status": "completed", "outcome": {"value": value}})
+                }
             });
         }
         let target_kind = e
@@ -466,13 +528,20 @@ impl Journal {
         let sandbox_ok = run.sandbox
             && ["bash", "read", "write", "edit", "grep", "glob"]
                 .contains(&e.tool_name.as_deref().unwrap_or(""));
-        let answer = match (scripted, target_kind) {
-            (Some(a), _) => a,
-            (None, "sandbox") if !sandbox_ok => json!({"status": "completed", "outcome": {"value":
-                {"kind": "failed", "code": "tool.unavailable", "message": "The session has no sandbox"}}}),
-            (None, "runtime") => json!({"status": "completed", "outcome": {"value":
+        let gate_refusal = e
+            .target
+            .as_ref()
+            .and_then(|t| self.gate_target_refusal(&s, &run, t));
+        let answer = match (gate_refusal, scripted, target_kind) {
+            (Some(refusal), _, _) => refusal,
+            (None, Some(a), _) => a,
+            (None, None, "sandbox") if !sandbox_ok => {
+                json!({"status": "completed", "outcome": {"value":
+                {"kind": "failed", "code": "tool.unavailable", "message": "The session has no sandbox"}}})
+            }
+            (None, None, "runtime") => json!({"status": "completed", "outcome": {"value":
                 {"kind": "completed", "output": format!("core ran {} {}", e.target.as_ref().unwrap()["operation"], e.input.as_ref().unwrap())}}}),
-            (None, _) => json!({"status": "execute"}),
+            (None, None, _) => json!({"status": "execute"}),
         };
         let (status, value) = match answer["status"].as_str() {
             Some("execute") => (Status::Invoking, None),
@@ -560,6 +629,128 @@ impl Journal {
         row.status = Status::Completed;
         row.value = Some(value.clone());
         Ok(json!({"status": "completed", "outcome": {"value": value}}))
+    }
+
+    /// Core's answer to an MCP or HTTP target it would refuse (v5 §4): a malformed target is
+    /// `tool.unavailable`, an MCP tool the session did not discover `tool.unknown`, one the turn
+    /// disabled `tool.disabled`, an HTTP tool the manifest lacks `tool.unavailable`.
+    fn gate_target_refusal(&self, s: &State, run: &RunInfo, target: &Value) -> Option<Value> {
+        let fail = |code: &str, message: &str| {
+            Some(json!({"status": "completed", "outcome": {"value":
+                {"kind": "failed", "code": code, "message": message}}}))
+        };
+        let keys: Vec<&str> = target
+            .as_object()
+            .map(|o| o.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        match target["kind"].as_str() {
+            Some("mcp") => {
+                if keys.len() != 3 || !target["server"].is_string() || !target["tool"].is_string() {
+                    return fail("tool.unavailable", "An MCP target is {kind, server, tool}");
+                }
+                let facts = s.mcp.get(&run.session_id).map(|(_, f)| f.clone());
+                let tool = facts.as_ref().and_then(|f| {
+                    f["servers"].as_array()?.iter().find(|sv| {
+                            sv["name"] == target["server"] && sv.get("agentId").is_none()
+                        })?["tools"]
+                            .as_array()?
+                            .iter()
+                            .find(|t| t["name"] == target["tool"])
+                            .cloned()
+                });
+                match tool {
+                    None => fail("tool.unknown", "The session did not discover this MCP tool"),
+                    Some(t) if t["enabled"] == false => {
+                        fail("tool.disabled", "The turn's manifest disables this tool")
+                    }
+                    Some(_) => None,
+                }
+            }
+            Some("http") => {
+                if keys.len() != 2 || !target["tool"].is_string() {
+                    return fail("tool.unavailable", "An HTTP target is {kind, tool}");
+                }
+                if !run.http_tools.iter().any(|t| target["tool"] == t.as_str()) {
+                    return fail("tool.unavailable", "The agent declares no such HTTP tool");
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// `session.mcp {runId, snapshot?, diagnostics}` → `{mcp?}`.
+    fn session_mcp(&self, run_id: &str, p: Value) -> Result<Value, Why> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields, rename_all = "camelCase")]
+        #[allow(unused)]
+        struct Params {
+            run_id: String,
+            snapshot: Option<Value>,
+            diagnostics: Vec<Value>,
+        }
+        let params: Params = serde_json::from_value(p.clone()).map_err(Why::parse)?;
+        let mut s = self.state.lock().unwrap();
+        let run = s.runs[run_id].clone();
+        s.mcp_reports.push((run_id.to_owned(), p));
+        if let Some(snapshot) = params.snapshot {
+            let facts = crate::fake_toolgate::shapes::facts_of(
+                &snapshot,
+                &run.manifest_hash,
+                &run.mcp_servers,
+            )
+            .map_err(|e| Why::invalid(format!("snapshot: {e}")))?;
+            s.mcp
+                .entry(run.session_id.clone())
+                .or_insert((snapshot, facts));
+        }
+        Ok(match s.mcp.get(&run.session_id) {
+            Some((_, facts)) => json!({"mcp": facts}),
+            None => json!({}),
+        })
+    }
+
+    /// The session's MCP facts, for a later TurnStart's `mcp`.
+    pub fn mcp_facts(&self, session_id: &str) -> Option<Value> {
+        self.state
+            .lock()
+            .unwrap()
+            .mcp
+            .get(session_id)
+            .map(|(_, f)| f.clone())
+    }
+
+    /// Every `session.mcp` a run sent: `(run id, params)`.
+    pub fn mcp_reports(&self) -> Vec<(String, Value)> {
+        self.state.lock().unwrap().mcp_reports.clone()
+    }
+
+    /// A person answers the held call `effect_id` (v5 §7): approved, its next intent answers
+    /// `execute`; denied, `completed` with `tool.denied`.
+    pub fn answer_approval(&self, effect_id: &str, approved: bool) {
+        let mut s = self.state.lock().unwrap();
+        let row = s.rows.get_mut(effect_id).expect("no such row");
+        assert_eq!(row.status, Status::Pending, "{effect_id} is not held");
+        row.status = if approved {
+            Status::Approved
+        } else {
+            Status::Denied
+        };
+    }
+
+    /// The TurnStart core sends once a person answered (v5 §7, and no more than v5 says): the
+    /// waiting segment's own TurnStart typed `approval.answer` — the same segment, the same input
+    /// — with the state its `turn.waiting` left and the segment's completed outcomes.
+    pub fn approval_turn(&self, waiting_turn: &Value, waiting_output: &Value) -> Value {
+        let mut ts = waiting_turn.clone();
+        ts["type"] = json!("approval.answer");
+        if let Some(state) = waiting_output.get("state") {
+            ts["checkpoint"]["state"] = state.clone();
+        }
+        let turn = ts["checkpoint"]["turnId"].as_str().unwrap().to_owned();
+        let segment = ts["checkpoint"]["segment"].as_u64().unwrap();
+        ts["outcomes"] = json!(self.completed_outcomes(&turn, segment));
+        ts
     }
 
     /// A claim of the run's session: a known type, within `recordEntryBytes`.

@@ -46,6 +46,7 @@ pub mod methods {
     pub const TURN_WAITING: &str = "turn.waiting";
     pub const TURN_PAUSED: &str = "turn.paused";
     pub const CHECKPOINT: &str = "checkpoint";
+    pub const SESSION_MCP: &str = "session.mcp";
     /// Core → harness one-way message.
     pub const CANCEL: &str = "cancel";
     pub const WORKSPACE_READ: &str = "workspace.read";
@@ -509,6 +510,84 @@ pub struct WorkspaceRecord {
     /// ISO 8601.
     pub created_at: String,
     pub updated_at: String,
+}
+
+/// `session.mcp` params (v5 §3): what a run's discovery listed. The snapshot's inside is not
+/// pinned by v5 (`McpSnapshotSchema` v2); podhost's guess lives in `turn::toolgate::wire`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SessionMcpParams {
+    pub run_id: String,
+    /// The servers that connected and what they listed; absent when none did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<Value>,
+    /// One entry per server that could not be connected or listed.
+    pub diagnostics: Vec<Value>,
+}
+
+/// `session.mcp` result: `{mcp?}`, the facts this turn runs with (the first snapshot the
+/// session recorded wins, so another owner's may come back).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionMcpAnswer {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<McpFacts>,
+}
+
+/// `McpFactsSchema` (v5 §3): the session's MCP discovery as a turn sees it — facts, not tools.
+/// Read leniently (unknown fields ignored), as the TurnStart that carries it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct McpFacts {
+    /// Each server of the agent tree that connected.
+    #[serde(default)]
+    pub servers: Vec<McpServerFacts>,
+}
+
+/// One server of [`McpFacts`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct McpServerFacts {
+    /// The agent used as a tool that declares it; absent for the root agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<String>,
+    /// The server's name in the manifest.
+    pub name: String,
+    /// The server's own instructions, scrubbed and uncut.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
+    #[serde(default)]
+    pub tools: Vec<McpToolFacts>,
+}
+
+/// One tool of a server, as the server listed it, plus the manifest's settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct McpToolFacts {
+    /// Its raw name on the server, which it is called by.
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default = "empty_object_schema")]
+    pub input_schema: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<Value>,
+    /// False when the turn's manifest disables it: skip it (core refuses it as
+    /// `tool.disabled`). Missing reads as enabled.
+    #[serde(default = "enabled_default")]
+    pub enabled: bool,
+    /// The manifest's deferral setting, a hint; absent, podhost decides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deferred: Option<bool>,
+}
+
+fn empty_object_schema() -> Value {
+    serde_json::json!({"type": "object"})
+}
+
+fn enabled_default() -> bool {
+    true
 }
 
 /// `POST /nylorun/harness/v1/host/join` body (`HostJoinRequestSchema`).

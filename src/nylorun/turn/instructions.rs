@@ -1,24 +1,31 @@
 //! What the model reads and which tools it is offered (v5 §3: "what the model reads and which
 //! tools it is offered are yours to write").
 //!
-//! Owns: the instructions text (the manifest's own, then podhost's sandbox note, skills and
-//! memory block), the tool list, and the route from a tool name the model calls back to what
-//! runs it (its target).
+//! Owns: the instructions text (the manifest's own, then podhost's sandbox note, skills, the MCP
+//! servers' own instructions, the deferred tools and the memory block), the tool list of each
+//! model call, and the route from a tool name the model calls back to what runs it (its
+//! target).
 //!
 //! Invariants:
 //! * Everything here is a pure function of the TurnStart (and the mounted skills, themselves a
-//!   function of the manifest): a replayed segment offers the same prompt, so its model calls
-//!   hash the same.
+//!   function of the manifest), the MCP facts the turn runs with, and the transcript (which
+//!   deferred tools a `tool_search` loaded): a replayed segment offers the same prompt, so its
+//!   model calls hash the same.
 //! * Sandbox tools, and the note on the sandbox, only when `agent.sandbox` is present; `memory`
 //!   only with `memory` (only `view` when read-only); `schedule_wake` only with `agent.selfWake`.
-//! * No two tools share a name.
+//! * No two tools share a name: MCP and HTTP tools are named around podhost's own
+//!   ([`crate::nylorun::turn::naming`]).
+//! * `tool_search` only when some tool is deferred; a deferred tool is offered from the step
+//!   after a search loaded it, and routed whenever it is called.
 //!
-//! Non-goals: MCP and HTTP tools (not offered yet), `tool_search`.
+//! Non-goals: naming and deferring MCP and HTTP tools (the catalog), running them.
 
 use serde_json::{Value, json};
 
 use crate::nylorun::artifacts::read_artifact_definition;
 use crate::nylorun::artifacts::skills::MountedSkill;
+use crate::nylorun::turn::tool_search::{self, TOOL_SEARCH};
+use crate::nylorun::turn::toolgate::catalog::Catalog;
 use crate::nylorun::turn::turn_start::{MemoryAccess, TurnMemory, TurnStart};
 use crate::tools::{ToolDefinition, ToolName};
 
@@ -40,33 +47,31 @@ pub enum Route {
     Memory,
     /// `schedule_wake`, run by core (`{kind: "runtime", operation: "schedule_wake"}`).
     ScheduleWake,
+    /// The catalog's tool at this index: an MCP or HTTP tool, through the Tool Gate.
+    Remote(usize),
+    /// `tool_search`, run by podhost (`{kind: "harness"}`).
+    ToolSearch,
 }
 
-impl Route {
-    /// The intent's `target`.
-    pub fn target(self) -> Value {
-        match self {
-            Route::Sandbox(_) => json!({"kind": "sandbox"}),
-            Route::ReadArtifact => json!({"kind": "harness"}),
-            Route::Memory => json!({"kind": "runtime", "operation": "memory"}),
-            Route::ScheduleWake => json!({"kind": "runtime", "operation": "schedule_wake"}),
-        }
-    }
-}
+/// Deferred tools the instructions name, at most.
+const DEFERRED_NAMES_SHOWN: usize = 100;
 
 /// The model-facing side of a turn.
 #[derive(Clone, Debug)]
 pub struct Offer {
     pub instructions: String,
-    /// `[{name, description, inputSchema}]`, as a `ModelCall` carries them.
+    /// `[{name, description, inputSchema}]`, as a `ModelCall` carries them: every tool but the
+    /// deferred ones ([`Offer::tools_for`] adds those a search loaded).
     pub tools: Vec<Value>,
+    /// The turn's MCP and HTTP tools.
+    pub catalog: Catalog,
     sandbox: bool,
     memory: Option<MemoryAccess>,
     self_wake: bool,
 }
 
 impl Offer {
-    pub fn new(ts: &TurnStart, skills: &[MountedSkill]) -> Offer {
+    pub fn new(ts: &TurnStart, skills: &[MountedSkill], catalog: Catalog) -> Offer {
         let sandbox = ts.has_sandbox();
         let self_wake = ts.agent.as_ref().and_then(|a| a.self_wake).unwrap_or(false);
         let memory = ts.memory.as_ref().map(|m| m.access);
@@ -84,12 +89,55 @@ impl Offer {
         if self_wake {
             tools.push(schedule_wake_tool());
         }
+        tools.extend(
+            catalog
+                .tools
+                .iter()
+                .filter(|t| !t.deferred)
+                .map(|t| t.model_tool()),
+        );
+        if catalog.has_deferred() {
+            tools.push(tool_search::definition());
+        }
         Offer {
-            instructions: instructions(ts, skills),
+            instructions: instructions(ts, skills, &catalog),
             tools,
+            catalog,
             sandbox,
             memory,
             self_wake,
+        }
+    }
+
+    /// The tools of a model call over `entries`: every loaded tool, then the deferred tools a
+    /// `tool_search` in the transcript loaded, in the catalog's order.
+    pub fn tools_for(&self, entries: &[Value]) -> Vec<Value> {
+        let mut tools = self.tools.clone();
+        if self.catalog.has_deferred() {
+            let loaded = tool_search::loaded(entries);
+            tools.extend(
+                self.catalog
+                    .tools
+                    .iter()
+                    .filter(|t| t.deferred && loaded.contains(&t.name))
+                    .map(|t| t.model_tool()),
+            );
+        }
+        tools
+    }
+
+    /// The intent's `target` for a call routed to `route`.
+    pub fn target(&self, route: Route) -> Value {
+        match route {
+            Route::Sandbox(_) => json!({"kind": "sandbox"}),
+            Route::ReadArtifact | Route::ToolSearch => json!({"kind": "harness"}),
+            Route::Memory => json!({"kind": "runtime", "operation": "memory"}),
+            Route::ScheduleWake => json!({"kind": "runtime", "operation": "schedule_wake"}),
+            Route::Remote(i) => self
+                .catalog
+                .tools
+                .get(i)
+                .map_or(Value::Null, |t| t.target()),
         }
     }
 
@@ -118,7 +166,10 @@ impl Offer {
         if self.self_wake && name == SCHEDULE_WAKE_TOOL {
             return Some((Route::ScheduleWake, None));
         }
-        None
+        if name == TOOL_SEARCH && self.catalog.has_deferred() {
+            return Some((Route::ToolSearch, None));
+        }
+        self.catalog.find(name).map(|i| (Route::Remote(i), None))
     }
 
     /// The names offered, for a message to a model that called another.
@@ -171,7 +222,7 @@ fn model_tool(def: &ToolDefinition) -> Value {
 }
 
 /// The instructions: the manifest's own, then podhost's notes.
-fn instructions(ts: &TurnStart, skills: &[MountedSkill]) -> String {
+fn instructions(ts: &TurnStart, skills: &[MountedSkill], catalog: &Catalog) -> String {
     let mut parts: Vec<String> = Vec::new();
     if let Some(own) = ts.manifest.instructions.as_deref().map(str::trim)
         && !own.is_empty()
@@ -203,6 +254,30 @@ fn instructions(ts: &TurnStart, skills: &[MountedSkill]) -> String {
             }
             parts.push(text);
         }
+    }
+    for (server, text) in &catalog.server_instructions {
+        parts.push(format!(
+            "Instructions from the MCP server {server}, whose tools you may call:\n{text}"
+        ));
+    }
+    let deferred: Vec<&str> = catalog
+        .tools
+        .iter()
+        .filter(|t| t.deferred)
+        .map(|t| t.name.as_str())
+        .collect();
+    if !deferred.is_empty() {
+        let mut names = deferred[..deferred.len().min(DEFERRED_NAMES_SHOWN)].join(", ");
+        if deferred.len() > DEFERRED_NAMES_SHOWN {
+            names.push_str(&format!(
+                " and {} more",
+                deferred.len() - DEFERRED_NAMES_SHOWN
+            ));
+        }
+        parts.push(format!(
+            "More tools are available but not loaded: {names}. Call {TOOL_SEARCH} to load the \
+             ones you need; you can call them from your next step."
+        ));
     }
     parts.push(
         "Tool results too large to show are stored as artifacts: the result then says \
@@ -332,7 +407,11 @@ mod tests {
 
     #[test]
     fn sandbox_tools_only_with_a_sandbox() {
-        let bare = Offer::new(&ts(json!({"agent": {"id": "a", "kind": "virtual"}})), &[]);
+        let bare = Offer::new(
+            &ts(json!({"agent": {"id": "a", "kind": "virtual"}})),
+            &[],
+            Catalog::default(),
+        );
         assert_eq!(bare.names(), ["read_artifact"]);
         assert_eq!(bare.route("bash"), None);
         assert!(!bare.instructions.contains("sandbox"));
@@ -348,6 +427,7 @@ mod tests {
                 folder: "/skills/pdf@abc/".into(),
                 description: "Read PDFs".into(),
             }],
+            Catalog::default(),
         );
         assert_eq!(
             sandboxed.names(),
@@ -390,5 +470,74 @@ mod tests {
             text.ends_with("Your memories, newest first:\n- /memories/a.md — a"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn remote_tools_are_offered_routed_and_loaded_by_search() {
+        use crate::nylorun::link::protocol::{McpFacts, McpServerFacts, McpToolFacts};
+        let tool = |name: &str, deferred: Option<bool>| McpToolFacts {
+            name: name.into(),
+            description: Some(format!("{name} things")),
+            input_schema: json!({"type": "object"}),
+            output_schema: None,
+            annotations: None,
+            enabled: true,
+            deferred,
+        };
+        let facts = McpFacts {
+            servers: vec![McpServerFacts {
+                agent_id: None,
+                name: "docs".into(),
+                instructions: Some("Search before you read.".into()),
+                tools: vec![tool("search", None), tool("read", Some(true))],
+            }],
+        };
+        let catalog = Catalog::build(Some(&facts), None);
+        let offer = Offer::new(
+            &ts(json!({"agent": {"id": "a", "kind": "virtual"}})),
+            &[],
+            catalog,
+        );
+        assert_eq!(
+            offer.names(),
+            ["read_artifact", "docs__search", "tool_search"]
+        );
+        assert_eq!(offer.route("docs__search"), Some((Route::Remote(0), None)));
+        // A deferred tool routes before it is loaded; tool_search is a harness call.
+        assert_eq!(offer.route("docs__read"), Some((Route::Remote(1), None)));
+        assert_eq!(
+            offer.target(Route::Remote(1)),
+            json!({"kind": "mcp", "server": "docs", "tool": "read"})
+        );
+        assert_eq!(offer.target(Route::ToolSearch), json!({"kind": "harness"}));
+        assert!(offer.instructions.contains(
+            "Instructions from the MCP server docs, whose tools you may call:\nSearch before you \
+             read."
+        ));
+        assert!(
+            offer
+                .instructions
+                .contains("More tools are available but not loaded: docs__read. Call tool_search")
+        );
+        // Once a search in the transcript found it, the next call offers it.
+        let found = tool_search::search(&offer.catalog, &json!({"query": "select:docs__read"}));
+        let entries = vec![json!({"kind": "tool-results", "turnId": "t", "stepId": "s",
+            "results": [{"callId": "1", "toolName": "tool_search", "kind": "completed",
+                         "output": found["output"]}]})];
+        let names: Vec<Value> = offer
+            .tools_for(&entries)
+            .iter()
+            .map(|t| t["name"].clone())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                json!("read_artifact"),
+                json!("docs__search"),
+                json!("tool_search"),
+                json!("docs__read")
+            ]
+        );
+        assert_eq!(offer.tools_for(&[]), offer.tools);
     }
 }

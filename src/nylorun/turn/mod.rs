@@ -7,12 +7,20 @@
 //!   transcript's edits; [`instructions`] says what the model reads and may call.
 //! * [`gates`] calls the Model Gate; [`shaping`] and [`spill`] fit a tool's result into one
 //!   record entry (v5 §5b), storing what does not fit as an artifact.
+//! * [`toolgate`] runs MCP and HTTP tools through the Tool Gate (discovery, the catalog, the
+//!   client, their results); [`naming`] names them for the model; [`tool_search`] loads the
+//!   deferred ones.
+//! * [`media`] is the one rule for which files a model is shown.
 
 pub mod effects;
 pub(crate) mod gates;
 pub(crate) mod instructions;
+pub mod media;
+pub mod naming;
 pub mod run;
 pub(crate) mod shaping;
 pub mod spill;
+pub(crate) mod tool_search;
+pub mod toolgate;
 pub(crate) mod transcript;
 pub mod turn_start;

@@ -23,7 +23,11 @@
 //! `loop.yieldAfter`, else core's `options.yieldAfter`, else 50 steps / 20 minutes; a call to a
 //! tool podhost did not offer is answered `tool.unknown` without journaling it.
 //!
-//! Non-goals: MCP and HTTP tools, compaction, `turn.paused` (core's engine only).
+//! MCP and HTTP tools run through the Tool Gate (`gate_calls`): the segment opens with their
+//! catalog (discovering the servers when the session has none yet), offers them with the rest,
+//! and sends each call once core journaled it.
+//!
+//! Non-goals: compaction, `turn.paused` (core's engine only).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -49,12 +53,17 @@ use crate::nylorun::turn::gates::{Gates, GatesError, ModelRequest};
 use crate::nylorun::turn::instructions::{Offer, Route};
 use crate::nylorun::turn::shaping::{ENTRY_ENVELOPE_BYTES, json_len};
 use crate::nylorun::turn::spill::fit_outcome;
+use crate::nylorun::turn::tool_search;
+use crate::nylorun::turn::toolgate::client::{ToolGate, ToolGateError};
+use crate::nylorun::turn::toolgate::results::StepBudget;
 use crate::nylorun::turn::transcript::{self, MediaPolicy};
 use crate::nylorun::turn::turn_start::{TurnInput, TurnStart, Unrunnable};
 use crate::tools::{CallContext, ToolName, Toolbox, unknown_tool};
 
+mod gate_calls;
 mod output;
 
+use gate_calls::GateEnd;
 use output::{HarnessState, end_name, failed, stopped_or_thrown};
 
 /// The version of podhost's `state`.
@@ -72,8 +81,19 @@ struct Shared {
     /// The pod's toolbox: its commands run one at a time, with `workspace.exec`'s.
     toolbox: Toolbox,
     gates: Gates,
+    /// The Tool Gate, at the same URL: MCP and HTTP tools.
+    toolgate: ToolGate,
     /// The host directory the sandbox path `/skills` maps onto.
     skills_root: PathBuf,
+}
+
+/// Why the runner could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum RunnerError {
+    #[error(transparent)]
+    Gates(#[from] GatesError),
+    #[error(transparent)]
+    ToolGate(#[from] ToolGateError),
 }
 
 impl TurnRunner {
@@ -84,11 +104,12 @@ impl TurnRunner {
         gates_url: Url,
         skills_root: PathBuf,
         tls: &Arc<rustls::ClientConfig>,
-    ) -> Result<Self, GatesError> {
+    ) -> Result<Self, RunnerError> {
         Ok(TurnRunner {
             shared: Arc::new(Shared {
                 toolbox,
-                gates: Gates::new(gates_url, tls)?,
+                gates: Gates::new(gates_url.clone(), tls)?,
+                toolgate: ToolGate::new(gates_url, tls)?,
                 skills_root,
             }),
         })
@@ -111,6 +132,8 @@ enum Fault {
     Stopped,
     /// A limit the turn cannot keep: `turn.failed` with this error.
     Failed { code: &'static str, message: String },
+    /// A gate says the run is over (`409 run_stale`): give it back, report nothing.
+    RunStale,
     /// podhost itself failed: `turn.failed` with `thrown`.
     Internal(String),
 }
@@ -215,6 +238,8 @@ struct Segment {
     last_step: Option<u32>,
     /// Tool calls of the step in progress (they share one record entry).
     calls_in_step: Vec<(usize, usize)>,
+    /// The step's budget for its MCP and HTTP results (v5 §5b).
+    step_budget: StepBudget,
     /// An effect's fate is unknown: a waiting segment ends `uncertain`.
     uncertain: bool,
 }
@@ -308,15 +333,10 @@ impl Segment {
         } else {
             Vec::new()
         };
-        if ts
-            .manifest
-            .mcp_servers
-            .as_ref()
-            .is_some_and(|m| !m.is_null())
-            || ts.mcp.is_some()
-        {
-            tracing::info!(%run_id, "the agent declares MCP servers; podhost offers no MCP tools yet");
-        }
+        let catalog = match gate_calls::open_catalog(&shared, &run, &ts).await {
+            Ok(c) => c,
+            Err(fault) => return Err(stopped_or_thrown(&run, fault)),
+        };
 
         let (yield_steps, yield_after) = ts.yield_after();
         let ids = SegmentIds {
@@ -333,7 +353,8 @@ impl Segment {
             .map(|s| s.env_vars())
             .unwrap_or_default();
         Ok(Segment {
-            offer: Offer::new(&ts, &skills),
+            offer: Offer::new(&ts, &skills, catalog),
+            step_budget: StepBudget::new(ts.limits.record_entry_bytes),
             media: MediaPolicy::from_model(ts.model.as_ref()),
             shared,
             run_id,
@@ -476,7 +497,7 @@ impl TurnHost for Segment {
         );
         let call = json!({
             "prompt": prompt,
-            "tools": self.offer.tools,
+            "tools": self.offer.tools_for(&self.entries),
             "executionId": self.ids.session_id,
         });
         let intent = Intent::model(&self.ids, step, call);
@@ -572,6 +593,7 @@ impl TurnHost for Segment {
             .tool_calls()
             .map(|c| (c.id.len(), c.name.len()))
             .collect();
+        self.step_budget = StepBudget::new(self.limits().record_entry_bytes);
         Ok(())
     }
 
@@ -603,7 +625,7 @@ impl TurnHost for Segment {
             step,
             &call.id,
             &call.name,
-            route.target(),
+            self.offer.target(route),
             args.clone(),
         );
         if matches!(route, Route::Sandbox(_)) {
@@ -611,16 +633,19 @@ impl TurnHost for Segment {
         }
         let effect_id = intent.effect_id.clone();
         let hash = intent.hash();
-        let traceparent = match self.journal.decide(&intent, &hash).await? {
+        let (traceparent, rejoin) = match self.journal.decide(&intent, &hash).await? {
             Decision::Known { value, replayed } => {
                 tracing::debug!(%effect_id, replayed, "tool outcome known");
-                return Ok(ToolEffect::Done(result_outcome(value)));
+                return Ok(ToolEffect::Done(self.remote_seen(route, value)));
             }
             Decision::Wait { uncertain } => {
                 self.uncertain |= uncertain;
                 return Ok(ToolEffect::Wait(effect_id));
             }
-            Decision::Execute { traceparent, .. } => traceparent,
+            Decision::Execute {
+                traceparent,
+                rejoin,
+            } => (traceparent, rejoin),
         };
         let produced: Result<Value, String> = match route {
             Route::Sandbox(tool) => {
@@ -641,6 +666,26 @@ impl TurnHost for Segment {
                     .map_err(|e| Fault::Internal(format!("could not encode an outcome: {e}")))?;
                 Ok(self.fit(&effect_id, &call.name, value).await)
             }
+            Route::Remote(index) => {
+                match self
+                    .gate_call(index, &intent, &hash, rejoin, traceparent)
+                    .await?
+                {
+                    GateEnd::Produced(value) => Ok(value),
+                    GateEnd::Unknown(error) => Err(error),
+                    GateEnd::Known(value) => {
+                        return Ok(ToolEffect::Done(self.remote_seen(route, value)));
+                    }
+                    GateEnd::Wait { uncertain } => {
+                        self.uncertain |= uncertain;
+                        return Ok(ToolEffect::Wait(effect_id));
+                    }
+                }
+            }
+            Route::ToolSearch => {
+                let value = tool_search::search(&self.offer.catalog, &args);
+                Ok(self.fit(&effect_id, &call.name, value).await)
+            }
             // Core runs these in the intent's own transaction; `execute` is not an answer
             // podhost can act on, so the call fails to the model.
             Route::Memory | Route::ScheduleWake => Ok(json!({
@@ -654,7 +699,7 @@ impl TurnHost for Segment {
             Err(error) => self.journal.outcome_error(&effect_id, &error).await?,
         };
         Ok(ToolEffect::Done(match recorded {
-            Recorded::Completed(v) => result_outcome(v),
+            Recorded::Completed(v) => self.remote_seen(route, v),
             Recorded::Uncertain => ResultOutcome::failed(
                 codes::tool::UNCERTAIN,
                 "podhost could not learn whether this call ran; check before running it again.",
@@ -670,6 +715,17 @@ impl TurnHost for Segment {
             results,
         ));
         Ok(())
+    }
+}
+
+impl Segment {
+    /// A recorded outcome of a call routed to `route`, as the model is told; an MCP or HTTP
+    /// result spends the step's budget (replayed or run, the same bytes: the same budget).
+    fn remote_seen(&mut self, route: Route, value: Value) -> ResultOutcome {
+        if matches!(route, Route::Remote(_)) {
+            self.step_budget.spend(&value);
+        }
+        result_outcome(value)
     }
 }
 

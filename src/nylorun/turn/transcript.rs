@@ -21,8 +21,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::agent::model::{Candidate, ResultOutcome, ToolResult};
+pub use crate::nylorun::turn::media::MediaPolicy;
 use crate::nylorun::turn::shaping::json_len;
-use crate::nylorun::turn::turn_start::{Message, ModelDescriptor};
+use crate::nylorun::turn::turn_start::Message;
 
 /// One edit of the transcript: the first `keep` entries of the previous transcript, then
 /// `entries`; the result has exactly `length` entries.
@@ -75,102 +76,6 @@ pub fn results_entry(turn_id: &str, step_id: &str, results: &[ToolResult]) -> Va
 /// `{kind: "final", turnId, stepId, output}`.
 pub fn final_entry(turn_id: &str, step_id: &str, output: &Value) -> Value {
     json!({"kind": "final", "turnId": turn_id, "stepId": step_id, "output": output})
-}
-
-/// How media parts reach the model.
-#[derive(Clone, Debug, Default)]
-pub struct MediaPolicy {
-    /// What the model reads (`image`, `pdf`, …); `None`: no descriptor, let the gate decide.
-    pub inputs: Option<Vec<String>>,
-}
-
-impl MediaPolicy {
-    pub fn from_model(model: Option<&ModelDescriptor>) -> Self {
-        MediaPolicy {
-            inputs: model.map(|m| m.inputs.clone()),
-        }
-    }
-
-    /// A content part as the model gets it: media it can read as is; a text file, or a kind
-    /// it does not read, as a note naming the artifact (the gate refuses both as media).
-    fn part(&self, part: &Value) -> Value {
-        if part.get("type").and_then(Value::as_str) != Some("media") {
-            return part.clone();
-        }
-        let media_type = part.get("mediaType").and_then(Value::as_str).unwrap_or("");
-        let category = media_category(media_type);
-        let readable = match (&self.inputs, category) {
-            (_, "text") => false,
-            (None, _) => true,
-            (Some(inputs), c) => inputs.iter().any(|i| i == c),
-        };
-        if readable {
-            return part.clone();
-        }
-        let reference = part.get("reference").cloned().unwrap_or(Value::Null);
-        let artifact = reference
-            .get("artifactId")
-            .and_then(Value::as_str)
-            .unwrap_or("?");
-        let name = reference
-            .get("name")
-            .and_then(Value::as_str)
-            .unwrap_or(artifact);
-        let version = reference
-            .get("version")
-            .map(|v| format!(" version {v}"))
-            .unwrap_or_default();
-        let why = if category == "text" {
-            "Its text is not shown here".to_owned()
-        } else {
-            format!("This model cannot read {category} files")
-        };
-        json!({
-            "type": "text",
-            "text": format!(
-                "[Attached file {name} ({media_type}): artifact {artifact}{version}. {why}; call \
-                 read_artifact with artifactId \"{artifact}\" to read it.]"
-            ),
-        })
-    }
-}
-
-/// The kind of input a media type is, as `ModelDescriptor.inputs` names them.
-fn media_category(media_type: &str) -> &'static str {
-    let mt = media_type.to_ascii_lowercase();
-    let (top, sub) = mt.split_once('/').unwrap_or((mt.as_str(), ""));
-    match top {
-        "image" => "image",
-        "audio" => "audio",
-        "video" => "video",
-        "text" => "text",
-        _ if sub == "pdf" => "pdf",
-        _ if [
-            "json",
-            "xml",
-            "yaml",
-            "x-yaml",
-            "javascript",
-            "x-sh",
-            "csv",
-            "toml",
-        ]
-        .contains(&sub)
-            || sub.ends_with("+json")
-            || sub.ends_with("+xml") =>
-        {
-            "text"
-        }
-        _ if sub.contains("msword")
-            || sub.contains("officedocument")
-            || sub.contains("ms-excel")
-            || sub.contains("ms-powerpoint")
-            || sub.contains("opendocument") =>
-        {
-            "office"
-        }
-        _ => "file",
-    }
 }
 
 /// The prompt: instructions, then the transcript's entries (v2 notes §4.1).
@@ -231,7 +136,7 @@ fn project_entry(entry: &Value, current_turn: &str, media: &MediaPolicy, out: &m
         "tool-results" => {
             let results = entry.get("results").and_then(Value::as_array);
             for r in results.into_iter().flatten() {
-                out.push(tool_result_item(r));
+                out.push(tool_result_item(r, media));
             }
         }
         "compaction" => {
@@ -286,8 +191,9 @@ fn assistant_part(block: &Value, same_turn: bool) -> Option<Value> {
     }
 }
 
-/// A tool result as a `tool-result` prompt item: its payload as JSON text.
-fn tool_result_item(result: &Value) -> Value {
+/// A tool result as a `tool-result` prompt item: its payload as JSON text, then its files as
+/// the media rule ([`MediaPolicy`]) shows them.
+fn tool_result_item(result: &Value, media: &MediaPolicy) -> Value {
     let parsed = ToolResult::deserialize(result).ok();
     let (status, payload) = match parsed.as_ref().map(|r| &r.outcome) {
         Some(ResultOutcome::Completed { output, .. }) => ("completed", output.clone()),
@@ -299,12 +205,14 @@ fn tool_result_item(result: &Value) -> Value {
         }
         None => ("failed", result.clone()),
     };
+    let mut content = vec![json!({"type": "text", "text": payload.to_string()})];
+    content.extend(media.file_parts(result.get("files")));
     json!({
         "kind": "tool-result",
         "toolCallId": result.get("callId").cloned().unwrap_or_default(),
         "toolName": result.get("toolName").cloned().unwrap_or_default(),
         "status": status,
-        "content": [{"type": "text", "text": payload.to_string()}],
+        "content": content,
     })
 }
 

@@ -12,8 +12,8 @@
 //!   the run ends in a `turn.failed` naming the problem.
 //! * Nothing here does I/O: [`TurnStart::parse`] and [`TurnStart::check`] are pure.
 //!
-//! Non-goals: flows (v5 §11: a custom harness runs agent turns only), MCP discovery (the facts
-//! are kept, unread), pausing (`turn.paused` is core's engine's only).
+//! Non-goals: flows (v5 §11: a custom harness runs agent turns only), MCP discovery itself
+//! (`toolgate::discovery`), pausing (`turn.paused` is core's engine's only).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -21,7 +21,7 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
-use crate::nylorun::link::protocol::{RunGrant, TurnLimits};
+use crate::nylorun::link::protocol::{McpFacts, RunGrant, TurnLimits};
 
 /// Core's default segment budget (v2 notes §2: `options.yieldAfter`, 50 steps / 20 minutes).
 pub const DEFAULT_YIELD_STEPS: u32 = 50;
@@ -55,9 +55,10 @@ pub struct TurnStart {
     /// Where the session's transcript stands.
     #[serde(default)]
     pub transcript: TranscriptCursor,
-    /// MCP discovery facts (kept, not used: podhost offers no MCP tools yet).
+    /// The session's MCP discovery, once a run recorded it (`McpFactsSchema`); absent, podhost
+    /// discovers the manifest's servers through the Tool Gate (`toolgate::discovery`).
     #[serde(default)]
-    pub mcp: Option<Value>,
+    pub mcp: Option<McpFacts>,
     #[serde(default)]
     pub routing: Routing,
     /// The Agent the session runs on; absent for a flow.
@@ -107,13 +108,15 @@ pub struct Manifest {
     /// The agent's own instructions (a string, or a list of paragraphs).
     #[serde(default, deserialize_with = "text_or_lines")]
     pub instructions: Option<String>,
-    /// Manifest tools (HTTP tools); not offered yet.
+    /// Manifest tools: the agent's HTTP tools, run through the Tool Gate (shape guessed in
+    /// `toolgate::wire`).
     #[serde(default)]
     pub tools: Option<Value>,
     /// Skills: `[{name, description, files: {path: "sha256:<hex>"}, plugin?}]`, mounted by
     /// `skills::mount_skills`.
     #[serde(default)]
     pub skills: Option<Value>,
+    /// The agent's MCP servers (shape guessed in `toolgate::wire`; podhost reads their names).
     #[serde(default)]
     pub mcp_servers: Option<Value>,
 }
@@ -524,13 +527,9 @@ impl TurnStart {
                 ),
             ));
         }
-        if self.kind == StartKind::ApprovalAnswer && !matches!(cp.input, TurnInput::Approve { .. })
-        {
-            return Err(Unrunnable::new(
-                "turn_start.invalid",
-                "an approval.answer TurnStart whose input is not an approval",
-            ));
-        }
+        // An `approval.answer` runs the waiting segment again (v5 §7): its input is the
+        // segment's own, of any kind v5 lists (an older `{kind: "approve"}` input is paired with
+        // the input the waiting segment kept in its state).
         Ok(())
     }
 
@@ -724,6 +723,9 @@ mod tests {
             "the checkpoint names session ses turn t2, but the run was granted for session ses \
              turn t1"
         );
+        let mut approval = start(json!("the segment's own input"));
+        approval["type"] = json!("approval.answer");
+        assert_eq!(TurnStart::parse(&approval).unwrap().check(&grant()), Ok(()));
         let respond = start(json!({"kind": "respond", "interactionId": "i1", "value": 1}));
         assert_eq!(
             TurnStart::parse(&respond)

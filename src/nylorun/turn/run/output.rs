@@ -83,6 +83,7 @@ pub(super) fn stopped_or_thrown(run: &RunHandle, fault: Fault) -> RunEnd {
             None,
         ),
         Fault::Failed { code, message } => failed(run_id, code, &message, None),
+        Fault::RunStale => RunEnd::Release(ReleaseReason::OwnershipLost),
         Fault::Internal(message) => thrown(run_id, &message),
     }
 }

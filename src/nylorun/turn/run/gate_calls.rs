@@ -1,0 +1,280 @@
+//! A segment's MCP and HTTP tools: the catalog it opens with (discovering the servers when the
+//! session has no facts yet), and each call through the Tool Gate (v5 §4, §5, §5b).
+//!
+//! A call, once its intent is answered `execute` (or `execute, rejoin`):
+//! 1. `tool-calls {server, effectId, name, arguments}` or `http-calls`, with the run token,
+//!    `Idempotency-Key: <effect id>` and `traceparent`; the body is serialized once, so every
+//!    re-send is the same bytes;
+//! 2. the answer: `{ok: true, result}` and `{ok: false, error}` are outcomes, fitted to the
+//!    step's budget (`toolgate::results`); a 4xx refusal is a failure the model reads (the call
+//!    did not run); `run_stale` stops the run (released: the lease is no longer the session's);
+//! 3. a lost hop (connection, timeout, 5xx) asks core the same intent again — a re-send core
+//!    counts — and, answered `execute`, sends the same bytes under the same key: the gate
+//!    answers what the first send ran. Answered `completed` (`tool.interrupted` once the
+//!    attempts are used up), the model reads that; after [`MAX_LOST_HOPS`] podhost reports the
+//!    call's fate unknown.
+//!
+//! A run stopped mid-call cancels it at the gate (`tool-calls/{key}/cancel`) for `cancel` and
+//! `deadline` only; on shutdown and ownership loss the call stays at the gate for the next
+//! owner to rejoin. Either way no outcome is reported.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::{Fault, Segment, Shared};
+use crate::floor::codes;
+use crate::nylorun::artifacts::Artifacts;
+use crate::nylorun::link::lease::{RunHandle, StopReason};
+use crate::nylorun::turn::effects::{Decision, Intent};
+use crate::nylorun::turn::toolgate::catalog::{Catalog, RemoteKind};
+use crate::nylorun::turn::toolgate::client::{CallRequest, GateReply, answer_bound};
+use crate::nylorun::turn::toolgate::discovery::{DiscoveryError, DiscoveryRun, discover};
+use crate::nylorun::turn::toolgate::results::{self, Answer, ArtifactParts, ResultContext};
+use crate::nylorun::turn::toolgate::wire::{
+    HttpCallBody, HttpToolRef, ToolCallBody, manifest_server_names, routes,
+};
+use crate::nylorun::turn::toolgate::{boundary_after_answer, boundary_after_intent};
+use crate::nylorun::turn::turn_start::TurnStart;
+
+/// Lost hops of one call podhost re-sends after before it calls the fate unknown (core's own
+/// `toolAttempts` usually ends it sooner, as `tool.interrupted`).
+pub(super) const MAX_LOST_HOPS: u32 = 5;
+/// The pause before asking the intent again after a lost hop; doubled each time.
+const LOST_HOP_PAUSE: Duration = Duration::from_millis(100);
+
+/// How a gate call ended, short of the segment stopping.
+pub(super) enum GateEnd {
+    /// The outcome to report.
+    Produced(Value),
+    /// podhost could not learn what the call did: report `{error}`.
+    Unknown(String),
+    /// The re-asked intent was answered `completed`: this is the call's outcome.
+    Known(Value),
+    /// The re-asked intent was answered `pending` or `uncertain`.
+    Wait { uncertain: bool },
+}
+
+/// The turn's MCP and HTTP tools: from the TurnStart's facts, else from discovering the
+/// manifest's servers now.
+pub(super) async fn open_catalog(
+    shared: &Shared,
+    run: &RunHandle,
+    ts: &TurnStart,
+) -> Result<Catalog, Fault> {
+    let facts = match &ts.mcp {
+        Some(facts) => Some(facts.clone()),
+        None => {
+            let servers = manifest_server_names(ts.manifest.mcp_servers.as_ref());
+            if servers.is_empty() {
+                None
+            } else {
+                let cancel = run.cancelled();
+                let discovery = DiscoveryRun {
+                    gate: &shared.toolgate,
+                    token: run.token(),
+                    channel: run.channel(),
+                    run_id: &run.grant().run_id,
+                    manifest_hash: &ts.checkpoint.manifest_hash,
+                    tool_answer_bytes: ts.limits.tool_answer_bytes,
+                    cancel: &cancel,
+                };
+                match discover(&discovery, &servers).await {
+                    Ok(facts) => facts,
+                    Err(DiscoveryError::Stopped) => return Err(Fault::Stopped),
+                    Err(DiscoveryError::RunStale) => return Err(Fault::RunStale),
+                    Err(e @ DiscoveryError::Core(_)) => {
+                        return Err(Fault::Internal(format!("MCP discovery failed: {e}")));
+                    }
+                }
+            }
+        }
+    };
+    let catalog = Catalog::build(facts.as_ref(), ts.manifest.tools.as_ref());
+    for (agent, server) in &catalog.skipped_servers {
+        tracing::info!(run_id = %run.grant().run_id, %agent, %server, "an agent used as a tool declares this MCP server; podhost runs no such agent, so its tools are not offered");
+    }
+    if !catalog.tools.is_empty() {
+        tracing::info!(
+            run_id = %run.grant().run_id,
+            tools = catalog.tools.len(),
+            deferred = catalog.tools.iter().filter(|t| t.deferred).count(),
+            "MCP and HTTP tools offered"
+        );
+    }
+    Ok(catalog)
+}
+
+impl Segment {
+    /// Runs the catalog's tool `index` for `intent`, answered `execute` (`rejoin` when a
+    /// previous owner left it at the gate).
+    pub(super) async fn gate_call(
+        &mut self,
+        index: usize,
+        intent: &Intent,
+        hash: &str,
+        mut rejoin: bool,
+        traceparent: Option<String>,
+    ) -> Result<GateEnd, Fault> {
+        let Some(tool) = self.offer.catalog.tools.get(index).cloned() else {
+            return Err(Fault::Internal(format!("no catalog tool {index}")));
+        };
+        let effect_id = intent.effect_id.as_str();
+        let args = intent.input.clone().unwrap_or_else(|| json!({}));
+        let (route, body, mcp): (&[&str], _, bool) = match &tool.kind {
+            RemoteKind::Mcp { server, tool: raw } => (
+                &routes::TOOL_CALLS,
+                serde_json::to_vec(&ToolCallBody {
+                    server,
+                    effect_id,
+                    name: raw,
+                    arguments: &args,
+                }),
+                true,
+            ),
+            RemoteKind::Http { tool: name } => (
+                &routes::HTTP_CALLS,
+                serde_json::to_vec(&HttpCallBody {
+                    tool: HttpToolRef {
+                        agent_id: None,
+                        tool_name: name,
+                    },
+                    effect_id,
+                    input: &args,
+                }),
+                false,
+            ),
+        };
+        let body =
+            body.map_err(|e| Fault::Internal(format!("could not encode a tool call: {e}")))?;
+        let trace = self.ts.trace.clone().unwrap_or_default();
+        let traceparent = traceparent.or(trace.traceparent);
+        let bound = answer_bound(self.limits().tool_answer_bytes);
+        let label = tool.label();
+        let mut lost = 0u32;
+        loop {
+            if rejoin {
+                tracing::info!(%effect_id, "rejoining a tool call a previous owner left at the gate");
+            }
+            boundary_after_intent(effect_id);
+            let started = Instant::now();
+            let sent = self
+                .shared
+                .toolgate
+                .call(
+                    CallRequest {
+                        token: self.current_token(),
+                        route,
+                        key: effect_id,
+                        traceparent: traceparent.as_deref(),
+                        tracestate: trace.tracestate.as_deref(),
+                        body: &body,
+                        bound,
+                    },
+                    &self.cancel,
+                )
+                .await;
+            let reply = match sent {
+                Some(r) if !self.cancel.is_cancelled() => r,
+                _ => return Err(self.stopped_in_gate_call(effect_id).await),
+            };
+            tracing::debug!(%effect_id, tool = %label, ms = started.elapsed().as_secs_f64() * 1000.0, "the Tool Gate answered");
+            boundary_after_answer(effect_id);
+            let answer = match &reply {
+                GateReply::Ok(result) if mcp => Answer::Mcp(result),
+                GateReply::Ok(result) => Answer::Http(result),
+                GateReply::Failed { code, message } => Answer::Failed { code, message, mcp },
+                GateReply::TooLarge { limit } => {
+                    let code = if mcp {
+                        codes::gate::MCP_TOO_LARGE
+                    } else {
+                        codes::gate::HTTP_TOO_LARGE
+                    };
+                    return Ok(GateEnd::Produced(json!({
+                        "kind": "failed",
+                        "code": code,
+                        "message": format!(
+                            "The answer of {label} is past {limit} bytes (limits.toolAnswerBytes \
+                             and its envelope); podhost read none of it."
+                        ),
+                    })));
+                }
+                GateReply::Refused {
+                    status,
+                    code,
+                    message,
+                } => {
+                    tracing::warn!(%effect_id, tool = %label, status, %code, %message, "the Tool Gate refused a call");
+                    return Ok(GateEnd::Produced(json!({
+                        "kind": "failed",
+                        "code": codes::gate::REFUSED,
+                        "message": format!(
+                            "The Tool Gate refused the call of {label} ({status} {code}: \
+                             {message}); it did not run."
+                        ),
+                    })));
+                }
+                GateReply::RunStale => {
+                    tracing::warn!(%effect_id, "the Tool Gate says the run is over (run_stale)");
+                    return Err(Fault::RunStale);
+                }
+                GateReply::Lost(why) => {
+                    lost += 1;
+                    tracing::warn!(%effect_id, tool = %label, lost, error = %why, "a Tool Gate hop was lost; asking the intent again");
+                    if lost > MAX_LOST_HOPS {
+                        return Ok(GateEnd::Unknown(format!(
+                            "{why}. podhost sent the call {lost} times without an answer and \
+                             cannot tell whether it ran."
+                        )));
+                    }
+                    let pause = LOST_HOP_PAUSE * 2u32.pow(lost - 1);
+                    tokio::select! {
+                        _ = tokio::time::sleep(pause) => {}
+                        _ = self.cancel.cancelled() => return Err(self.stopped_in_gate_call(effect_id).await),
+                    }
+                    match self.journal.decide(intent, hash).await? {
+                        Decision::Execute { rejoin: r, .. } => {
+                            rejoin = r;
+                            continue;
+                        }
+                        Decision::Known { value, .. } => return Ok(GateEnd::Known(value)),
+                        Decision::Wait { uncertain } => return Ok(GateEnd::Wait { uncertain }),
+                    }
+                }
+            };
+            let ctx = ResultContext {
+                effect_id,
+                tool: &tool.name,
+                label: &label,
+                cap: self.step_budget.cap(self.call_budget() as usize),
+            };
+            let artifacts = Artifacts::new(
+                self.run.channel().clone(),
+                self.run_id.clone(),
+                self.limits().clone(),
+            );
+            let value = results::outcome(answer, &ctx, &ArtifactParts(&artifacts)).await;
+            if self.cancel.is_cancelled() {
+                return Err(Fault::Stopped);
+            }
+            return Ok(GateEnd::Produced(value));
+        }
+    }
+
+    /// Cancels a tool call at the gate when the run was cancelled (not when it was taken away:
+    /// the next owner rejoins the call then).
+    async fn stopped_in_gate_call(&self, effect_id: &str) -> Fault {
+        match self.run.stop_reason() {
+            Some(StopReason::Cancel | StopReason::Deadline) => {
+                self.shared
+                    .toolgate
+                    .cancel(self.current_token(), effect_id)
+                    .await;
+            }
+            _ => {
+                tracing::info!(%effect_id, "run stopped with a tool call at the gate; left for the next owner")
+            }
+        }
+        Fault::Stopped
+    }
+}
