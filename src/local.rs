@@ -1,8 +1,8 @@
 //! The local front: `podhost tool` runs one tool, `podhost run` one agent task, in a local
 //! workspace.
 //!
-//! `podhost run` has the same loop, tools and model client as the endpoint; the transcript is
-//! printed as it goes and kept in memory only. `ask_user` reads the answer from stdin when stdin
+//! `podhost run` has the same loop, tools, model client and context budget as the endpoint; the
+//! transcript is printed as it goes and kept in memory only (a compacted view too). `ask_user` reads the answer from stdin when stdin
 //! is a terminal; otherwise the question ends the run.
 
 use std::io::{IsTerminal, Read};
@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::agent::turn::{self, TurnEnd};
 use crate::chat::client::{ModelClient, ModelError, RetryPolicy};
 use crate::chat::message::{ApiKey, ChatMessage, ModelEndpoint, Role};
-use crate::chat::session::{ChatTurn, DEFAULT_MAX_STEPS, Front, SessionError, step_limit_message};
+use crate::chat::session::{ChatLimits, ChatTurn, Front, SessionError, step_limit_message};
 use crate::exec::ExecSettings;
 use crate::floor::codes::exit;
 use crate::floor::text::truncate_middle;
@@ -43,6 +43,10 @@ pub struct RunConfig {
     pub workspace: PathBuf,
     /// The task for the agent.
     pub task: String,
+    /// Model calls the task may make.
+    pub max_steps: u32,
+    /// The model's context window, compaction threshold and inputs, as configured.
+    pub limits: ChatLimits,
     pub exec: ExecSettings,
 }
 
@@ -161,7 +165,14 @@ pub async fn run(args: RunConfig) -> Result<i32, LocalError> {
         key,
         interactive: std::io::stdin().is_terminal(),
     };
-    let mut host = ChatTurn::new(front, client, conn, toolbox, vec![task]);
+    let mut limits = args.limits.clone();
+    if limits.needs_listing() {
+        let facts = client.model_facts(&conn, front.key.as_ref()).await;
+        limits = limits.complete(facts);
+    }
+    let mut host = ChatTurn::new(front, client, conn, toolbox, vec![task])
+        .with_max_steps(args.max_steps)
+        .with_context(limits, Default::default());
     let cancel = CancellationToken::new();
     let on_signal = cancel.clone();
     tokio::spawn(async move {
@@ -186,7 +197,7 @@ pub async fn run(args: RunConfig) -> Result<i32, LocalError> {
         }
         Ok(TurnEnd::Cancelled) => 130,
         Ok(TurnEnd::Yielded) => {
-            eprintln!("podhost run: {}", step_limit_message(DEFAULT_MAX_STEPS));
+            eprintln!("podhost run: {}", step_limit_message(args.max_steps));
             exit::FAILURE
         }
         Ok(other) => {

@@ -55,6 +55,8 @@ pub struct ServeConfig {
     pub max_steps: u32,
     /// Attempts per model call.
     pub model_attempts: u32,
+    /// The model's context window, compaction threshold and inputs, as configured.
+    pub limits: crate::chat::session::ChatLimits,
     pub exec: ExecSettings,
 }
 
@@ -169,6 +171,7 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
             orphan_grace: args.orphan_grace,
             cancel_wait: Duration::from_secs(5),
             max_steps: args.max_steps,
+            limits: args.limits.clone(),
             tools: tools(&args, supervisor),
         },
     );

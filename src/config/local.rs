@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::exec::ExecArgs;
+use super::serve::ModelLimitsArgs;
 use crate::local::{RunConfig, ToolConfig};
 
 /// `podhost run`.
@@ -25,6 +26,12 @@ pub struct RunArgs {
     pub workspace: PathBuf,
     /// The task for the agent.
     pub task: String,
+    /// Model calls the task may make before it is stopped as failed.
+    #[arg(long, env = "PODHOST_MAX_STEPS", default_value_t = 500,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_steps: u32,
+    #[command(flatten)]
+    pub limits: ModelLimitsArgs,
     #[command(flatten)]
     pub exec: ExecArgs,
 }
@@ -52,6 +59,8 @@ impl RunArgs {
             api_key_env: self.api_key_env.clone(),
             workspace: self.workspace.clone(),
             task: self.task.clone(),
+            max_steps: self.max_steps,
+            limits: self.limits.limits(),
             exec: self.exec.settings(),
         }
     }

@@ -16,7 +16,7 @@ use clap::{Args, Parser, Subcommand};
 pub use exec::{ConfineArgs, ExecArgs};
 pub use local::{RunArgs, ToolArgs};
 pub use pod::{PodArgs, SettingsError};
-pub use serve::ServeArgs;
+pub use serve::{ModelLimitsArgs, ServeArgs};
 
 #[derive(Debug, Parser)]
 #[command(

@@ -9,6 +9,7 @@ mod support;
 
 mod harness;
 
+mod context;
 mod durability;
 mod failures;
 mod idempotency;

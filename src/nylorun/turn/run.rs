@@ -436,6 +436,7 @@ impl TurnHost for Segment {
     async fn model(
         &mut self,
         step: u32,
+        _attempt: u32,
         cancel: &CancellationToken,
     ) -> Result<Effect<ModelAnswer>, Fault> {
         let prompt = transcript::prompt(
