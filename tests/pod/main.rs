@@ -33,6 +33,7 @@ mod lease;
 mod measure;
 mod setup;
 mod turn;
+mod turn_context;
 mod turn_fakes;
 mod turn_measure;
 mod turn_replay;

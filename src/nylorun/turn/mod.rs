@@ -4,10 +4,13 @@
 //!   ([`effects`]); its `output` part ends the segment (`turn.completed`, `turn.failed`,
 //!   `turn.waiting`, `checkpoint`) and releases the run.
 //! * [`turn_start`] reads what core granted; [`transcript`] builds the prompt and the
-//!   transcript's edits; [`instructions`] says what the model reads and may call.
+//!   transcript's edits; [`instructions`] says what the model reads and may call; [`context`]
+//!   is the pod's side of the context budget (units, summaries' text, previews, the pinned
+//!   memory index, the prompt's files).
 //! * [`gates`] calls the Model Gate; [`shaping`] and [`spill`] fit a tool's result into one
 //!   record entry (v5 §5b), storing what does not fit as an artifact.
 
+pub(crate) mod context;
 pub mod effects;
 pub(crate) mod gates;
 pub(crate) mod instructions;

@@ -14,8 +14,14 @@
 //!   A model call in flight is cancelled at the gate only for `cancel`/`deadline`.
 //! * Commands on the workspace run one at a time, with the workspace requests core sends (one
 //!   lock for both); each tool call's token is a child of the run's.
-//! * `state` is small (a version, the turn id, and for a waiting segment its input when it
-//!   fits `harnessStateBytes`) and present in every output.
+//! * `state` is small (a version, the turn id, the pinned memory index, and for a waiting
+//!   segment its input when it fits `harnessStateBytes`) and present in every output.
+//! * The history is compacted by the loop ([`agent::context`](crate::agent::context)): each
+//!   summary is a model effect with `purpose: "summary"` and an id from its step, trigger and
+//!   part; the edit that replaced the history is marked `kind: "compaction"` with its facts. A
+//!   fresh memory index is taken only through a journaled `harness` effect (at the session's
+//!   first segment with memory, and at a compaction), so a replay shows the index the first
+//!   attempt showed.
 //!
 //! Choices where the specs are silent (also in the report): the output of a completed turn is
 //! the final answer's text; the state a waiting segment leaves is what an `approval.answer`
@@ -23,7 +29,7 @@
 //! `loop.yieldAfter`, else core's `options.yieldAfter`, else 50 steps / 20 minutes; a call to a
 //! tool podhost did not offer is answered `tool.unknown` without journaling it.
 //!
-//! Non-goals: MCP and HTTP tools, compaction, `turn.paused` (core's engine only).
+//! Non-goals: MCP and HTTP tools, `turn.paused` (core's engine only).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -35,21 +41,25 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::model::{Candidate, ModelAnswer, ResultOutcome, ToolCallBlock, ToolResult};
+use crate::agent::context::{Budget, Compaction, Context, SummaryCall, UnitKind, estimate_json};
+use crate::agent::model::{
+    Candidate, ModelAnswer, ModelFailure, ResultOutcome, ToolCallBlock, ToolResult,
+};
 use crate::agent::turn::{self as agent_turn, Effect, ToolEffect, TurnHost};
 use crate::floor::codes;
 use crate::nylorun::artifacts::skills::{MountedSkill, mount_skills};
 use crate::nylorun::artifacts::{Artifacts, read_for_model};
 use crate::nylorun::link::lease::{RunEnd, RunHandle, RunHandler, StopReason};
 use crate::nylorun::link::protocol::TurnLimits;
+use crate::nylorun::turn::context::{self as pod_context, MemoryPin};
 use crate::nylorun::turn::effects::{
-    Decision, Intent, Journal, JournalError, Recorded, SegmentIds,
+    self, Decision, Intent, Journal, JournalError, Recorded, SegmentIds,
 };
 use crate::nylorun::turn::gates::{Gates, GatesError, ModelRequest};
 use crate::nylorun::turn::instructions::{Offer, Route};
 use crate::nylorun::turn::shaping::{ENTRY_ENVELOPE_BYTES, json_len};
 use crate::nylorun::turn::spill::fit_outcome;
-use crate::nylorun::turn::transcript::{self, MediaPolicy};
+use crate::nylorun::turn::transcript::{self, Files};
 use crate::nylorun::turn::turn_start::{TurnInput, TurnStart, Unrunnable};
 use crate::tools::{CallContext, ToolName, Toolbox, unknown_tool};
 
@@ -61,6 +71,10 @@ use output::{HarnessState, end_name, failed, stopped_or_thrown};
 const STATE_VERSION: u32 = 1;
 /// Room per result in a `tool-results` entry beyond its value (`callId`, `toolName`, keys).
 const RESULT_OVERHEAD_BYTES: u64 = 64;
+/// The `toolName` of the journaled effect that takes a fresh memory index.
+const MEMORY_INDEX_EFFECT: &str = "memory_index";
+/// The most text one memory call carries (and at most the record entry limit less room).
+const MEMORY_TEXT_BYTES: u64 = 256 * 1024;
 
 /// Runs every granted run's turn segment on the pod's workspace.
 #[derive(Clone)]
@@ -154,7 +168,10 @@ async fn run_segment(shared: Arc<Shared>, run: RunHandle) -> RunEnd {
         "turn segment starting"
     );
     let cancel = segment.cancel.clone();
-    let end = agent_turn::drive(&mut segment, 0, &cancel).await;
+    let end = match segment.pin_first().await {
+        Ok(()) => agent_turn::drive(&mut segment, 0, &cancel).await,
+        Err(fault) => Err(fault),
+    };
     let out = segment.finish(end).await;
     tracing::info!(%run_id, took_ms = started.elapsed().as_millis() as u64, end = %end_name(&out), "turn segment ended");
     out
@@ -170,7 +187,17 @@ struct Segment {
     ids: SegmentIds,
     journal: Journal,
     offer: Offer,
-    media: MediaPolicy,
+    files: Files,
+    /// The model's context budget (`model.contextWindow`), if it has one.
+    budget: Option<Budget>,
+    /// The memory index shown at the head of the prompt (`None` without memory, or when none
+    /// could be pinned), and as the session's state had it when the segment started.
+    pin: Option<MemoryPin>,
+    pin_at_start: Option<MemoryPin>,
+    /// Each compaction of this segment: the transcript it left, and its facts.
+    compactions: Vec<(Vec<Value>, Value)>,
+    /// The summary calls of the compaction in progress.
+    summary_ids: Vec<String>,
     skills: Vec<MountedSkill>,
     /// The session's environment plus nothing else: every command's variables.
     env: Vec<(String, String)>,
@@ -252,6 +279,15 @@ impl Segment {
         }
 
         let artifacts = Artifacts::new(run.channel().clone(), run_id.clone(), ts.limits.clone());
+        let mut files = Files::new(ts.model.as_ref(), ts.limits.model_file_bytes);
+        pod_context::learn_files(&artifacts, &entries, &mut files).await;
+        if run.cancelled().is_cancelled() {
+            return Err(stopped_or_thrown(&run, Fault::Stopped));
+        }
+        let pin_at_start = state
+            .as_ref()
+            .and_then(|s| s.memory.clone())
+            .filter(|_| ts.memory.is_some());
         let skills = if ts.has_sandbox() && ts.manifest.has_skills() {
             let skills_value = ts.manifest.skills.clone().unwrap_or(Value::Null);
             match mount_skills(
@@ -304,7 +340,12 @@ impl Segment {
             .unwrap_or_default();
         Ok(Segment {
             offer: Offer::new(&ts, &skills),
-            media: MediaPolicy::from_model(ts.model.as_ref()),
+            files,
+            budget: ts.budget(),
+            pin: pin_at_start.clone(),
+            pin_at_start,
+            compactions: Vec::new(),
+            summary_ids: Vec::new(),
             shared,
             run_id,
             cancel: run.cancelled(),
@@ -328,6 +369,152 @@ impl Segment {
 
     fn limits(&self) -> &TurnLimits {
         &self.ts.limits
+    }
+
+    /// Pins a memory index when the session has memory and its state holds none.
+    async fn pin_first(&mut self) -> Result<(), Fault> {
+        if self.ts.memory.is_some() && self.pin.is_none() {
+            self.pin = self
+                .fresh_pin("memory-index".to_owned(), self.ids.step_id(0))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// A fresh memory index, taken through a journaled `harness` effect (no `callId`: no tool
+    /// call of the model's): the first attempt records TurnStart's index as its outcome, and a
+    /// replay reads it back, whatever the index is by then. `None` when none could be taken.
+    async fn fresh_pin(
+        &mut self,
+        identity: String,
+        step_id: String,
+    ) -> Result<Option<MemoryPin>, Fault> {
+        let Some(memory) = &self.ts.memory else {
+            return Ok(None);
+        };
+        let fresh = MemoryPin::of(memory);
+        let mut intent = Intent::tool(
+            &self.ids,
+            0,
+            "",
+            MEMORY_INDEX_EFFECT,
+            json!({"kind": "harness"}),
+            json!({}),
+        );
+        intent.effect_id = self.ids.effect_id("tool", &identity);
+        intent.context = json!({"invocationId": step_id, "stepId": step_id});
+        let hash = intent.hash();
+        let value = match self.journal.decide(&intent, &hash).await? {
+            Decision::Known { value, .. } => value,
+            Decision::Wait { .. } => return Ok(None),
+            Decision::Execute { .. } => {
+                let value = json!({"kind": "completed", "output": fresh.value()});
+                match self.journal.outcome(&intent.effect_id, value).await? {
+                    Recorded::Completed(v) => v,
+                    Recorded::Uncertain => return Ok(None),
+                }
+            }
+        };
+        Ok(MemoryPin::from_value(&value))
+    }
+
+    /// The pinned memory item's text: the pin, or (memory on, nothing pinned) where to look.
+    fn pin_text(&self) -> Option<String> {
+        self.ts.memory.as_ref()?;
+        Some(match &self.pin {
+            Some(pin) => pin.text(),
+            None => "Your memory index is not shown here; view /memories to see your memories."
+                .to_owned(),
+        })
+    }
+
+    /// Runs or replays a model effect (a step's call or a summary call) whose request body is
+    /// `{effectId, invocationId, call: intent.input}`.
+    async fn model_effect(
+        &mut self,
+        intent: Intent,
+        invocation_id: String,
+        step: u32,
+        cancel: &CancellationToken,
+    ) -> Result<Effect<ModelAnswer>, Fault> {
+        let effect_id = intent.effect_id.clone();
+        let body = serde_json::to_vec(&json!({
+            "effectId": effect_id,
+            "invocationId": invocation_id,
+            "call": intent.input,
+        }))
+        .map_err(|e| Fault::Internal(format!("could not encode the model call: {e}")))?;
+        let limit = self.limits().model_call_bytes;
+        if body.len() as u64 > limit {
+            return Err(Fault::Failed {
+                code: codes::model::CALL_TOO_LARGE,
+                message: format!(
+                    "The model call of step {step} is {} bytes, past limits.modelCallBytes ({limit} \
+                     bytes)",
+                    body.len()
+                ),
+            });
+        }
+        let hash = intent.hash();
+        let value = match self.journal.decide(&intent, &hash).await? {
+            Decision::Known { value, replayed } => {
+                tracing::debug!(%effect_id, replayed, "model outcome known");
+                value
+            }
+            Decision::Wait { uncertain } => {
+                self.uncertain |= uncertain;
+                return Ok(Effect::Wait(effect_id));
+            }
+            Decision::Execute { rejoin, .. } => {
+                if rejoin {
+                    tracing::info!(%effect_id, "rejoining a model call a previous owner left at the gate");
+                }
+                let started = Instant::now();
+                let trace = self.ts.trace.clone().unwrap_or_default();
+                let sent = self
+                    .shared
+                    .gates
+                    .model_call(
+                        ModelRequest {
+                            token: self.current_token(),
+                            effect_id: &effect_id,
+                            traceparent: trace.traceparent.as_deref(),
+                            tracestate: trace.tracestate.as_deref(),
+                            body: &body,
+                        },
+                        cancel,
+                    )
+                    .await;
+                let answer = match sent {
+                    Ok(a) if !cancel.is_cancelled() => a,
+                    _ => return Err(self.stopped_in_model_call(&effect_id).await),
+                };
+                tracing::debug!(%effect_id, ms = started.elapsed().as_secs_f64() * 1000.0, "model call answered");
+                // Core records no outcome past the record entry limit, and a model's answer is
+                // not podhost's to cut: the turn fails, saying so.
+                let value = answer.to_value();
+                let (bytes, limit) = (json_len(&value) as u64, self.limits().record_entry_bytes);
+                if bytes > limit {
+                    return Err(Fault::Failed {
+                        code: codes::model::ANSWER_TOO_LARGE,
+                        message: format!(
+                            "The model's answer of step {step} is {bytes} bytes, past \
+                             limits.recordEntryBytes ({limit} bytes)"
+                        ),
+                    });
+                }
+                match self.journal.outcome(&effect_id, value).await? {
+                    Recorded::Completed(v) => v,
+                    Recorded::Uncertain => {
+                        self.uncertain = true;
+                        return Ok(Effect::Wait(effect_id));
+                    }
+                }
+            }
+        };
+        ModelAnswer::from_value(&value)
+            .map(Effect::Done)
+            .map_err(|e| Fault::Internal(format!("the outcome of {effect_id}: {e}")))
     }
 
     fn current_token(&self) -> Option<crate::nylorun::link::protocol::RunToken> {
@@ -436,99 +623,143 @@ impl TurnHost for Segment {
     async fn model(
         &mut self,
         step: u32,
-        _attempt: u32,
+        attempt: u32,
         cancel: &CancellationToken,
     ) -> Result<Effect<ModelAnswer>, Fault> {
+        let pin = self.pin_text();
         let prompt = transcript::prompt(
             &self.offer.instructions,
+            pin.as_deref(),
             &self.entries,
             &self.ids.turn_id,
-            &self.media,
+            &self.files,
         );
         let call = json!({
             "prompt": prompt,
             "tools": self.offer.tools,
             "executionId": self.ids.session_id,
         });
-        let intent = Intent::model(&self.ids, step, call);
-        let effect_id = intent.effect_id.clone();
-        let body = serde_json::to_vec(&json!({
-            "effectId": effect_id,
-            "invocationId": self.ids.step_id(step),
-            "call": intent.input,
-        }))
-        .map_err(|e| Fault::Internal(format!("could not encode the model call: {e}")))?;
-        let limit = self.limits().model_call_bytes;
-        if body.len() as u64 > limit {
-            return Err(Fault::Failed {
-                code: codes::model::CALL_TOO_LARGE,
-                message: format!(
-                    "The model call of step {step} is {} bytes, past limits.modelCallBytes ({limit} \
-                     bytes)",
-                    body.len()
-                ),
-            });
+        let mut intent = Intent::model(&self.ids, step, call);
+        if attempt > 0 {
+            intent.effect_id = self
+                .ids
+                .effect_id("model", &effects::retry_identity(step, attempt));
         }
-        let hash = intent.hash();
-        let value = match self.journal.decide(&intent, &hash).await? {
-            Decision::Known { value, replayed } => {
-                tracing::debug!(%effect_id, replayed, "model outcome known");
-                value
+        self.model_effect(intent, self.ids.step_id(step), step, cancel)
+            .await
+    }
+
+    fn context(&self) -> Option<Context> {
+        let pin = self.pin_text();
+        let head = transcript::head(&self.offer.instructions, pin.as_deref());
+        let tools: u64 = self.offer.tools.iter().map(estimate_json).sum();
+        Some(Context {
+            budget: self.budget,
+            fixed: pod_context::tokens_of(&head) + tools,
+            units: pod_context::sized_units(&self.entries, &self.ids.turn_id, &self.files),
+        })
+    }
+
+    fn unit_text(&self, unit: usize) -> String {
+        pod_context::units(&self.entries)
+            .get(unit)
+            .map(|(_, range)| pod_context::render(&self.entries[range.clone()]))
+            .unwrap_or_default()
+    }
+
+    async fn summarize(
+        &mut self,
+        call: &SummaryCall,
+        cancel: &CancellationToken,
+    ) -> Result<Effect<ModelAnswer>, Fault> {
+        if call.part == 0 {
+            self.summary_ids.clear();
+        }
+        let body = json!({
+            "prompt": [
+                {"kind": "instructions", "role": "system",
+                 "content": [{"type": "text", "text": call.instructions}]},
+                {"kind": "message", "role": "user", "content": [{"type": "text", "text": call.text}]},
+            ],
+            "tools": [],
+            "executionId": self.ids.session_id,
+            "model": {"controls": {"maxOutputTokens": call.max_tokens}},
+        });
+        let identity = effects::summary_identity(call.step, call.trigger.as_str(), call.part);
+        let invocation_id = format!("compaction-{}-{identity}", self.ids.segment);
+        let mut intent = Intent::model(&self.ids, call.step, body);
+        intent.effect_id = self.ids.effect_id("model", &identity);
+        intent.purpose = Some("summary");
+        intent.context =
+            json!({"invocationId": invocation_id, "stepId": self.ids.step_id(call.step)});
+        let effect_id = intent.effect_id.clone();
+        let answer = self
+            .model_effect(intent, invocation_id, call.step, cancel)
+            .await?;
+        if let Effect::Done(ModelAnswer::Candidate(_)) = &answer {
+            // Failpoint `compaction.after_summary`: the summary's outcome is recorded; the
+            // compaction is not yet applied or reported.
+            self.summary_ids.push(effect_id);
+        }
+        Ok(answer)
+    }
+
+    async fn compacted(&mut self, c: &Compaction) -> Result<(), Fault> {
+        let units = pod_context::units(&self.entries);
+        let step_id = self.ids.step_id(c.step);
+        let mut next = Vec::with_capacity(self.entries.len());
+        if let Some(summary) = &c.summary {
+            next.push(transcript::compaction_entry(
+                &self.ids.turn_id,
+                &step_id,
+                summary,
+                c.trigger.as_str(),
+                c.tokens_before,
+                c.tokens_after,
+            ));
+        }
+        for &i in &c.kept {
+            let Some((kind, range)) = units.get(i) else {
+                continue;
+            };
+            for e in &self.entries[range.clone()] {
+                next.push(if c.shrink && *kind == UnitKind::Step {
+                    pod_context::shrink(e)
+                } else {
+                    e.clone()
+                });
             }
-            Decision::Wait { uncertain } => {
-                self.uncertain |= uncertain;
-                return Ok(Effect::Wait(effect_id));
+        }
+        self.entries = next;
+        if c.summary.is_none() {
+            return Ok(());
+        }
+        let facts = json!({
+            "trigger": c.trigger.as_str(),
+            "tokensBefore": c.tokens_before,
+            "tokensAfter": c.tokens_after,
+            "summaryEffectIds": std::mem::take(&mut self.summary_ids),
+        });
+        tracing::info!(run_id = %self.run_id, step = c.step, trigger = c.trigger.as_str(), before = c.tokens_before, after = c.tokens_after, parts = c.parts, "history compacted");
+        self.compactions.push((self.entries.clone(), facts));
+        // The index is refreshed at a compaction only, through its own journaled effect.
+        if self.ts.memory.is_some() {
+            let identity = format!("memory-index.s{}.{}", c.step, c.trigger.as_str());
+            if let Some(pin) = self.fresh_pin(identity, step_id).await? {
+                self.pin = Some(pin);
             }
-            Decision::Execute { rejoin, .. } => {
-                if rejoin {
-                    tracing::info!(%effect_id, "rejoining a model call a previous owner left at the gate");
-                }
-                let started = Instant::now();
-                let trace = self.ts.trace.clone().unwrap_or_default();
-                let sent = self
-                    .shared
-                    .gates
-                    .model_call(
-                        ModelRequest {
-                            token: self.current_token(),
-                            effect_id: &effect_id,
-                            traceparent: trace.traceparent.as_deref(),
-                            tracestate: trace.tracestate.as_deref(),
-                            body: &body,
-                        },
-                        cancel,
-                    )
-                    .await;
-                let answer = match sent {
-                    Ok(a) if !cancel.is_cancelled() => a,
-                    _ => return Err(self.stopped_in_model_call(&effect_id).await),
-                };
-                tracing::debug!(%effect_id, ms = started.elapsed().as_secs_f64() * 1000.0, "model call answered");
-                // Core records no outcome past the record entry limit, and a model's answer is
-                // not podhost's to cut: the turn fails, saying so.
-                let value = answer.to_value();
-                let (bytes, limit) = (json_len(&value) as u64, self.limits().record_entry_bytes);
-                if bytes > limit {
-                    return Err(Fault::Failed {
-                        code: codes::model::ANSWER_TOO_LARGE,
-                        message: format!(
-                            "The model's answer of step {step} is {bytes} bytes, past \
-                             limits.recordEntryBytes ({limit} bytes)"
-                        ),
-                    });
-                }
-                match self.journal.outcome(&effect_id, value).await? {
-                    Recorded::Completed(v) => v,
-                    Recorded::Uncertain => {
-                        self.uncertain = true;
-                        return Ok(Effect::Wait(effect_id));
-                    }
-                }
-            }
-        };
-        ModelAnswer::from_value(&value)
-            .map(Effect::Done)
-            .map_err(|e| Fault::Internal(format!("the outcome of {effect_id}: {e}")))
+        }
+        // Failpoint `compaction.before_report`: the compaction is applied in memory; the edit
+        // that reports it leaves with the segment's output.
+        Ok(())
+    }
+
+    async fn drop_files(&mut self, step: u32, failure: &ModelFailure) -> Result<bool, Fault> {
+        let dropped = pod_context::drop_refused(&mut self.entries, &self.files, &failure.message);
+        if dropped > 0 {
+            tracing::info!(run_id = %self.run_id, step, dropped, "file parts the model refused were replaced by notes");
+        }
+        Ok(dropped > 0)
     }
 
     async fn answered(&mut self, step: u32, candidate: &Candidate) -> Result<(), Fault> {
@@ -561,8 +792,13 @@ impl TurnHost for Segment {
         if let (Some(cmd), Some(o)) = (command, args.as_object_mut()) {
             o.insert("command".to_owned(), Value::String(cmd));
         }
+        let memory_text = MEMORY_TEXT_BYTES.min(
+            self.limits()
+                .record_entry_bytes
+                .saturating_sub(ENTRY_ENVELOPE_BYTES as u64),
+        );
         if route == Route::Memory
-            && let Err(message) = self.offer.check_memory(&args)
+            && let Err(message) = self.offer.check_memory(&args, memory_text)
         {
             return Ok(ToolEffect::Done(ResultOutcome::failed(
                 "memory.invalid_input",
