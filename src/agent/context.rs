@@ -3,10 +3,10 @@
 //!
 //! Owns: the token estimate ([`estimate_tokens`]), the prompt's size as the loop tracks it (each
 //! call's measured `usage` plus an estimate of what was added since: [`Tracker`]), the working
-//! window (the model's, shrunk to what the server said after an overflow), the plan of a
+//! window (the model's, shrunk to what the server said after an overflow), and the plan of a
 //! compaction (which units of the history are summarized, which are kept verbatim, whether the
-//! kept tail's tool results shrink to previews: [`plan`]), and [`fit`], which runs the summary
-//! calls through the host and hands it the result.
+//! kept tail's tool results shrink to previews: [`plan`]). Running a compaction through the
+//! host is [`super::compaction`]'s.
 //!
 //! A host describes its history as [`Unit`]s, in order: what the model must always see
 //! (`Pinned`: a dataset's system message), a summary an earlier compaction wrote, a turn's
@@ -25,16 +25,13 @@
 //!   least the last one, its tool results shrunk to previews when it alone is past the budget).
 //!   Everything else becomes one summary, written in parts when it is itself past the window.
 //!
-//! Non-goals: how a front stores the compacted history or words a summary call (its host does),
-//! exact token counts (the estimate is calibrated by each answer's `usage`, never trusted alone).
+//! Non-goals: effects (the compaction module runs them through the host), how a front stores the
+//! compacted history or words a summary call (its host does), exact token counts (the estimate
+//! is calibrated by each answer's `usage`, never trusted alone).
 
 use std::sync::OnceLock;
 
-use tokio_util::sync::CancellationToken;
-
-use super::model::{ModelAnswer, ModelFailure, Usage};
-use super::turn::{Effect, TurnEnd, TurnHost};
-use crate::floor::codes;
+use super::model::{ModelFailure, Usage};
 use crate::floor::text::truncate_middle;
 
 /// The share of the usable window at which the loop compacts, unless configured otherwise.
@@ -47,8 +44,6 @@ const TARGET_AFTER: f64 = 0.5;
 /// A summary's room: a tenth of the usable window, within these bounds.
 const SUMMARY_MIN_TOKENS: u64 = 128;
 const SUMMARY_MAX_TOKENS: u64 = 4096;
-/// Room in a summary call for the words around the text and the previous summary's wrapper.
-const SUMMARY_SLACK_TOKENS: u64 = 64;
 
 /// Estimated tokens of `text`: a byte count over three. English runs nearer four bytes a token
 /// and CJK text three, so this errs towards too many; each answer's `usage` calibrates it.
@@ -229,45 +224,6 @@ impl Trigger {
             Trigger::Overflow => "overflow",
         }
     }
-}
-
-/// One summary call: the host words it, journals it (its identity is the step, the trigger and
-/// the part) and runs or replays it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SummaryCall {
-    pub step: u32,
-    pub trigger: Trigger,
-    /// Which part (from 0) of `parts`.
-    pub part: u32,
-    pub parts: u32,
-    /// The system text of the call.
-    pub instructions: &'static str,
-    /// The user text: the summary so far (from the earlier parts) and the history to add.
-    pub text: String,
-    /// The room of the answer.
-    pub max_tokens: u64,
-}
-
-/// A compaction the host applies to its history.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Compaction {
-    pub step: u32,
-    pub trigger: Trigger,
-    /// The summary of the units in `summarized`; `None` when nothing was summarized (the kept
-    /// tail was only shrunk).
-    pub summary: Option<String>,
-    /// Indices of the units the summary replaces, in order.
-    pub summarized: Vec<usize>,
-    /// Indices of the units kept verbatim, in order (an earlier summary when nothing new was
-    /// summarized, pinned ones, then the latest input, then the recent steps).
-    pub kept: Vec<usize>,
-    /// Shrink the tool results of the kept steps to previews.
-    pub shrink: bool,
-    /// The prompt's tokens before and (estimated) after.
-    pub tokens_before: u64,
-    pub tokens_after: u64,
-    /// How many summary calls wrote it.
-    pub parts: u32,
 }
 
 /// The prompt's size across calls: the last measured prompt and the estimate it was measured
@@ -470,218 +426,6 @@ pub fn plan(ctx: &Context, budget: &Budget, ratio: f64) -> Plan {
         kept,
         shrink,
     }
-}
-
-/// What a summary call is told.
-pub const SUMMARY_INSTRUCTIONS: &str = "You write the working memory of an agent whose \
-conversation has grown too long for its context window. Summarize the conversation you are \
-given so that the agent can go on with its task from your summary alone: the task and every \
-requirement the user stated, decisions made and why, what was done (commands run, files read \
-and changed, with their paths), what was found, errors met and how they were handled, and what \
-is left to do. Keep exact names, paths, numbers and identifiers. Write plain prose and short \
-lists; do not call tools and do not address the user.";
-
-/// How [`fit`] ended.
-#[derive(Debug, PartialEq)]
-pub enum Fit {
-    /// The next call may go.
-    Ready,
-    /// The turn ends here (a summary call waits, failed, or the prompt cannot fit).
-    End(TurnEnd),
-}
-
-/// Fits the next model call of `step` into the model's window: with `Threshold`, compacts only
-/// when the prompt is past the threshold; with `Overflow` (after a call failed for it),
-/// compacts always. Runs the summary calls through the host, then hands it the compaction.
-pub async fn fit<H: TurnHost>(
-    host: &mut H,
-    step: u32,
-    trigger: Trigger,
-    tracker: &mut Tracker,
-    cancel: &CancellationToken,
-) -> Result<Fit, H::Error> {
-    let Some(ctx) = host.context() else {
-        return Ok(Fit::Ready);
-    };
-    let estimate = ctx.estimate();
-    let Some(budget) = tracker.working(ctx.budget) else {
-        tracker.sending(estimate);
-        return Ok(Fit::Ready);
-    };
-    let before = tracker.prompt(estimate);
-    if trigger == Trigger::Threshold && before <= budget.threshold_tokens() {
-        tracker.sending(estimate);
-        return Ok(Fit::Ready);
-    }
-    let ratio = tracker.ratio();
-    let plan = plan(&ctx, &budget, ratio);
-    if plan.is_empty() {
-        if trigger == Trigger::Threshold && (before <= budget.usable() || budget.assumed) {
-            tracker.sending(estimate);
-            return Ok(Fit::Ready);
-        }
-        return Ok(Fit::End(cannot_fit(step, before, &budget)));
-    }
-    tracing::info!(
-        step,
-        trigger = trigger.as_str(),
-        tokens = before,
-        window = budget.window,
-        summarized = plan.summarized.len(),
-        kept = plan.kept.len(),
-        shrink = plan.shrink,
-        "compacting the history"
-    );
-
-    let mut summary: Option<String> = None;
-    let mut parts = 0u32;
-    if !plan.summarized.is_empty() {
-        let chunks = match summary_chunks(host, &plan.summarized, &budget, ratio) {
-            Ok(c) => c,
-            Err(message) => return Ok(Fit::End(failed(message))),
-        };
-        parts = chunks.len() as u32;
-        for (k, chunk) in chunks.into_iter().enumerate() {
-            let text = match &summary {
-                Some(so_far) => format!(
-                    "The summary so far:\n\n{so_far}\n\nThe conversation continues as follows. \
-                     Write one summary of all of it.\n\n{chunk}"
-                ),
-                None => format!("The conversation to summarize:\n\n{chunk}"),
-            };
-            let call = SummaryCall {
-                step,
-                trigger,
-                part: k as u32,
-                parts,
-                instructions: SUMMARY_INSTRUCTIONS,
-                text,
-                max_tokens: budget.summary_tokens(),
-            };
-            let answer = match host.summarize(&call, cancel).await? {
-                Effect::Done(a) => a,
-                Effect::Wait(id) => {
-                    return Ok(Fit::End(TurnEnd::Waiting {
-                        effect_ids: vec![id],
-                    }));
-                }
-            };
-            match answer {
-                ModelAnswer::Candidate(c) => {
-                    let text = c.text_output();
-                    let text = if text.trim().is_empty() {
-                        tracing::warn!(step, part = k, "a summary call answered no text");
-                        "(The summary of this part came back empty.)".to_owned()
-                    } else {
-                        text
-                    };
-                    // A model that ignored the room is held to it.
-                    summary = Some(clip_to_tokens(&text, budget.summary_tokens() * 3 / 2));
-                }
-                ModelAnswer::Failed(f) => {
-                    return Ok(Fit::End(TurnEnd::Failed {
-                        code: format!("{}{}", codes::model::TURN_PREFIX, f.code),
-                        message: format!(
-                            "The history could not be summarized to fit the model's context \
-                             window (step {step}): {}",
-                            f.message
-                        ),
-                    }));
-                }
-            }
-            if cancel.is_cancelled() {
-                return Ok(Fit::End(TurnEnd::Cancelled));
-            }
-        }
-    }
-
-    let scale = |t: u64| (t as f64 * ratio).ceil() as u64;
-    let kept_tokens: u64 = plan
-        .kept
-        .iter()
-        .map(|&i| {
-            let u = &ctx.units[i];
-            scale(if plan.shrink { u.shrunk } else { u.tokens })
-        })
-        .sum();
-    let summary_tokens = summary.as_deref().map_or(0, |s| scale(estimate_tokens(s)));
-    let compaction = Compaction {
-        step,
-        trigger,
-        summary,
-        summarized: plan.summarized,
-        kept: plan.kept,
-        shrink: plan.shrink,
-        tokens_before: before,
-        tokens_after: scale(ctx.fixed) + kept_tokens + summary_tokens,
-        parts,
-    };
-    host.compacted(&compaction).await?;
-    let estimate = host.context().map_or(0, |c| c.estimate());
-    let after = tracker.prompt(estimate);
-    tracker.sending(estimate);
-    if after > budget.usable() && !budget.assumed {
-        return Ok(Fit::End(cannot_fit(step, after, &budget)));
-    }
-    Ok(Fit::Ready)
-}
-
-/// The summarized units' text, in parts that each fit one summary call.
-fn summary_chunks<H: TurnHost>(
-    host: &H,
-    summarized: &[usize],
-    budget: &Budget,
-    ratio: f64,
-) -> Result<Vec<String>, String> {
-    let room = budget.summary_tokens();
-    let call_usable = budget.window.saturating_sub(room);
-    let overhead = estimate_tokens(SUMMARY_INSTRUCTIONS) + SUMMARY_SLACK_TOKENS + room + room / 2;
-    let part = ((call_usable as f64 * budget.threshold) / ratio) as u64;
-    let part = part.saturating_sub(overhead);
-    if part < SUMMARY_SLACK_TOKENS {
-        return Err(format!(
-            "The model's context window ({} tokens) is too small to summarize the history in",
-            budget.window
-        ));
-    }
-    let mut chunks = Vec::new();
-    let mut current = String::new();
-    for &i in summarized {
-        let text = clip_to_tokens(&host.unit_text(i), part);
-        if !current.is_empty() && estimate_tokens(&current) + estimate_tokens(&text) + 1 > part {
-            chunks.push(std::mem::take(&mut current));
-        }
-        if !current.is_empty() {
-            current.push('\n');
-        }
-        current.push_str(&text);
-    }
-    if !current.is_empty() {
-        chunks.push(current);
-    }
-    Ok(chunks)
-}
-
-fn failed(message: String) -> TurnEnd {
-    TurnEnd::Failed {
-        code: format!(
-            "{}{}",
-            codes::model::TURN_PREFIX,
-            codes::model::CONTEXT_OVERFLOW
-        ),
-        message,
-    }
-}
-
-/// The end of a step whose prompt cannot fit, compacted or not.
-fn cannot_fit(step: u32, tokens: u64, budget: &Budget) -> TurnEnd {
-    failed(format!(
-        "The prompt of step {step} is about {tokens} tokens and cannot be made to fit the \
-         model's context window ({} tokens, {} of them kept for the answer): what must stay \
-         (the instructions, the tools, the latest input and the last step) is already past it. \
-         Use a model with a larger window, or send a shorter input.",
-        budget.window, budget.answer
-    ))
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! turn). It knows nothing of WebSockets, HTTP or storage: a front plugs in through [`TurnHost`],
 //! which journals each effect before running it (or replays it) and keeps the transcript.
 //!
-//! Before each model call the loop fits the prompt into the model's window ([`context::fit`]):
+//! Before each model call the loop fits the prompt into the model's window ([`compaction::fit`]):
 //! past the threshold it compacts the history. A call that fails for context overflow is
 //! answered by one compaction and one retry; a call that fails refusing a file, by dropping
 //! that file from the history (the host's [`TurnHost::drop_files`]) and one retry.
@@ -24,7 +24,8 @@ use std::collections::HashSet;
 
 use tokio_util::sync::CancellationToken;
 
-use super::context::{self, Compaction, Context, Fit, SummaryCall, Tracker, Trigger};
+use super::compaction::{self, Compaction, Fit, SummaryCall};
+use super::context::{Context, Tracker, Trigger};
 use super::media;
 use super::model::{
     Candidate, ModelAnswer, ModelFailure, ResultOutcome, ToolCallBlock, ToolResult,
@@ -109,7 +110,7 @@ pub trait TurnHost {
     async fn results(&mut self, step: u32, results: &[ToolResult]) -> Result<(), Self::Error>;
 
     /// The next model call's context: the model's budget and the history by units
-    /// ([`context`]). `None`: the host keeps no budget, and the loop never compacts.
+    /// ([`super::context`]). `None`: the host keeps no budget, and the loop never compacts.
     fn context(&self) -> Option<Context> {
         None
     }
@@ -166,7 +167,7 @@ pub async fn drive<H: TurnHost>(
             return Ok(TurnEnd::Yielded);
         }
         if let Fit::End(end) =
-            context::fit(host, step, Trigger::Threshold, &mut tracker, cancel).await?
+            compaction::fit(host, step, Trigger::Threshold, &mut tracker, cancel).await?
         {
             return Ok(end);
         }
@@ -253,7 +254,7 @@ async fn answer<H: TurnHost>(
             tracing::info!(step, message = %failure.message, "the prompt overflowed the model's window");
             tracker.overflowed(&failure);
             if let Fit::End(end) =
-                context::fit(host, step, Trigger::Overflow, tracker, cancel).await?
+                compaction::fit(host, step, Trigger::Overflow, tracker, cancel).await?
             {
                 return Ok(Err(end));
             }

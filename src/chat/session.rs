@@ -31,9 +31,8 @@ use tokio_util::sync::CancellationToken;
 use super::client::{ModelClient, ModelError};
 use super::context::{self, ContextView, Sent};
 use super::message::{ApiKey, ChatMessage, ModelEndpoint, Role, ToolCall};
-use crate::agent::context::{
-    Budget, Compaction, Context, DEFAULT_THRESHOLD, SummaryCall, UnitKind, estimate_json,
-};
+use crate::agent::compaction::{Compaction, SummaryCall};
+use crate::agent::context::{Budget, Context, DEFAULT_THRESHOLD, UnitKind, estimate_json};
 use crate::agent::media::ModelFiles;
 use crate::agent::model::ToolCallBlock;
 use crate::agent::model::{Candidate, ModelAnswer, ModelFailure, ResultOutcome, ToolResult};

@@ -16,12 +16,12 @@
 //!   lock for both); each tool call's token is a child of the run's.
 //! * `state` is small (a version, the turn id, the pinned memory index, and for a waiting
 //!   segment its input when it fits `harnessStateBytes`) and present in every output.
-//! * The history is compacted by the loop ([`agent::context`](crate::agent::context)): each
-//!   summary is a model effect with `purpose: "summary"` and an id from its step, trigger and
-//!   part; the edit that replaced the history is marked `kind: "compaction"` with its facts. A
-//!   fresh memory index is taken only through a journaled `harness` effect (at the session's
-//!   first segment with memory, and at a compaction), so a replay shows the index the first
-//!   attempt showed.
+//! * The history is compacted by the loop ([`agent::compaction`](crate::agent::compaction),
+//!   with this segment's side in `compaction`): each summary is a model effect with
+//!   `purpose: "summary"` and an id from its step, trigger and part; the edit that replaced the
+//!   history is marked `kind: "compaction"` with its facts. A fresh memory index is taken only
+//!   through a journaled `harness` effect (at the session's first segment with memory, and at a
+//!   compaction), so a replay shows the index the first attempt showed.
 //!
 //! Choices where the specs are silent (also in the report): the output of a completed turn is
 //! the final answer's text; the state a waiting segment leaves is what an `approval.answer`
@@ -41,7 +41,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::context::{Budget, Compaction, Context, SummaryCall, UnitKind, estimate_json};
+use crate::agent::compaction::{Compaction, SummaryCall};
+use crate::agent::context::{Budget, Context};
 use crate::agent::model::{
     Candidate, ModelAnswer, ModelFailure, ResultOutcome, ToolCallBlock, ToolResult,
 };
@@ -63,6 +64,7 @@ use crate::nylorun::turn::transcript::{self, Files};
 use crate::nylorun::turn::turn_start::{TurnInput, TurnStart, Unrunnable};
 use crate::tools::{CallContext, ToolName, Toolbox, unknown_tool};
 
+mod compaction;
 mod output;
 
 use output::{HarnessState, end_name, failed, stopped_or_thrown};
@@ -371,63 +373,6 @@ impl Segment {
         &self.ts.limits
     }
 
-    /// Pins a memory index when the session has memory and its state holds none.
-    async fn pin_first(&mut self) -> Result<(), Fault> {
-        if self.ts.memory.is_some() && self.pin.is_none() {
-            self.pin = self
-                .fresh_pin("memory-index".to_owned(), self.ids.step_id(0))
-                .await?;
-        }
-        Ok(())
-    }
-
-    /// A fresh memory index, taken through a journaled `harness` effect (no `callId`: no tool
-    /// call of the model's): the first attempt records TurnStart's index as its outcome, and a
-    /// replay reads it back, whatever the index is by then. `None` when none could be taken.
-    async fn fresh_pin(
-        &mut self,
-        identity: String,
-        step_id: String,
-    ) -> Result<Option<MemoryPin>, Fault> {
-        let Some(memory) = &self.ts.memory else {
-            return Ok(None);
-        };
-        let fresh = MemoryPin::of(memory);
-        let mut intent = Intent::tool(
-            &self.ids,
-            0,
-            "",
-            MEMORY_INDEX_EFFECT,
-            json!({"kind": "harness"}),
-            json!({}),
-        );
-        intent.effect_id = self.ids.effect_id("tool", &identity);
-        intent.context = json!({"invocationId": step_id, "stepId": step_id});
-        let hash = intent.hash();
-        let value = match self.journal.decide(&intent, &hash).await? {
-            Decision::Known { value, .. } => value,
-            Decision::Wait { .. } => return Ok(None),
-            Decision::Execute { .. } => {
-                let value = json!({"kind": "completed", "output": fresh.value()});
-                match self.journal.outcome(&intent.effect_id, value).await? {
-                    Recorded::Completed(v) => v,
-                    Recorded::Uncertain => return Ok(None),
-                }
-            }
-        };
-        Ok(MemoryPin::from_value(&value))
-    }
-
-    /// The pinned memory item's text: the pin, or (memory on, nothing pinned) where to look.
-    fn pin_text(&self) -> Option<String> {
-        self.ts.memory.as_ref()?;
-        Some(match &self.pin {
-            Some(pin) => pin.text(),
-            None => "Your memory index is not shown here; view /memories to see your memories."
-                .to_owned(),
-        })
-    }
-
     /// Runs or replays a model effect (a step's call or a summary call) whose request body is
     /// `{effectId, invocationId, call: intent.input}`.
     async fn model_effect(
@@ -650,21 +595,11 @@ impl TurnHost for Segment {
     }
 
     fn context(&self) -> Option<Context> {
-        let pin = self.pin_text();
-        let head = transcript::head(&self.offer.instructions, pin.as_deref());
-        let tools: u64 = self.offer.tools.iter().map(estimate_json).sum();
-        Some(Context {
-            budget: self.budget,
-            fixed: pod_context::tokens_of(&head) + tools,
-            units: pod_context::sized_units(&self.entries, &self.ids.turn_id, &self.files),
-        })
+        self.context_now()
     }
 
     fn unit_text(&self, unit: usize) -> String {
-        pod_context::units(&self.entries)
-            .get(unit)
-            .map(|(_, range)| pod_context::render(&self.entries[range.clone()]))
-            .unwrap_or_default()
+        self.text_of_unit(unit)
     }
 
     async fn summarize(
@@ -672,94 +607,15 @@ impl TurnHost for Segment {
         call: &SummaryCall,
         cancel: &CancellationToken,
     ) -> Result<Effect<ModelAnswer>, Fault> {
-        if call.part == 0 {
-            self.summary_ids.clear();
-        }
-        let body = json!({
-            "prompt": [
-                {"kind": "instructions", "role": "system",
-                 "content": [{"type": "text", "text": call.instructions}]},
-                {"kind": "message", "role": "user", "content": [{"type": "text", "text": call.text}]},
-            ],
-            "tools": [],
-            "executionId": self.ids.session_id,
-            "model": {"controls": {"maxOutputTokens": call.max_tokens}},
-        });
-        let identity = effects::summary_identity(call.step, call.trigger.as_str(), call.part);
-        let invocation_id = format!("compaction-{}-{identity}", self.ids.segment);
-        let mut intent = Intent::model(&self.ids, call.step, body);
-        intent.effect_id = self.ids.effect_id("model", &identity);
-        intent.purpose = Some("summary");
-        intent.context =
-            json!({"invocationId": invocation_id, "stepId": self.ids.step_id(call.step)});
-        let effect_id = intent.effect_id.clone();
-        let answer = self
-            .model_effect(intent, invocation_id, call.step, cancel)
-            .await?;
-        if let Effect::Done(ModelAnswer::Candidate(_)) = &answer {
-            // Failpoint `compaction.after_summary`: the summary's outcome is recorded; the
-            // compaction is not yet applied or reported.
-            self.summary_ids.push(effect_id);
-        }
-        Ok(answer)
+        self.summary_call(call, cancel).await
     }
 
     async fn compacted(&mut self, c: &Compaction) -> Result<(), Fault> {
-        let units = pod_context::units(&self.entries);
-        let step_id = self.ids.step_id(c.step);
-        let mut next = Vec::with_capacity(self.entries.len());
-        if let Some(summary) = &c.summary {
-            next.push(transcript::compaction_entry(
-                &self.ids.turn_id,
-                &step_id,
-                summary,
-                c.trigger.as_str(),
-                c.tokens_before,
-                c.tokens_after,
-            ));
-        }
-        for &i in &c.kept {
-            let Some((kind, range)) = units.get(i) else {
-                continue;
-            };
-            for e in &self.entries[range.clone()] {
-                next.push(if c.shrink && *kind == UnitKind::Step {
-                    pod_context::shrink(e)
-                } else {
-                    e.clone()
-                });
-            }
-        }
-        self.entries = next;
-        if c.summary.is_none() {
-            return Ok(());
-        }
-        let facts = json!({
-            "trigger": c.trigger.as_str(),
-            "tokensBefore": c.tokens_before,
-            "tokensAfter": c.tokens_after,
-            "summaryEffectIds": std::mem::take(&mut self.summary_ids),
-        });
-        tracing::info!(run_id = %self.run_id, step = c.step, trigger = c.trigger.as_str(), before = c.tokens_before, after = c.tokens_after, parts = c.parts, "history compacted");
-        self.compactions.push((self.entries.clone(), facts));
-        // The index is refreshed at a compaction only, through its own journaled effect.
-        if self.ts.memory.is_some() {
-            let identity = format!("memory-index.s{}.{}", c.step, c.trigger.as_str());
-            if let Some(pin) = self.fresh_pin(identity, step_id).await? {
-                self.pin = Some(pin);
-            }
-        }
-        // Failpoint `compaction.before_report`: the compaction is applied in memory; the edit
-        // that reports it leaves with the segment's output.
-        Ok(())
+        self.apply_compaction(c).await
     }
 
     async fn drop_files(&mut self, step: u32, failure: &ModelFailure) -> Result<bool, Fault> {
-        let dropped = pod_context::drop_refused(&mut self.entries, &self.files, &failure.message);
-        if dropped > 0 {
-            tracing::info!(run_id = %self.run_id, step, dropped, "file parts the model refused were replaced by notes");
-        }
-        Ok(dropped > 0)
+        self.drop_refused_files(step, failure)
     }
 
     async fn answered(&mut self, step: u32, candidate: &Candidate) -> Result<(), Fault> {
