@@ -455,3 +455,144 @@ async fn a_file_the_gate_refuses_is_dropped_and_the_call_sent_again() {
     let (_, transcript) = s.core.journal().transcript(SESSION);
     assert_eq!(transcript[0]["event"]["content"][2], parts[2]);
 }
+
+#[tokio::test]
+async fn a_history_past_the_window_is_summarized_in_parts() {
+    let s = setup(CoreOptions::default()).await;
+    s.gates.report_usage(true);
+    s.gates.respond_with(reader(0));
+    // An earlier turn left a history several windows long.
+    let page =
+        "An old result line that the summary has to fold in, one of very many.\n".repeat(160);
+    let mut entries = vec![json!({"kind": "input", "turnId": "turn_0",
+                                  "event": {"kind": "user-message", "text": "Read the old pages."}})];
+    for k in 0..8 {
+        let step = format!("step-0-{k}");
+        entries.push(
+            json!({"kind": "candidate", "turnId": "turn_0", "stepId": step,
+            "candidate": {"output": [{"type": "tool-call", "id": format!("o{k}"), "name": "read",
+                                      "args": {"path": "old.txt"}}]}}),
+        );
+        entries.push(
+            json!({"kind": "tool-results", "turnId": "turn_0", "stepId": step,
+            "results": [{"callId": format!("o{k}"), "toolName": "read", "kind": "completed",
+                         "output": page}]}),
+        );
+    }
+    entries
+        .push(json!({"kind": "final", "turnId": "turn_0", "stepId": "step-0-8", "output": "ok"}));
+    let cursor = s.core.journal().seed_transcript(SESSION, entries);
+    let mut ts = windowed(json!("What did the pages say?"));
+    ts["transcript"] = json!({"cursor": cursor});
+    s.core.grant_turn("run-1", TOKEN, ts);
+    let (method, output) = wait_end(&s.core, "run-1").await;
+    assert_eq!(method, "turn.completed", "{output}");
+    let calls = s.gates.calls();
+    for c in &calls {
+        assert!(c.tokens + reserve(c) <= WINDOW, "{}", effect_id(c));
+    }
+    let parts: Vec<String> = calls
+        .iter()
+        .filter(|c| is_summary(&c.body["call"]))
+        .map(effect_id)
+        .collect();
+    assert!(parts.len() >= 2, "{parts:?}");
+    let expected: Vec<String> = (0..parts.len())
+        .map(|k| format!("{TURN}:0:model:s0.summary.threshold.{k}"))
+        .collect();
+    assert_eq!(parts, expected);
+    // Each part after the first carries the summary so far.
+    assert!(
+        calls[1].body["call"]["prompt"][1]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("The summary so far:\n\n{SUMMARY}")),
+    );
+    let compactions = s.core.journal().compactions();
+    assert_eq!(compactions.len(), 1);
+    assert_eq!(compactions[0].1["summaryEffectIds"], json!(parts));
+    let (_, transcript) = s.core.journal().transcript(SESSION);
+    let kinds: Vec<&str> = transcript
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["compaction", "input", "candidate", "final"]);
+}
+
+#[tokio::test]
+async fn a_kept_step_past_its_room_is_shrunk_to_a_preview() {
+    let s = setup(CoreOptions::default()).await;
+    s.gates.report_usage(true);
+    let line = "A long line of the big file, which the model read whole in one step.\n";
+    std::fs::write(s.dirs.workspace.join("big.txt"), line.repeat(330)).unwrap();
+    s.gates.script([
+        fake_gates::tool_call("b", "read", json!({"path": "big.txt"})),
+        fake_gates::text("It is long."),
+    ]);
+    s.core
+        .grant_turn("run-1", TOKEN, windowed(json!("Read big.txt.")));
+    let (method, output) = wait_end(&s.core, "run-1").await;
+    assert_eq!(method, "turn.completed", "{output}");
+    let calls = s.gates.calls();
+    assert_eq!(calls.len(), 2, "{calls:#?}");
+    let result = calls[1].body["call"]["prompt"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        result.contains("This result was shortened to fit the model's context window"),
+        "{result}"
+    );
+    assert!(result.contains("bytes omitted"), "{result}");
+    assert!(calls[1].tokens + ANSWER <= WINDOW);
+    // Nothing was summarized: no compaction facts, only the shrunk result in the transcript.
+    assert_eq!(s.core.journal().compactions(), vec![]);
+}
+
+#[tokio::test]
+async fn the_pinned_index_is_refreshed_at_a_compaction_only() {
+    let s = setup(CoreOptions::default()).await;
+    write_notes(&s);
+    s.gates.report_usage(true);
+    s.gates.respond_with(reader(30));
+    let (old, new) = (
+        "- /memories/a.md — old",
+        "- /memories/b.md — new\n- /memories/a.md — old",
+    );
+    let mut ts = windowed(json!("Read the notes."));
+    ts["checkpoint"]["state"] = json!({"v": 1, "memory": {"index": old}});
+    ts["memory"] = json!({"access": "read_only", "index": new});
+    s.core.grant_turn("run-1", TOKEN, ts);
+    let (method, output) = wait_end(&s.core, "run-1").await;
+    assert_eq!(method, "turn.completed", "{output}");
+    let pin = |c: &GateCall| {
+        c.body["call"]["prompt"][1]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let calls: Vec<GateCall> = s
+        .gates
+        .calls()
+        .into_iter()
+        .filter(|c| !is_summary(&c.body["call"]))
+        .collect();
+    // The session's pin until the first compaction, core's index after it.
+    let first = calls.iter().position(|c| pin(c).ends_with(new)).unwrap();
+    assert!(first > 0);
+    assert!(calls[..first].iter().all(|c| pin(c).ends_with(old)));
+    assert!(calls[first..].iter().all(|c| pin(c).ends_with(new)));
+    let step = effect_id(&calls[first]);
+    let n = step.rsplit(":s").next().unwrap();
+    let refresh = s
+        .core
+        .journal()
+        .row(&format!("{TURN}:0:tool:memory-index.s{n}.threshold"))
+        .unwrap();
+    assert_eq!(refresh.value.unwrap()["output"]["index"], new);
+    assert_eq!(output["state"]["memory"], json!({"index": new}));
+}
