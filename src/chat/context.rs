@@ -65,6 +65,41 @@ pub fn summary_message(summary: &str) -> ChatMessage {
     ))
 }
 
+/// The messages as the request carries them: the summary joined with the user message after
+/// it, so that user and assistant messages still alternate (chat templates that require it
+/// refuse two user messages in a row).
+pub fn request_messages(sent: Vec<Sent>) -> Vec<ChatMessage> {
+    let mut out: Vec<ChatMessage> = Vec::with_capacity(sent.len());
+    let mut after_summary = false;
+    for s in sent {
+        let join = after_summary && s.message.role == Role::User;
+        after_summary = s.index.is_none();
+        match out.last_mut() {
+            Some(summary) if join => join_user(summary, s.message),
+            _ => out.push(s.message),
+        }
+    }
+    out
+}
+
+/// Appends user message `next` to the summary message `summary`.
+fn join_user(summary: &mut ChatMessage, next: ChatMessage) {
+    const THEN: &str = "\n\nThe user's latest message, as they wrote it:\n\n";
+    let head = summary.content.clone().unwrap_or_default();
+    match next.parts {
+        Some(parts) => {
+            let mut joined =
+                vec![json!({"type": "text", "text": format!("{head}{}", THEN.trim_end())})];
+            joined.extend(parts);
+            summary.content = Some(super::message::parts_text(&joined));
+            summary.parts = Some(joined);
+        }
+        None => {
+            summary.content = Some(format!("{head}{THEN}{}", next.content.unwrap_or_default()));
+        }
+    }
+}
+
 impl ContextView {
     /// The messages of `transcript` the model is sent (before files are shown): system
     /// messages kept, the summary, the other kept messages, then the verbatim tail.
@@ -402,6 +437,16 @@ mod tests {
         assert!(text.len() < 2000);
         let sized = sized_units(&ContextView::default().messages(&t));
         assert!(sized[2].shrunk < sized[2].tokens);
+        // In the request, the summary and the input are one user message.
+        let request = request_messages(view.messages(&t));
+        assert_eq!(request.len(), 4);
+        assert_eq!(
+            request[1].content.as_deref(),
+            Some(
+                "A summary of the conversation so far, which replaced its older part:\n\nRan \
+                 ls.\n\nThe user's latest message, as they wrote it:\n\nCount the files."
+            )
+        );
     }
 
     #[test]

@@ -381,7 +381,7 @@ impl<F: Front> TurnHost for ChatTurn<F> {
         _attempt: u32,
         cancel: &CancellationToken,
     ) -> Result<Effect<ModelAnswer>, SessionError> {
-        let messages: Vec<ChatMessage> = self.sent().into_iter().map(|s| s.message).collect();
+        let messages = context::request_messages(self.sent());
         let body = ModelClient::body(&self.conn, &self.system, &messages, tool_specs());
         Ok(Effect::Done(self.complete(&body, cancel).await))
     }

@@ -80,15 +80,17 @@ async fn a_long_turn_is_compacted_for_the_model_and_collect_output_keeps_every_m
     assert_eq!(messages.len(), 2 * STEPS + 1);
     assert!(messages.iter().all(|m| !m.to_string().contains(SUMMARY)));
     assert_eq!(messages.last().unwrap()["content"], "Counted.");
-    // The model's last request: the system message, the summary, the task kept verbatim, and
-    // the recent steps.
+    // The model's last request: the system message, the summary joined with the task kept
+    // verbatim, and the recent steps.
     let last = &requests.last().unwrap().body["messages"];
-    assert!(
-        last[1]["content"].as_str().unwrap().ends_with(SUMMARY),
-        "{}",
-        last[1]
+    assert_eq!(
+        last[1]["content"],
+        format!(
+            "A summary of the conversation so far, which replaced its older part:\n\n{SUMMARY}\n\n\
+             The user's latest message, as they wrote it:\n\nCount a lot."
+        )
     );
-    assert_eq!(last[2]["content"], "Count a lot.");
+    assert_eq!(last[2]["role"], "assistant");
 }
 
 #[tokio::test]
@@ -141,11 +143,21 @@ async fn the_compacted_view_survives_a_restart_and_the_next_turn_starts_from_it(
     // The first request of the new turn is the compacted view, not the whole transcript.
     let messages = after.body["messages"].as_array().unwrap();
     assert!(
-        messages[1]["content"].as_str().unwrap().ends_with(SUMMARY),
+        messages[1]["content"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("{SUMMARY}\n\nThe user's latest message")),
         "{}",
         messages[1]
     );
-    assert_eq!(messages[2]["content"], "Count, then ask.");
+    assert!(
+        messages[1]["content"]
+            .as_str()
+            .unwrap()
+            .ends_with("Count, then ask."),
+        "{}",
+        messages[1]
+    );
     assert!(messages.len() < 40, "{} messages", messages.len());
     assert_eq!(
         messages.last().unwrap(),
