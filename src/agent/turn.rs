@@ -5,10 +5,17 @@
 //! turn). It knows nothing of WebSockets, HTTP or storage: a front plugs in through [`TurnHost`],
 //! which journals each effect before running it (or replays it) and keeps the transcript.
 //!
+//! Before each model call the loop fits the prompt into the model's window ([`compaction::fit`]):
+//! past the threshold it compacts the history. A call that fails for context overflow is
+//! answered by one compaction and one retry; a call that fails refusing a file, by dropping
+//! that file from the history (the host's [`TurnHost::drop_files`]) and one retry.
+//!
 //! Invariants:
-//! * Effects are addressed by `(step, call id)` only. Steps count model calls within this run of
-//!   the loop and call ids come from the (replayed) model answer, so a replay of the same
-//!   segment asks for the same effects in the same order.
+//! * Effects are addressed by `(step, attempt, call id)` only. Steps count model calls within
+//!   this run of the loop, attempts the retries of one step (at most one), and call ids come
+//!   from the (replayed) model answer, so a replay of the same segment asks for the same effects
+//!   in the same order. A compaction's summary calls are addressed by the step, the trigger and
+//!   the part, and happen where the replayed answers and failures put them.
 //! * Every tool call of an answer gets exactly one result, or the turn ends waiting/suspended
 //!   with that call named.
 //! * Cancellation is checked between effects; a host passes the token into each effect.
@@ -17,7 +24,12 @@ use std::collections::HashSet;
 
 use tokio_util::sync::CancellationToken;
 
-use super::model::{Candidate, ModelAnswer, ResultOutcome, ToolCallBlock, ToolResult};
+use super::compaction::{self, Compaction, Fit, SummaryCall};
+use super::context::{Context, Tracker, Trigger};
+use super::media;
+use super::model::{
+    Candidate, ModelAnswer, ModelFailure, ResultOutcome, ToolCallBlock, ToolResult,
+};
 use crate::floor::codes;
 
 /// Where a model effect stands after the host journaled (and maybe ran) it.
@@ -69,10 +81,12 @@ pub trait TurnHost {
     /// time). Never asked before the first step, so every segment makes progress.
     fn should_yield(&self, step: u32) -> bool;
 
-    /// Runs or replays step `step`'s model call over the transcript so far.
+    /// Runs or replays step `step`'s model call over the transcript so far; `attempt` is 0, or
+    /// 1 for the retry after an overflow or a refused file.
     async fn model(
         &mut self,
         step: u32,
+        attempt: u32,
         cancel: &CancellationToken,
     ) -> Result<Effect<ModelAnswer>, Self::Error>;
 
@@ -94,6 +108,47 @@ pub trait TurnHost {
 
     /// Records `step`'s tool results (one per call that has one) in the transcript.
     async fn results(&mut self, step: u32, results: &[ToolResult]) -> Result<(), Self::Error>;
+
+    /// The next model call's context: the model's budget and the history by units
+    /// ([`super::context`]). `None`: the host keeps no budget, and the loop never compacts.
+    fn context(&self) -> Option<Context> {
+        None
+    }
+
+    /// The text of history unit `unit` (an index into [`Context::units`]) for a summary call.
+    fn unit_text(&self, _unit: usize) -> String {
+        String::new()
+    }
+
+    /// Runs or replays one summary call of a compaction.
+    async fn summarize(
+        &mut self,
+        _call: &SummaryCall,
+        _cancel: &CancellationToken,
+    ) -> Result<Effect<ModelAnswer>, Self::Error> {
+        Ok(Effect::Done(ModelAnswer::Failed(ModelFailure::new(
+            codes::model::INVALID_REQUEST,
+            "this front writes no summaries",
+            false,
+        ))))
+    }
+
+    /// Replaces the history as `compaction` says: the summarized units become one summary,
+    /// first, followed by the kept units.
+    async fn compacted(&mut self, _compaction: &Compaction) -> Result<(), Self::Error> {
+        Ok(())
+    }
+
+    /// A call of `step` failed refusing a file: drops the file parts the failure is about from
+    /// the history, for this and every later call. `true` when it dropped one (the call is
+    /// sent again once).
+    async fn drop_files(
+        &mut self,
+        _step: u32,
+        _failure: &ModelFailure,
+    ) -> Result<bool, Self::Error> {
+        Ok(false)
+    }
 }
 
 /// Runs the loop from step `first` until the turn ends.
@@ -103,6 +158,7 @@ pub async fn drive<H: TurnHost>(
     cancel: &CancellationToken,
 ) -> Result<TurnEnd, H::Error> {
     let mut step = first;
+    let mut tracker = Tracker::default();
     loop {
         if cancel.is_cancelled() {
             return Ok(TurnEnd::Cancelled);
@@ -110,22 +166,14 @@ pub async fn drive<H: TurnHost>(
         if step > first && host.should_yield(step) {
             return Ok(TurnEnd::Yielded);
         }
-        let answer = match host.model(step, cancel).await? {
-            Effect::Done(a) => a,
-            Effect::Wait(id) => {
-                return Ok(TurnEnd::Waiting {
-                    effect_ids: vec![id],
-                });
-            }
-        };
-        let mut candidate = match answer {
-            ModelAnswer::Candidate(c) => c,
-            ModelAnswer::Failed(f) => {
-                return Ok(TurnEnd::Failed {
-                    code: format!("{}{}", codes::model::TURN_PREFIX, f.code),
-                    message: f.message,
-                });
-            }
+        if let Fit::End(end) =
+            compaction::fit(host, step, Trigger::Threshold, &mut tracker, cancel).await?
+        {
+            return Ok(end);
+        }
+        let mut candidate = match answer(host, step, &mut tracker, cancel).await? {
+            Ok(c) => c,
+            Err(end) => return Ok(end),
         };
         if cancel.is_cancelled() {
             return Ok(TurnEnd::Cancelled);
@@ -176,6 +224,67 @@ pub async fn drive<H: TurnHost>(
     }
 }
 
+/// Asks for `step`'s answer. A failure for context overflow is answered by one compaction and
+/// one retry; a refused file, by dropping it and one retry; any other failure ends the turn.
+async fn answer<H: TurnHost>(
+    host: &mut H,
+    step: u32,
+    tracker: &mut Tracker,
+    cancel: &CancellationToken,
+) -> Result<Result<Candidate, TurnEnd>, H::Error> {
+    let mut attempt = 0;
+    loop {
+        let failure = match host.model(step, attempt, cancel).await? {
+            Effect::Done(ModelAnswer::Candidate(c)) => {
+                tracker.measured(c.usage.as_ref());
+                return Ok(Ok(c));
+            }
+            Effect::Done(ModelAnswer::Failed(f)) => f,
+            Effect::Wait(id) => {
+                return Ok(Err(TurnEnd::Waiting {
+                    effect_ids: vec![id],
+                }));
+            }
+        };
+        if cancel.is_cancelled() {
+            return Ok(Err(TurnEnd::Cancelled));
+        }
+        let overflow = failure.code == codes::model::CONTEXT_OVERFLOW;
+        if attempt == 0 && overflow {
+            tracing::info!(step, message = %failure.message, "the prompt overflowed the model's window");
+            tracker.overflowed(&failure);
+            if let Fit::End(end) =
+                compaction::fit(host, step, Trigger::Overflow, tracker, cancel).await?
+            {
+                return Ok(Err(end));
+            }
+            attempt += 1;
+            continue;
+        }
+        if attempt == 0
+            && media::is_file_refusal(&failure.code, &failure.message)
+            && host.drop_files(step, &failure).await?
+        {
+            tracing::info!(step, message = %failure.message, "a file the model refused was dropped");
+            attempt += 1;
+            continue;
+        }
+        let message = if overflow && attempt > 0 {
+            format!(
+                "The prompt of step {step} still overflowed the model's context window after the \
+                 history was compacted: {}",
+                failure.message
+            )
+        } else {
+            failure.message
+        };
+        return Ok(Err(TurnEnd::Failed {
+            code: format!("{}{}", codes::model::TURN_PREFIX, failure.code),
+            message,
+        }));
+    }
+}
+
 /// Gives every tool call of `candidate` a non-empty id unique within the answer. Depends only on
 /// the answer and the step, so a replayed answer gets the same ids.
 fn unique_call_ids(candidate: &mut Candidate, step: u32) {
@@ -223,6 +332,7 @@ mod tests {
         async fn model(
             &mut self,
             step: u32,
+            _attempt: u32,
             _: &CancellationToken,
         ) -> Result<Effect<ModelAnswer>, String> {
             self.log.push(format!("model {step}"));

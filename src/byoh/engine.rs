@@ -36,6 +36,9 @@ pub struct EngineConfig {
     pub cancel_wait: Duration,
     /// Model calls one submission may make.
     pub max_steps: u32,
+    /// The model's limits as configured (a window or inputs left unset are asked of the
+    /// server's model listing at each turn).
+    pub limits: crate::chat::session::ChatLimits,
     /// Each session's toolbox: commands and file tools reach nothing of the data directory (the
     /// database, every session's workspace) or the credential file; each session adds its own
     /// workspace and private tmp.

@@ -60,6 +60,8 @@ pub struct ServeConfig {
     pub model_attempts: u32,
     /// Which CA certificates to trust besides the system's, for the model endpoints.
     pub tls: TlsSettings,
+    /// The model's context window, compaction threshold and inputs, as configured.
+    pub limits: crate::chat::session::ChatLimits,
     pub exec: ExecSettings,
 }
 
@@ -178,6 +180,7 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
             orphan_grace: args.orphan_grace,
             cancel_wait: Duration::from_secs(5),
             max_steps: args.max_steps,
+            limits: args.limits.clone(),
             tools: tools(&args, supervisor),
         },
     );

@@ -2,7 +2,9 @@
 //! old sessions.
 //!
 //! Owns: the task body of a turn (`drive`): its workspace and toolbox (built per turn, never
-//! held idle), the store-backed [`Front`], and the one status write that ends the turn; start-up
+//! held idle), the store-backed [`Front`] (every message, and the compacted view the model is
+//! sent, committed as they change), the model's limits for the turn (the settings, else what
+//! the server's model listing says), and the one status write that ends the turn; start-up
 //! recovery; the retention sweeper.
 //!
 //! Invariants:
@@ -24,6 +26,7 @@ use super::engine::{Engine, Inner, Live};
 use super::protocol::Status;
 use super::store::{Store, now_ms};
 use crate::agent::turn::{self, TurnEnd};
+use crate::chat::context::ContextView;
 use crate::chat::message::{ApiKey, ChatMessage};
 use crate::chat::session::{ChatTurn, Front, SessionError, Tail, repair_tail, step_limit_message};
 use crate::floor::workspace::Workspace;
@@ -61,6 +64,13 @@ impl Front for StoreFront {
 
     fn api_key(&self) -> Option<ApiKey> {
         self.live.key()
+    }
+
+    async fn compacted(&mut self, view: &ContextView) -> Result<(), SessionError> {
+        self.store
+            .set_view(&self.id, view)
+            .await
+            .map_err(|e| SessionError::Store(e.to_string()))
     }
 }
 
@@ -168,13 +178,20 @@ async fn run_turn(
         Tail::Continue => {}
     }
     let toolbox = toolbox(inner, session_id).map_err(SessionError::Store)?;
+    let view = store.view(id).await.map_err(store_err)?;
+    let mut limits = inner.config.limits.clone();
+    if limits.needs_listing() {
+        let facts = inner.client.model_facts(&conn, live.key().as_ref()).await;
+        limits = limits.complete(facts);
+    }
     let front = StoreFront {
         store: store.clone(),
         id: id.to_owned(),
         live: live.clone(),
     };
     let mut host = ChatTurn::new(front, inner.client.clone(), conn, toolbox, transcript)
-        .with_max_steps(inner.config.max_steps);
+        .with_max_steps(inner.config.max_steps)
+        .with_context(limits, view);
     turn::drive(&mut host, 0, &live.cancel).await.map(Some)
 }
 

@@ -1,8 +1,9 @@
 //! The durable BYOH store: an embedded SQLite database (WAL) in the data directory.
 //!
 //! Owns: invocations (one per session: ids, status, error, the connection without its key,
-//! pending questions, the last applied resume, where the current submission's output starts)
-//! and each session's transcript, one row per message, written after every step.
+//! pending questions, the last applied resume, where the current submission's output starts),
+//! each session's transcript, one row per message, written after every step, and the compacted
+//! view of the transcript the model is sent (one row per session, synced when it changes).
 //!
 //! Invariants:
 //! * One thread owns the connection and runs every operation in turn, so each operation is
@@ -24,6 +25,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use tokio::sync::{mpsc, oneshot};
 
 use super::protocol::Status;
+use crate::chat::context::ContextView;
 use crate::chat::message::{ChatMessage, ModelEndpoint};
 
 /// Why the store failed.
@@ -160,6 +162,10 @@ CREATE TABLE IF NOT EXISTS messages (
     seq           INTEGER NOT NULL,
     body          TEXT NOT NULL,
     PRIMARY KEY (invocation_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS contexts (
+    invocation_id TEXT PRIMARY KEY,
+    view          TEXT NOT NULL
 ) WITHOUT ROWID;
 ";
 
@@ -516,6 +522,41 @@ impl Store {
         self.call(move |c| read_messages(c, &id, from)).await
     }
 
+    /// Keeps the compacted view of an invocation's transcript (synced: a later turn starts
+    /// from it).
+    pub async fn set_view(&self, id: &str, view: &ContextView) -> Result<(), StoreError> {
+        let id = id.to_owned();
+        let body = serde_json::to_string(view).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        self.durable(move |c| {
+            c.execute(
+                "INSERT INTO contexts (invocation_id, view) VALUES (?1, ?2) \
+                 ON CONFLICT (invocation_id) DO UPDATE SET view = excluded.view",
+                params![id, body],
+            )
+            .map(|_| ())
+        })
+        .await
+    }
+
+    /// The compacted view of an invocation's transcript (the whole transcript when none).
+    pub async fn view(&self, id: &str) -> Result<ContextView, StoreError> {
+        let id = id.to_owned();
+        let body: Option<String> = self
+            .call(move |c| {
+                c.query_row(
+                    "SELECT view FROM contexts WHERE invocation_id = ?1",
+                    [&id],
+                    |r| r.get(0),
+                )
+                .optional()
+            })
+            .await?;
+        body.map_or(Ok(ContextView::default()), |b| {
+            serde_json::from_str(&b)
+                .map_err(|e| StoreError::Corrupt(format!("a context view: {e}")))
+        })
+    }
+
     /// Invocations whose turn was queued or running (after a restart: the interrupted ones).
     pub async fn unfinished(&self) -> Result<Vec<InvocationRow>, StoreError> {
         self.call(|c| {
@@ -544,6 +585,7 @@ impl Store {
             };
             for (id, _) in &sessions {
                 tx.execute("DELETE FROM messages WHERE invocation_id = ?1", [id])?;
+                tx.execute("DELETE FROM contexts WHERE invocation_id = ?1", [id])?;
                 tx.execute(
                     "UPDATE invocations SET swept = 1, pending = '[]', last_resume = '[]' \
                      WHERE invocation_id = ?1",
@@ -667,5 +709,16 @@ mod tests {
         );
         assert_eq!(store.messages("i", 0).await.unwrap().len(), 3);
         assert_eq!(store.unfinished().await.unwrap().len(), 1);
+        assert_eq!(store.view("i").await.unwrap(), ContextView::default());
+        let view = ContextView {
+            summary: Some("s".into()),
+            keep: vec![0],
+            from: 2,
+            ..ContextView::default()
+        };
+        store.set_view("i", &view).await.unwrap();
+        drop(store);
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.view("i").await.unwrap(), view);
     }
 }

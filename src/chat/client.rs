@@ -76,6 +76,13 @@ pub enum ModelError {
     /// The message names the cause and never holds the key.
     #[error("{0}")]
     Failed(String),
+    /// The prompt is past the model's context window (`context_length_exceeded`, or a 4xx whose
+    /// message says so); the message keeps the server's numbers.
+    #[error("{0}")]
+    Overflow(String),
+    /// The server refused the request as invalid (HTTP 400, 413 or 422).
+    #[error("{0}")]
+    Invalid(String),
     #[error("the model call was cancelled")]
     Cancelled,
 }
@@ -83,7 +90,7 @@ pub enum ModelError {
 /// A shared, cheap-to-clone client.
 #[derive(Clone, Debug)]
 pub struct ModelClient {
-    http: reqwest::Client,
+    pub(super) http: reqwest::Client,
     policy: RetryPolicy,
     /// Ask for a streamed answer.
     stream: bool,
@@ -102,6 +109,11 @@ enum Attempt {
         after: Option<Duration>,
     },
     Fatal(String),
+    /// A refusal of the request: an overflow when `overflow`, else an invalid request.
+    Refused {
+        why: String,
+        overflow: bool,
+    },
 }
 
 impl ModelClient {
@@ -211,6 +223,14 @@ impl ModelClient {
                     return parse_completion(&v).map_err(|e| ModelError::Failed(scrub(&e, key)));
                 }
                 Attempt::Fatal(why) => return Err(ModelError::Failed(scrub(&why, key))),
+                Attempt::Refused { why, overflow } => {
+                    let why = scrub(&why, key);
+                    return Err(if overflow {
+                        ModelError::Overflow(why)
+                    } else {
+                        ModelError::Invalid(why)
+                    });
+                }
                 Attempt::Retry {
                     head,
                     detail,
@@ -327,6 +347,11 @@ impl ModelClient {
                 detail,
                 after,
             }
+        } else if matches!(status.as_u16(), 400 | 413 | 422) {
+            Attempt::Refused {
+                overflow: is_overflow(&text),
+                why: format!("{head}: {detail}"),
+            }
         } else {
             Attempt::Fatal(format!("{head}: {detail}"))
         }
@@ -428,6 +453,22 @@ impl ModelClient {
         }
         Ok(Some(String::from_utf8_lossy(&buf).into_owned()))
     }
+}
+
+/// Whether a refusal's body says the prompt is past the context window.
+fn is_overflow(body: &str) -> bool {
+    let b = body.to_ascii_lowercase();
+    [
+        "context_length_exceeded",
+        "maximum context length",
+        "context window",
+        "context length",
+        "prompt is too long",
+        "too many tokens",
+        "reduce the length",
+    ]
+    .iter()
+    .any(|p| b.contains(p))
 }
 
 /// The start of an error body, on one line.
@@ -731,6 +772,14 @@ mod tests {
         );
         // What came before the silence was reported as progress.
         assert_eq!(*rx.borrow(), 8);
+    }
+
+    #[test]
+    fn overflows_are_told_from_other_refusals() {
+        assert!(is_overflow(
+            r#"{"error":{"message":"This model's maximum context length is 8192 tokens.","code":"context_length_exceeded"}}"#
+        ));
+        assert!(!is_overflow(r#"{"error":{"message":"bad request"}}"#));
     }
 
     #[test]

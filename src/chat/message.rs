@@ -1,8 +1,10 @@
 //! Chat messages in the OpenAI format, the model endpoint, and the model API key.
 //!
 //! Owns: [`ChatMessage`] and its parts (the shape the BYOH protocol and OpenAI-compatible servers
-//! share), [`ModelEndpoint`] (a base URL, a model and generation settings: what may be stored),
-//! and [`ApiKey`], whose `Debug` prints `[redacted]` and which is never serialized.
+//! share; `content` as a string, or as OpenAI content parts — text, `image_url`, `input_audio`,
+//! `file` — kept as given), [`ModelEndpoint`] (a base URL, a model and generation settings: what
+//! may be stored), and [`ApiKey`], whose `Debug` prints `[redacted]` and which is never
+//! serialized.
 //!
 //! Non-goals: the BYOH protocol's rules for messages (`byoh::protocol` checks them).
 
@@ -49,26 +51,90 @@ where
 /// come from datasets, and refusing one would fail the row for nothing podhost reads. Only the
 /// protocol's fields are ever sent back.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(from = "WireMessage", into = "WireMessage")]
 pub struct ChatMessage {
     /// `system`, `user`, `assistant` or `tool`.
     pub role: Role,
-    /// The text; omitted (never `null`) when the message is only tool calls.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// The text (of content parts: their text parts joined); omitted (never `null`) when the
+    /// message is only tool calls.
     pub content: Option<String>,
+    /// The content parts, when the message came with parts rather than a string; sent back as
+    /// parts.
+    pub parts: Option<Vec<Value>>,
     /// Assistant only: the calls the model made.
-    #[serde(
-        default,
-        deserialize_with = "present",
-        skip_serializing_if = "Option::is_none"
-    )]
     pub tool_calls: Option<Vec<ToolCall>>,
     /// Tool only: the id of the call this message answers.
+    pub tool_call_id: Option<String>,
+}
+
+/// A message as it crosses the wire: `content` a string or a list of parts.
+#[derive(Serialize, Deserialize)]
+struct WireMessage {
+    role: Role,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    content: Option<WireContent>,
     #[serde(
         default,
         deserialize_with = "present",
         skip_serializing_if = "Option::is_none"
     )]
-    pub tool_call_id: Option<String>,
+    tool_calls: Option<Vec<ToolCall>>,
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    tool_call_id: Option<String>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum WireContent {
+    Text(String),
+    Parts(Vec<Value>),
+}
+
+impl From<WireMessage> for ChatMessage {
+    fn from(w: WireMessage) -> Self {
+        let (content, parts) = match w.content {
+            None => (None, None),
+            Some(WireContent::Text(t)) => (Some(t), None),
+            Some(WireContent::Parts(parts)) => (Some(parts_text(&parts)), Some(parts)),
+        };
+        ChatMessage {
+            role: w.role,
+            content,
+            parts,
+            tool_calls: w.tool_calls,
+            tool_call_id: w.tool_call_id,
+        }
+    }
+}
+
+impl From<ChatMessage> for WireMessage {
+    fn from(m: ChatMessage) -> Self {
+        let content = match (m.parts, m.content) {
+            (Some(parts), _) => Some(WireContent::Parts(parts)),
+            (None, Some(t)) => Some(WireContent::Text(t)),
+            (None, None) => None,
+        };
+        WireMessage {
+            role: m.role,
+            content,
+            tool_calls: m.tool_calls,
+            tool_call_id: m.tool_call_id,
+        }
+    }
+}
+
+/// The text parts of content parts, joined by newlines.
+pub fn parts_text(parts: &[Value]) -> String {
+    parts
+        .iter()
+        .filter(|p| p.get("type").and_then(Value::as_str) == Some("text"))
+        .filter_map(|p| p.get("text").and_then(Value::as_str))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 impl ChatMessage {
@@ -76,6 +142,7 @@ impl ChatMessage {
         ChatMessage {
             role: Role::System,
             content: Some(text.into()),
+            parts: None,
             tool_calls: None,
             tool_call_id: None,
         }
@@ -99,6 +166,7 @@ impl ChatMessage {
         ChatMessage {
             role: Role::Assistant,
             content,
+            parts: None,
             tool_calls: (!calls.is_empty()).then_some(calls),
             tool_call_id: None,
         }
@@ -108,6 +176,7 @@ impl ChatMessage {
         ChatMessage {
             role: Role::Tool,
             content: Some(text.into()),
+            parts: None,
             tool_calls: None,
             tool_call_id: Some(call_id.into()),
         }
@@ -184,4 +253,34 @@ pub struct ModelEndpoint {
     pub model: String,
     #[serde(default)]
     pub generation_settings: Map<String, Value>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+    use serde_json::json;
+
+    #[test]
+    fn content_parts_round_trip_and_read_as_text() {
+        let wire = json!({"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+            {"type": "text", "text": "Be brief."},
+        ]});
+        let m: ChatMessage = serde_json::from_value(wire.clone()).unwrap();
+        assert_eq!(m.content.as_deref(), Some("What is this?\nBe brief."));
+        assert_eq!(m.parts.as_ref().map(Vec::len), Some(3));
+        assert_eq!(serde_json::to_value(&m).unwrap(), wire);
+        let plain = json!({"role": "user", "content": "hi"});
+        let m: ChatMessage = serde_json::from_value(plain.clone()).unwrap();
+        assert_eq!((m.content.as_deref(), m.parts), (Some("hi"), None));
+        assert_eq!(
+            serde_json::to_value(ChatMessage::user("hi")).unwrap(),
+            plain
+        );
+        let null: ChatMessage =
+            serde_json::from_value(json!({"role": "assistant", "content": null})).unwrap();
+        assert_eq!(null.content, None);
+    }
 }

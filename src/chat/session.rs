@@ -4,7 +4,10 @@
 //! Owns: the transcript kept in memory for a turn, the tool list the model is offered, the
 //! system message that tells the model its working directory (sent first, never stored or
 //! returned), session-wide unique tool-call ids, the split of an answer that mixes `ask_user`
-//! with other calls, and the repair of a transcript whose tail a crash interrupted.
+//! with other calls, the repair of a transcript whose tail a crash interrupted, and the
+//! session's side of the context budget: what the model is sent of the transcript (its
+//! [`ContextView`], compacted by the loop and handed to the front to keep), the summary calls,
+//! and the files the model cannot read.
 //!
 //! Invariants:
 //! * Every message is handed to the [`Front`] as soon as it exists (the BYOH store commits it,
@@ -13,6 +16,8 @@
 //!   and an assistant message that ends a turn `input_required` holds only the unanswered
 //!   questions.
 //! * A tool call that a crash interrupted is answered as interrupted, never run again.
+//! * A compaction changes what the model is sent, never the transcript: the front still has
+//!   every message the turn made, and no summary podhost wrote for itself.
 //!
 //! Non-goals: statuses, keys' lifetimes and storage (the front's business).
 
@@ -24,7 +29,11 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::client::{ModelClient, ModelError};
+use super::context::{self, ContextView, Sent};
 use super::message::{ApiKey, ChatMessage, ModelEndpoint, Role, ToolCall};
+use crate::agent::compaction::{Compaction, SummaryCall};
+use crate::agent::context::{Budget, Context, DEFAULT_THRESHOLD, UnitKind, estimate_json};
+use crate::agent::media::ModelFiles;
 use crate::agent::model::ToolCallBlock;
 use crate::agent::model::{Candidate, ModelAnswer, ModelFailure, ResultOutcome, ToolResult};
 use crate::agent::turn::{Effect, ToolEffect, TurnHost};
@@ -48,6 +57,36 @@ pub trait Front {
     /// Answers a question of the model, when [`Front::answers_questions`].
     async fn ask(&mut self, _question: &str) -> Option<String> {
         None
+    }
+    /// Keeps the compacted view, so that later turns start from it.
+    async fn compacted(&mut self, _view: &ContextView) -> Result<(), SessionError> {
+        Ok(())
+    }
+}
+
+/// What a chat session knows of its model's limits.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChatLimits {
+    /// The context window in tokens; `None` when unknown (the history is then compacted only
+    /// after a call overflows, to the window the server names).
+    pub window: Option<u64>,
+    /// `window` is a default, not the model's own (see [`Budget::assumed`]).
+    pub assumed: bool,
+    /// The share of the usable window (the window less the answer's room) past which the history
+    /// is compacted.
+    pub threshold: f64,
+    /// The files the model reads.
+    pub files: ModelFiles,
+}
+
+impl Default for ChatLimits {
+    fn default() -> Self {
+        ChatLimits {
+            window: None,
+            assumed: false,
+            threshold: DEFAULT_THRESHOLD,
+            files: ModelFiles::default(),
+        }
     }
 }
 
@@ -164,6 +203,35 @@ pub struct ChatTurn<F> {
     answered: HashSet<String>,
     /// Model calls one submission may make before the turn is stopped.
     max_steps: u32,
+    limits: ChatLimits,
+    /// What the model is sent of the transcript.
+    view: ContextView,
+}
+
+/// The context window assumed when neither the settings nor the server's model listing name
+/// one: most served models have at least this much, and one with less says its window when a
+/// call overflows, which the loop then holds to.
+pub const DEFAULT_CONTEXT_WINDOW: u64 = 128_000;
+
+impl ChatLimits {
+    /// Fills what the settings left unset from the server's model listing, and the window,
+    /// when neither names it, with [`DEFAULT_CONTEXT_WINDOW`] (assumed).
+    pub fn complete(mut self, listing: super::listing::ModelFacts) -> ChatLimits {
+        self.files.inputs = self.files.inputs.or(listing.inputs);
+        if self.window.is_none() {
+            self.window = listing.context_window;
+        }
+        if self.window.is_none() {
+            self.window = Some(DEFAULT_CONTEXT_WINDOW);
+            self.assumed = true;
+        }
+        self
+    }
+
+    /// Whether the server's model listing could add anything.
+    pub fn needs_listing(&self) -> bool {
+        self.window.is_none() || self.files.inputs.is_none()
+    }
 }
 
 /// Model calls per submission unless configured otherwise.
@@ -196,6 +264,8 @@ impl<F: Front> ChatTurn<F> {
             deferred_asks: None,
             answered: HashSet::new(),
             max_steps: DEFAULT_MAX_STEPS,
+            limits: ChatLimits::default(),
+            view: ContextView::default(),
         }
     }
 
@@ -207,6 +277,38 @@ impl<F: Front> ChatTurn<F> {
             self.system = ChatMessage::system(format!("{base}\n\n{}", extra.trim_end()));
         }
         self
+    }
+
+    /// The model's limits, and the view a previous turn of the session left.
+    pub fn with_context(mut self, limits: ChatLimits, view: ContextView) -> Self {
+        self.limits = limits;
+        self.view = view;
+        self
+    }
+
+    /// The view as it stands (after the turn: what the front keeps).
+    pub fn view(&self) -> &ContextView {
+        &self.view
+    }
+
+    /// The model's budget: the window, with the room the generation settings give the answer.
+    fn budget(&self) -> Option<Budget> {
+        let answer = ["max_completion_tokens", "max_tokens"]
+            .iter()
+            .find_map(|k| self.conn.generation_settings.get(*k)?.as_u64());
+        self.limits.window.map(|w| {
+            let b = Budget::new(w, answer, self.limits.threshold);
+            if self.limits.assumed { b.assumed() } else { b }
+        })
+    }
+
+    /// The messages the model is sent, with their files as it can read them.
+    fn sent(&self) -> Vec<Sent> {
+        let mut sent = self.view.messages(&self.transcript);
+        for s in &mut sent {
+            s.message = context::show_files(&s.message, &self.limits.files, self.view.no_files);
+        }
+        sent
     }
 
     /// Ends the turn (as [`crate::agent::turn::TurnEnd::Yielded`]) before model call
@@ -236,6 +338,34 @@ impl<F: Front> ChatTurn<F> {
     }
 }
 
+impl<F: Front> ChatTurn<F> {
+    /// One completion: its answer, or its failure as the loop reads it.
+    async fn complete(&self, body: &serde_json::Value, cancel: &CancellationToken) -> ModelAnswer {
+        let key = self.front.api_key();
+        match self
+            .client
+            .complete(&self.conn, key.as_ref(), body, cancel)
+            .await
+        {
+            Ok(c) => ModelAnswer::Candidate(c),
+            Err(e @ ModelError::Cancelled) => ModelAnswer::Failed(ModelFailure::new(
+                codes::model::CANCELLED,
+                e.to_string(),
+                false,
+            )),
+            Err(ModelError::Overflow(m)) => {
+                ModelAnswer::Failed(ModelFailure::new(codes::model::CONTEXT_OVERFLOW, m, false))
+            }
+            Err(ModelError::Invalid(m)) => {
+                ModelAnswer::Failed(ModelFailure::new(codes::model::INVALID_REQUEST, m, false))
+            }
+            Err(ModelError::Failed(m)) => {
+                ModelAnswer::Failed(ModelFailure::new(codes::model::FAILED, m, false))
+            }
+        }
+    }
+}
+
 fn to_wire(call: &ToolCallBlock) -> ToolCall {
     let arguments = match &call.raw {
         Some(raw) => raw.clone(),
@@ -258,26 +388,124 @@ impl<F: Front> TurnHost for ChatTurn<F> {
     async fn model(
         &mut self,
         _step: u32,
+        _attempt: u32,
         cancel: &CancellationToken,
     ) -> Result<Effect<ModelAnswer>, SessionError> {
-        let body = ModelClient::body(&self.conn, &self.system, &self.transcript, tool_specs());
-        let key = self.front.api_key();
-        let answer = match self
-            .client
-            .complete(&self.conn, key.as_ref(), &body, cancel)
-            .await
-        {
-            Ok(c) => ModelAnswer::Candidate(c),
-            Err(e @ ModelError::Cancelled) => ModelAnswer::Failed(ModelFailure::new(
-                codes::model::CANCELLED,
-                e.to_string(),
-                false,
-            )),
-            Err(ModelError::Failed(m)) => {
-                ModelAnswer::Failed(ModelFailure::new(codes::model::FAILED, m, false))
-            }
-        };
+        let messages = context::request_messages(self.sent());
+        let body = ModelClient::body(&self.conn, &self.system, &messages, tool_specs());
+        Ok(Effect::Done(self.complete(&body, cancel).await))
+    }
+
+    fn context(&self) -> Option<Context> {
+        let fixed = context::tokens_of(&self.system) + estimate_json(tool_specs());
+        Some(Context {
+            budget: self.budget(),
+            fixed,
+            units: context::sized_units(&self.sent()),
+        })
+    }
+
+    fn unit_text(&self, unit: usize) -> String {
+        let sent = self.sent();
+        context::units(&sent)
+            .get(unit)
+            .map(|(_, positions)| {
+                let messages: Vec<&ChatMessage> =
+                    positions.iter().map(|&p| &sent[p].message).collect();
+                context::render(&messages)
+            })
+            .unwrap_or_default()
+    }
+
+    async fn summarize(
+        &mut self,
+        call: &SummaryCall,
+        cancel: &CancellationToken,
+    ) -> Result<Effect<ModelAnswer>, SessionError> {
+        let mut conn = self.conn.clone();
+        let settings = &mut conn.generation_settings;
+        let room = serde_json::Value::from(call.max_tokens);
+        if settings.contains_key("max_completion_tokens") {
+            settings.insert("max_completion_tokens".into(), room);
+        } else {
+            settings.insert("max_tokens".into(), room);
+        }
+        let mut body = ModelClient::body(
+            &conn,
+            &ChatMessage::system(call.instructions),
+            &[ChatMessage::user(call.text.clone())],
+            &json!([]),
+        );
+        if let Some(o) = body.as_object_mut() {
+            o.remove("tools");
+        }
+        tracing::info!(
+            step = call.step,
+            part = call.part,
+            parts = call.parts,
+            "summarizing the history"
+        );
+        let answer = self.complete(&body, cancel).await;
+        // Failpoint `compaction.after_summary`: the summary is written; the view is not yet
+        // changed or stored.
         Ok(Effect::Done(answer))
+    }
+
+    async fn compacted(&mut self, c: &Compaction) -> Result<(), SessionError> {
+        let sent = self.view.messages(&self.transcript);
+        let units = context::units(&sent);
+        let mut view = ContextView {
+            summary: c.summary.clone().or_else(|| self.view.summary.clone()),
+            keep: Vec::new(),
+            from: self.transcript.len(),
+            preview_until: self.view.preview_until,
+            no_files: self.view.no_files,
+        };
+        for &u in &c.kept {
+            let Some((kind, positions)) = units.get(u) else {
+                continue;
+            };
+            let indices = positions.iter().filter_map(|&p| sent[p].index);
+            match kind {
+                UnitKind::Step => {
+                    if let Some(first) = indices.min() {
+                        view.from = view.from.min(first);
+                    }
+                }
+                UnitKind::Summary => {}
+                UnitKind::Pinned | UnitKind::Input => view.keep.extend(indices),
+            }
+        }
+        view.keep.retain(|&i| i < view.from);
+        view.keep.sort_unstable();
+        if c.shrink {
+            view.preview_until = self.transcript.len();
+        }
+        tracing::info!(
+            step = c.step,
+            trigger = c.trigger.as_str(),
+            before = c.tokens_before,
+            after = c.tokens_after,
+            parts = c.parts,
+            "history compacted"
+        );
+        self.view = view;
+        // Failpoint `compaction.before_report`: the view is changed in memory; the front has
+        // not stored it yet.
+        self.front.compacted(&self.view).await
+    }
+
+    async fn drop_files(
+        &mut self,
+        _step: u32,
+        _failure: &ModelFailure,
+    ) -> Result<bool, SessionError> {
+        if self.view.no_files || !self.sent().iter().any(|s| context::sends_files(&s.message)) {
+            return Ok(false);
+        }
+        self.view.no_files = true;
+        self.front.compacted(&self.view).await?;
+        Ok(true)
     }
 
     /// Makes every call id unique across the session: an id the transcript already holds gets a

@@ -14,6 +14,7 @@ use serde_json::{Map, Value, json};
 
 use super::exec::ExecArgs;
 use super::origins::Origins;
+use super::serve::ModelLimitsArgs;
 use super::tls::TlsArgs;
 use crate::chat::session::DEFAULT_MAX_STEPS;
 use crate::floor::secret::Secret;
@@ -90,6 +91,8 @@ pub struct RunArgs {
     #[arg(long, env = "PODHOST_MAX_STEPS", default_value_t = DEFAULT_MAX_STEPS,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_steps: u32,
+    #[command(flatten)]
+    pub limits: ModelLimitsArgs,
     /// Instructions added to podhost's own (after the workspace's AGENTS.md).
     #[arg(long, env = "PODHOST_SYSTEM", value_name = "TEXT")]
     pub system: Option<String>,
@@ -232,6 +235,7 @@ impl RunArgs {
             task,
             workspace: self.workspace.clone(),
             max_steps: self.max_steps,
+            limits: self.limits.limits(),
             system: self.system.clone(),
             json: self.json,
             output_file: self.output.clone(),

@@ -20,7 +20,7 @@ pub use exec::{ConfineArgs, ExecArgs};
 pub use local::{LocalEnvArgs, McpArgs, RunArgs, ToolArgs};
 pub use origins::Origins;
 pub use pod::{PodArgs, SettingsError};
-pub use serve::ServeArgs;
+pub use serve::{ModelLimitsArgs, ServeArgs};
 pub use tls::TlsArgs;
 
 /// `podhost --version`: the package version and the git revision it was built from.

@@ -9,7 +9,9 @@ use super::exec::ExecArgs;
 use super::origins::Origins;
 use super::pod::{SettingsError, is_listen_address};
 use super::tls::TlsArgs;
+use crate::agent::media::ModelFiles;
 use crate::byoh::ServeConfig;
+use crate::chat::session::ChatLimits;
 use crate::floor::secret::Secret;
 
 /// `podhost serve`.
@@ -50,10 +52,65 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub tls: TlsArgs,
     #[command(flatten)]
+    pub model: ModelLimitsArgs,
+    #[command(flatten)]
     pub exec: ExecArgs,
     /// Which settings were given as flags (filled in by `Cli::parse_args`).
     #[arg(skip)]
     pub origins: Origins,
+}
+
+/// What `podhost serve` and `podhost run` know of the model's limits.
+#[derive(Debug, Args)]
+pub struct ModelLimitsArgs {
+    /// The model's context window in tokens. Unset: what the server's model listing says (when
+    /// it says), else 128000; a call that overflows teaches the window the server names.
+    #[arg(long, env = "PODHOST_CONTEXT_WINDOW",
+          value_parser = clap::value_parser!(u64).range(1024..))]
+    pub context_window: Option<u64>,
+    /// Compact the history when the next prompt would pass this share of the context window
+    /// less the answer's room (`max_tokens`): above 0, at most 1.
+    #[arg(long, env = "PODHOST_COMPACT_AT", default_value_t = 0.8, value_parser = share)]
+    pub compact_at: f64,
+    /// The kinds of file the model reads besides text, comma-separated: image, pdf, office,
+    /// audio, video (`text` alone: none). Unset: what the server's model listing says, else
+    /// every file is sent and one the model refuses is replaced by a note.
+    #[arg(long, env = "PODHOST_MODEL_INPUTS", value_delimiter = ',',
+          value_parser = ["text", "image", "pdf", "office", "audio", "video"])]
+    pub model_inputs: Option<Vec<String>>,
+}
+
+/// A share: a number above 0, at most 1.
+fn share(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number"))?;
+    if v > 0.0 && v <= 1.0 {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not above 0 and at most 1"))
+    }
+}
+
+impl ModelLimitsArgs {
+    /// The plain limits; pure.
+    pub fn limits(&self) -> ChatLimits {
+        ChatLimits {
+            window: self.context_window,
+            assumed: false,
+            threshold: self.compact_at,
+            files: ModelFiles {
+                inputs: self.model_inputs.clone().map(|mut i| {
+                    if !i.iter().any(|k| k == "text") {
+                        i.insert(0, "text".to_owned());
+                    }
+                    i
+                }),
+                ..ModelFiles::default()
+            },
+        }
+    }
 }
 
 impl ServeArgs {
@@ -93,7 +150,55 @@ impl ServeArgs {
             max_steps: self.max_steps,
             model_attempts: self.model_attempts,
             tls: self.tls.settings(&self.origins),
+            limits: self.model.limits(),
             exec: self.exec.settings(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use pretty_assertions::assert_eq;
+
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        model: ModelLimitsArgs,
+    }
+
+    #[test]
+    fn model_limits_parse_and_refuse_what_is_out_of_range() {
+        let w = Wrap::try_parse_from([
+            "x",
+            "--context-window",
+            "8192",
+            "--compact-at",
+            "0.5",
+            "--model-inputs",
+            "image,pdf",
+        ])
+        .unwrap();
+        let limits = w.model.limits();
+        assert_eq!(limits.window, Some(8192));
+        assert_eq!(limits.threshold, 0.5);
+        assert_eq!(
+            limits.files.inputs,
+            Some(vec![
+                "text".to_owned(),
+                "image".to_owned(),
+                "pdf".to_owned()
+            ])
+        );
+        let err = |args: &[&str]| {
+            Wrap::try_parse_from(std::iter::once("x").chain(args.iter().copied()))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        assert!(err(&["--compact-at", "1.5"]).contains("1.5 is not above 0 and at most 1"));
+        assert!(err(&["--context-window", "10"]).contains("10 is not in 1024.."));
+        assert!(err(&["--model-inputs", "smell"]).contains("invalid value 'smell'"));
     }
 }

@@ -99,6 +99,11 @@ pub mod model {
     pub const RATE_LIMITED: &str = "rate_limited";
     pub const INVALID_REQUEST: &str = "invalid_request";
     pub const INVALID_OUTPUT: &str = "invalid_output";
+    /// The prompt is past the model's context window (the Model Gate's code; an
+    /// OpenAI-compatible server's `context_length_exceeded` becomes it).
+    pub const CONTEXT_OVERFLOW: &str = "context_overflow";
+    /// The model or its API does not read a file's kind (the Model Gate's refusal).
+    pub const UNSUPPORTED_INPUT: &str = "unsupported_input";
     /// The call was cancelled (the turn is being stopped).
     pub const CANCELLED: &str = "cancelled";
     /// Any other failure of an OpenAI-compatible server.

@@ -16,8 +16,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::events::{Event, Tokens};
 use super::render::Sink;
+use crate::agent::compaction::{Compaction, SummaryCall};
+use crate::agent::context::Context;
 use crate::agent::model::{
-    Candidate, FinishReason, ModelAnswer, ResultOutcome, ToolCallBlock, ToolResult,
+    Candidate, FinishReason, ModelAnswer, ModelFailure, ResultOutcome, ToolCallBlock, ToolResult,
 };
 use crate::agent::turn::{Effect, ToolEffect, TurnHost};
 use crate::chat::session::{ChatTurn, Front, SessionError};
@@ -140,13 +142,14 @@ impl<F: Front> TurnHost for Observed<F> {
     async fn model(
         &mut self,
         step: u32,
+        attempt: u32,
         cancel: &CancellationToken,
     ) -> Result<Effect<ModelAnswer>, SessionError> {
         let shown = step + 1;
         self.step.send_replace(shown);
         self.sink.emit(Event::ModelCallStarted { step: shown });
         let started = Instant::now();
-        let answer = self.inner.model(step, cancel).await?;
+        let answer = self.inner.model(step, attempt, cancel).await?;
         let (status, finish, tokens, calls, error) = match &answer {
             Effect::Done(ModelAnswer::Candidate(c)) => {
                 let tokens = c.usage.as_ref().map_or(Tokens::default(), |u| Tokens {
@@ -257,5 +260,34 @@ impl<F: Front> TurnHost for Observed<F> {
             }
         }
         self.inner.results(step, results).await
+    }
+
+    // The context budget is the session's: observing a run must not turn compaction off.
+    fn context(&self) -> Option<Context> {
+        self.inner.context()
+    }
+
+    fn unit_text(&self, unit: usize) -> String {
+        self.inner.unit_text(unit)
+    }
+
+    async fn summarize(
+        &mut self,
+        call: &SummaryCall,
+        cancel: &CancellationToken,
+    ) -> Result<Effect<ModelAnswer>, SessionError> {
+        self.inner.summarize(call, cancel).await
+    }
+
+    async fn compacted(&mut self, compaction: &Compaction) -> Result<(), SessionError> {
+        self.inner.compacted(compaction).await
+    }
+
+    async fn drop_files(
+        &mut self,
+        step: u32,
+        failure: &ModelFailure,
+    ) -> Result<bool, SessionError> {
+        self.inner.drop_files(step, failure).await
     }
 }

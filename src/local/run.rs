@@ -29,7 +29,7 @@ use super::{LocalEnv, LocalError, Stop, toolbox};
 use crate::agent::turn::{self, TurnEnd};
 use crate::chat::client::{ModelClient, RetryPolicy};
 use crate::chat::message::{ApiKey, ChatMessage, ModelEndpoint};
-use crate::chat::session::{ChatTurn, Front, SessionError, step_limit_message};
+use crate::chat::session::{ChatLimits, ChatTurn, Front, SessionError, step_limit_message};
 use crate::exec::ExecSettings;
 use crate::floor::codes::{self, exit};
 use crate::floor::tls::{TlsSettings, client_config};
@@ -73,6 +73,8 @@ pub struct RunConfig {
     pub task: Task,
     pub workspace: PathBuf,
     pub max_steps: u32,
+    /// The model's context window, compaction threshold and inputs, as configured.
+    pub limits: ChatLimits,
     /// `--system`: added to the instructions, last.
     pub system: Option<String>,
     /// Events on stdout instead of text for people.
@@ -210,9 +212,15 @@ pub async fn run(cfg: RunConfig, stop: Stop) -> Result<i32, LocalError> {
         key,
         interactive: cfg.task != Task::Stdin && std::io::stdin().is_terminal(),
     };
+    let mut limits = cfg.limits.clone();
+    if limits.needs_listing() {
+        let facts = client.model_facts(&conn, front.key.as_ref()).await;
+        limits = limits.complete(facts);
+    }
     let turn = ChatTurn::new(front, client, conn, toolbox, vec![ChatMessage::user(task)])
         .with_max_steps(cfg.max_steps)
-        .with_instructions(&instructions);
+        .with_instructions(&instructions)
+        .with_context(limits, Default::default());
     let mut host = Observed::new(turn, sink.clone());
     let progress_done = tokio_util::sync::CancellationToken::new();
     let progress = host.watch_progress(progress_rx, progress_done.clone());

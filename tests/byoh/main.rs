@@ -13,6 +13,7 @@ mod tls_front;
 
 mod harness;
 
+mod context;
 mod durability;
 mod failures;
 mod idempotency;

@@ -63,9 +63,14 @@ async fn the_answer_alone_goes_to_stdout_and_activity_to_stderr() {
             "  │ hi",
         ]
     );
+    // The fake reports its own count of each prompt; the summary adds them up.
+    let prompt_tokens: u64 = fake.requests().iter().map(|r| r.tokens).sum();
     assert_eq!(
         summary(&out.stderr),
-        "podhost run: completed · 3 model call(s) · 2 tool call(s) · 3 tokens in, 3 out"
+        format!(
+            "podhost run: completed · 3 model call(s) · 2 tool call(s) · {prompt_tokens} tokens \
+             in, 3 out"
+        )
     );
     assert_eq!(
         std::fs::read_to_string(dir.path().join("note.txt")).unwrap(),

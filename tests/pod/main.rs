@@ -59,6 +59,7 @@ mod metrics;
 mod setup;
 mod tls;
 mod turn;
+mod turn_context;
 mod turn_fakes;
 mod turn_replay;
 mod turn_segments;

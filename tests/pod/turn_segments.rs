@@ -267,13 +267,22 @@ async fn memory_and_wake_calls_are_runtime_effects_core_answers() {
         .map(|t| t["name"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(names[6..], ["read_artifact", "memory", "schedule_wake"]);
-    let prompt = &s.gates.calls()[0].body["call"]["prompt"][0]["content"][0]["text"];
+    // How the memory works is in the instructions; the index is pinned at the head of the
+    // session, taken through a journaled effect so that a replay shows the same one.
+    let prompt = &s.gates.calls()[0].body["call"]["prompt"];
     assert!(
-        prompt
-            .as_str()
-            .unwrap()
-            .ends_with("Your memories, newest first:\n- /memories/prefs.md — likes tea"),
+        prompt[0]["content"][0]["text"].as_str().unwrap().ends_with(
+            "Use the memory tool's view command to read them. The list of your memories is given \
+             at the start of the conversation."
+        ),
         "{prompt}"
+    );
+    assert_eq!(
+        prompt[1],
+        json!({"kind": "message", "role": "user", "content": [{"type": "text", "text":
+            "Your memories, newest first, as they stood when this session started or last \
+             compacted its history (view /memories for the current state):\n- /memories/prefs.md \
+             — likes tea"}]})
     );
     let tools: Vec<Value> = s
         .core
@@ -286,6 +295,10 @@ async fn memory_and_wake_calls_are_runtime_effects_core_answers() {
     assert_eq!(
         tools,
         [
+            json!({"effectId": "turn_1:0:tool:memory-index", "sessionId": SESSION, "turnId": TURN,
+                   "agentId": AGENT, "manifestHash": "mh_1", "kind": "tool", "toolName": "memory_index",
+                   "target": {"kind": "harness"}, "input": {},
+                   "context": {"invocationId": step(0), "stepId": step(0)}}),
             json!({"effectId": "turn_1:0:tool:s0.m1", "sessionId": SESSION, "turnId": TURN,
                    "agentId": AGENT, "manifestHash": "mh_1", "kind": "tool", "toolName": "memory.view",
                    "target": {"kind": "runtime", "operation": "memory"},

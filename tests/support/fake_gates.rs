@@ -12,9 +12,19 @@
 //! * the same key with another body is `409 gate_conflict`; with the same body it joins the call
 //!   (in flight or done) and gets the same answer.
 //!
-//! Calls are answered by a per-test script of [`Reply`]s, then by the v2 fixture model. A call
-//! scripted to hang outlives its client (as a gate's call does) until the test releases it or
-//! the cancel route `POST /nylorun/v1/model-calls/{key}/cancel` aborts it.
+//! Before a call reaches the model, the gate refuses what a real gate refuses, as a failure
+//! outcome: a media part of a text file or of a kind the run's `model.inputs` does not name
+//! (`unsupported_input`), a file past `limits.modelFileBytes` (`invalid_request`, when the test
+//! told the gate the files' sizes), and a prompt past the model's window as the gate counts it
+//! with its own token estimate ([`count_tokens`], not podhost's), the answer's room
+//! (`model.controls.maxOutputTokens`, else the descriptor's) included (`context_overflow`, with
+//! the numbers in the message as providers give them).
+//!
+//! Calls are answered by a per-test script of [`Reply`]s, then by a responder when the test set
+//! one, then by the v2 fixture model. A call scripted to hang outlives its client (as a gate's
+//! call does) until the test releases it or the cancel route
+//! `POST /nylorun/v1/model-calls/{key}/cancel` aborts it. With [`FakeGates::report_usage`], each
+//! candidate's `usage.inputTokens` is the gate's own count of the prompt.
 //!
 //! The Tool Gate's routes (`mcp/*`, `tool-calls`, `http-calls`) are on the same listener:
 //! [`FakeGates::toolgate`] (`fake_toolgate.rs`).
@@ -71,6 +81,15 @@ pub fn text(t: &str) -> Reply {
     }))
 }
 
+/// A candidate answering with text, as an outcome value (for [`FakeGates::release`]).
+pub fn candidate_text(t: &str) -> Value {
+    json!({
+        "output": [{"type": "text", "text": t}],
+        "finishReason": "stop",
+        "usage": {"inputTokens": 12, "outputTokens": 3},
+    })
+}
+
 /// One call as the gate saw it.
 #[derive(Clone, Debug)]
 pub struct GateCall {
@@ -83,7 +102,36 @@ pub struct GateCall {
     /// The status answered (0 while in flight).
     pub status: u16,
     pub answer: Value,
+    /// The prompt's tokens as the gate counts them (with the tools).
+    pub tokens: u64,
 }
+
+/// The gate's own token estimate: each run of letters and digits counts one token per six
+/// characters (at least one), and every other character but whitespace one token.
+pub fn count_tokens(text: &str) -> u64 {
+    let mut tokens = 0u64;
+    let mut word = 0u64;
+    for c in text.chars() {
+        if c.is_alphanumeric() {
+            word += 1;
+            continue;
+        }
+        tokens += word.div_ceil(6);
+        word = 0;
+        if !c.is_whitespace() {
+            tokens += 1;
+        }
+    }
+    tokens + word.div_ceil(6)
+}
+
+/// The tokens of a call's prompt and tools, as the gate counts them.
+pub fn call_tokens(call: &Value) -> u64 {
+    count_tokens(&call["prompt"].to_string()) + count_tokens(&call["tools"].to_string())
+}
+
+type Responder = Arc<dyn Fn(&Value) -> Reply + Send + Sync>;
+type FileSizes = Arc<dyn Fn(&str) -> Option<u64> + Send + Sync>;
 
 struct Entry {
     body: String,
@@ -98,6 +146,12 @@ struct Gate {
     cancels: Vec<(String, Option<String>)>,
     /// Calls the fixture model answered (not joins).
     model_runs: usize,
+    responder: Option<Responder>,
+    /// The window the gate holds prompts to instead of the run's `model.contextWindow`.
+    window: Option<u64>,
+    report_usage: bool,
+    /// The size of an artifact a media part names, by artifact id.
+    file_sizes: Option<FileSizes>,
 }
 
 pub struct GateState {
@@ -165,6 +219,27 @@ impl FakeGates {
 
     pub fn calls(&self) -> Vec<GateCall> {
         self.state.gate.lock().unwrap().calls.clone()
+    }
+
+    /// Answers calls the script does not with `f(call)` (before the fixture model).
+    pub fn respond_with(&self, f: impl Fn(&Value) -> Reply + Send + Sync + 'static) {
+        self.state.gate.lock().unwrap().responder = Some(Arc::new(f));
+    }
+
+    /// Holds prompts to `window` tokens instead of the run's `model.contextWindow`.
+    pub fn set_window(&self, window: Option<u64>) {
+        self.state.gate.lock().unwrap().window = window;
+    }
+
+    /// Reports the gate's own count of each prompt as the candidate's `usage.inputTokens`.
+    pub fn report_usage(&self, on: bool) {
+        self.state.gate.lock().unwrap().report_usage = on;
+    }
+
+    /// Tells the gate how large the files media parts name are (by artifact id), so it refuses
+    /// one past `limits.modelFileBytes`.
+    pub fn file_sizes(&self, f: impl Fn(&str) -> Option<u64> + Send + Sync + 'static) {
+        self.state.gate.lock().unwrap().file_sizes = Some(Arc::new(f));
     }
 
     /// Cancel route calls: `(key, bearer)`.
@@ -250,6 +325,7 @@ async fn model_call(State(st): State<Arc<GateState>>, headers: HeaderMap, body: 
         raw: raw.clone(),
         status: 0,
         answer: Value::Null,
+        tokens: 0,
     };
     let index = {
         let mut g = st.gate.lock().unwrap();
@@ -332,10 +408,37 @@ impl GateState {
                         "The call is not journaled invoking as this request",
                     );
                 }
-                let reply = {
+                let run = self.journal.run(&session.1).unwrap();
+                let tokens = call_tokens(c);
+                let refused = self.refusal(c, &run, tokens);
+                let (reply, report_usage) = {
                     let mut g = self.gate.lock().unwrap();
-                    g.model_runs += 1;
-                    g.script.pop_front().unwrap_or(Reply::Fixture)
+                    if let Some(call) = g
+                        .calls
+                        .iter_mut()
+                        .rev()
+                        .find(|g| g.key.as_deref() == Some(key.as_str()))
+                    {
+                        call.tokens = tokens;
+                    }
+                    let reply = match refused {
+                        Some(failure) => Reply::Outcome(failure),
+                        None => {
+                            g.model_runs += 1;
+                            match g.script.pop_front() {
+                                Some(r) => r,
+                                None => g.responder.clone().map_or(Reply::Fixture, |f| f(c)),
+                            }
+                        }
+                    };
+                    (reply, g.report_usage)
+                };
+                let reply = match reply {
+                    Reply::Outcome(mut o) if report_usage && o["kind"] != "failed" => {
+                        o["usage"]["inputTokens"] = json!(tokens);
+                        Reply::Outcome(o)
+                    }
+                    other => other,
                 };
                 let entry = Arc::new(Entry {
                     body: raw,
@@ -368,6 +471,84 @@ impl GateState {
         let mut rx = entry.answer.subscribe();
         let got = rx.wait_for(Option::is_some).await.unwrap().clone();
         got.unwrap()
+    }
+}
+
+impl GateState {
+    /// What the gate refuses before a call reaches the model: a failure outcome.
+    fn refusal(
+        &self,
+        call: &Value,
+        run: &crate::fake_journal::RunInfo,
+        tokens: u64,
+    ) -> Option<Value> {
+        let failed = |code: &str, message: String| {
+            Some(json!({"kind": "failed", "code": code, "message": message, "retryable": false}))
+        };
+        let (window, file_sizes) = {
+            let g = self.gate.lock().unwrap();
+            (g.window.or(run.context_window), g.file_sizes.clone())
+        };
+        for item in call["prompt"].as_array().into_iter().flatten() {
+            for part in item["content"].as_array().into_iter().flatten() {
+                if part["type"] != "media" {
+                    continue;
+                }
+                let media_type = part["mediaType"].as_str().unwrap_or("");
+                let kind = match media_type.split('/').next().unwrap_or("") {
+                    "image" => "image",
+                    "audio" => "audio",
+                    "video" => "video",
+                    "text" => "text",
+                    _ if media_type.ends_with("/pdf") => "pdf",
+                    _ => "file",
+                };
+                if kind == "text" {
+                    return failed(
+                        "unsupported_input",
+                        format!(
+                            "A text file ({media_type}) cannot be a media part; inline its text"
+                        ),
+                    );
+                }
+                if let Some(inputs) = &run.model_inputs
+                    && !inputs.iter().any(|i| i == kind)
+                {
+                    return failed(
+                        "unsupported_input",
+                        format!("The model does not read {kind} input ({media_type})"),
+                    );
+                }
+                let id = part["reference"]["artifactId"].as_str().unwrap_or("");
+                if let Some(size) = file_sizes.as_ref().and_then(|f| f(id))
+                    && size > run.model_file_bytes
+                {
+                    return failed(
+                        "invalid_request",
+                        format!(
+                            "The reference {id} is {size} bytes, past limits.modelFileBytes ({})",
+                            run.model_file_bytes
+                        ),
+                    );
+                }
+            }
+        }
+        let window = window?;
+        let reserve = call["model"]["controls"]["maxOutputTokens"]
+            .as_u64()
+            .or(run.max_output_tokens)
+            .unwrap_or(0);
+        if tokens + reserve > window {
+            return failed(
+                "context_overflow",
+                format!(
+                    "This model's maximum context length is {window} tokens. However, you \
+                     requested {} tokens ({tokens} in the messages, {reserve} in the completion).",
+                    tokens + reserve
+                ),
+            );
+        }
+        None
     }
 }
 

@@ -23,6 +23,14 @@
 //!   `harnessStateBytes`, each transcript update strict and within `recordEntryBytes`, folded
 //!   onto the stored transcript with its `length` checked; a failed or cancelled turn's edits
 //!   are checked and then dropped (core reverts them).
+//! * Compaction (v5 §6): an update marked `kind: "compaction"` carries strict facts `{trigger,
+//!   tokensBefore, tokensAfter, summaryEffectIds}`, each id a completed summary call of the
+//!   run's turn (a model row with `purpose: "summary"` and a candidate outcome), else `invalid`;
+//!   after it the transcript starts with a `compaction` entry, and no `compaction` entry is ever
+//!   anywhere but first. Each accepted compaction is kept for the test to read.
+//! * A `purpose` is `summary`, and only on a model intent. A tool intent names `callId` unless
+//!   its target is `harness` (v5 §4: without one, core journals it and writes no
+//!   `tool.completed`).
 //!
 //! The test scripts intent answers per effect id (a scripted answer wins over a row's own, so a
 //! re-send can be answered too), seeds transcripts, and reads rows, outputs and timings. The run tokens live here too, so the fake Model Gate can tell current, stale and
@@ -103,6 +111,12 @@ pub struct RunInfo {
     pub mcp_servers: Value,
     /// The manifest's HTTP tools' names.
     pub http_tools: Vec<String>,
+    /// `model.contextWindow` and `model.maxOutputTokens` of the TurnStart.
+    pub context_window: Option<u64>,
+    pub max_output_tokens: Option<u64>,
+    /// `model.inputs`, when the TurnStart has a model.
+    pub model_inputs: Option<Vec<String>>,
+    pub model_file_bytes: u64,
 }
 
 /// What a run token is to the gates now.
@@ -140,6 +154,8 @@ struct State {
     mcp: HashMap<String, (Value, Value)>,
     /// Every `session.mcp`: `(run id, params)`.
     mcp_reports: Vec<(String, Value)>,
+    /// Accepted compactions: `(run id, facts)`.
+    compactions: Vec<(String, Value)>,
 }
 
 /// The journal; shared by the fake core and the fake gates.
@@ -192,6 +208,14 @@ impl Journal {
                 .filter(|t| matches!(t["type"].as_str(), None | Some("http")))
                 .filter_map(|t| t["name"].as_str().map(str::to_owned))
                 .collect(),
+            context_window: ts["model"]["contextWindow"].as_u64(),
+            max_output_tokens: ts["model"]["maxOutputTokens"].as_u64(),
+            model_inputs: ts["model"]["inputs"].as_array().map(|a| {
+                a.iter()
+                    .filter_map(|i| i.as_str().map(str::to_owned))
+                    .collect()
+            }),
+            model_file_bytes: limit(ts, "modelFileBytes", 8 << 20) as u64,
         };
         let mut s = self.state.lock().unwrap();
         s.runs.insert(run_id.to_owned(), info);
@@ -303,6 +327,11 @@ impl Journal {
         self.state.lock().unwrap().outputs.clone()
     }
 
+    /// Compactions core accepted: `(run id, facts)`.
+    pub fn compactions(&self) -> Vec<(String, Value)> {
+        self.state.lock().unwrap().compactions.clone()
+    }
+
     /// Events the runs claimed: `(run id, type, payload)`.
     pub fn claims(&self) -> Vec<(String, String, Value)> {
         self.state.lock().unwrap().claims.clone()
@@ -314,8 +343,18 @@ impl Journal {
 
     /// Waits for `run_id`'s output: `(method, params)`.
     pub async fn wait_output(&self, run_id: &str) -> (String, Value) {
+        self.wait_output_within(run_id, std::time::Duration::from_secs(20))
+            .await
+    }
+
+    /// Waits up to `within` for `run_id`'s output (a long turn's): `(method, params)`.
+    pub async fn wait_output_within(
+        &self,
+        run_id: &str,
+        within: std::time::Duration,
+    ) -> (String, Value) {
         let mut rx = self.changed.subscribe();
-        let found = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        let found = tokio::time::timeout(within, async {
             loop {
                 if let Some((_, m, p)) = self.outputs().into_iter().find(|(r, _, _)| r == run_id) {
                     return (m, p);
@@ -437,12 +476,20 @@ impl Journal {
         {
             return Err(Why::invalid("context.invocationId is missing"));
         }
+        if let Some(p) = &e.purpose
+            && (p != "summary" || e.kind != "model")
+        {
+            return Err(Why::invalid(format!(
+                "purpose {p:?} is not one of a model intent's"
+            )));
+        }
         if e.kind == "model" {
             if e.input.is_some() {
                 return Err(Why::invalid("A model intent carries no input"));
             }
         } else {
-            if e.context.get("callId").and_then(Value::as_str).is_none() {
+            let harness = e.target.as_ref().and_then(|t| t["kind"].as_str()) == Some("harness");
+            if !harness && e.context.get("callId").and_then(Value::as_str).is_none() {
                 return Err(Why::invalid("a tool effect needs context.callId"));
             }
             if e.tool_name.is_none() || e.target.is_none() || e.input.is_none() {
@@ -874,6 +921,18 @@ impl Journal {
             keep: usize,
             entries: Vec<Value>,
             length: usize,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            kind: Option<String>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            compaction: Option<Facts>,
+        }
+        #[derive(Clone, Deserialize, serde::Serialize)]
+        #[serde(deny_unknown_fields, rename_all = "camelCase")]
+        struct Facts {
+            trigger: String,
+            tokens_before: u64,
+            tokens_after: u64,
+            summary_effect_ids: Vec<String>,
         }
         let out: Output = serde_json::from_value(p.clone()).map_err(Why::parse)?;
         let fits = match (m, out.status.as_deref()) {
@@ -916,7 +975,44 @@ impl Journal {
                 .map(|(_, e)| e.clone())
                 .unwrap_or_default()
         };
+        let mut compactions = Vec::new();
         for (i, u) in out.transcript.iter().flatten().enumerate() {
+            match (u.kind.as_deref(), &u.compaction) {
+                (None, None) => {}
+                (Some("compaction"), Some(facts)) => {
+                    if !["threshold", "overflow"].contains(&facts.trigger.as_str()) {
+                        return Err(Why::invalid(format!(
+                            "update {i}: trigger {:?} is not threshold or overflow",
+                            facts.trigger
+                        )));
+                    }
+                    if facts.summary_effect_ids.is_empty() {
+                        return Err(Why::invalid(format!(
+                            "update {i}: a compaction names its summaryEffectIds"
+                        )));
+                    }
+                    for id in &facts.summary_effect_ids {
+                        let ok = s.rows.get(id).is_some_and(|r| {
+                            r.turn_id == run.turn_id
+                                && r.kind == "model"
+                                && r.intent["purpose"] == "summary"
+                                && r.status == Status::Completed
+                                && r.value.as_ref().is_some_and(|v| v["kind"] != "failed")
+                        });
+                        if !ok {
+                            return Err(Why::invalid(format!(
+                                "update {i}: {id} is not a completed summary call of this turn"
+                            )));
+                        }
+                    }
+                    compactions.push(serde_json::to_value(facts).unwrap());
+                }
+                _ => {
+                    return Err(Why::invalid(format!(
+                        "update {i}: kind \"compaction\" and compaction come together"
+                    )));
+                }
+            }
             let bytes = serde_json::to_string(u).unwrap().len();
             if bytes > run.record_entry_bytes {
                 return Err(Why::Code(refuse(
@@ -951,8 +1047,29 @@ impl Journal {
                     )));
                 }
             }
+            if u.kind.is_some()
+                && transcript.first().map(|e| &e["kind"]) != Some(&json!("compaction"))
+            {
+                return Err(Why::invalid(format!(
+                    "update {i} is a compaction, but the transcript does not start with one"
+                )));
+            }
+            if let Some(at) = transcript
+                .iter()
+                .skip(1)
+                .position(|e| e["kind"] == "compaction")
+            {
+                return Err(Why::invalid(format!(
+                    "update {i} leaves a compaction entry at {}; it is always first",
+                    at + 1
+                )));
+            }
         }
         let keeps = matches!(out.status.as_deref(), Some("completed" | "yielded"));
+        if keeps {
+            s.compactions
+                .extend(compactions.into_iter().map(|f| (run_id.to_owned(), f)));
+        }
         let cursor = s.next_cursor;
         s.next_cursor += 1;
         if keeps {

@@ -10,6 +10,13 @@
 //! `chat.completion.chunk`s (text in pieces, tool-call arguments in pieces by `index`), the
 //! finish reason, a usage chunk when `stream_options.include_usage` asks for it, and `[DONE]`.
 //! [`FakeModel::stream_only`] makes it refuse requests that do not stream, as some servers do.
+//! It counts each request's tokens with its own estimate ([`count_tokens`] over the messages
+//! and tools as JSON, not podhost's), reports the count as `usage.prompt_tokens`, and with a
+//! window ([`FakeModel::set_window`]) refuses a request whose count plus its `max_tokens` (or
+//! `max_completion_tokens`) passes it, as OpenAI does: 400 with `code:
+//! "context_length_exceeded"` and the numbers in the message. A text-only fake
+//! ([`FakeModel::set_vision`]) refuses image parts with 400. `GET /v1/models` answers 401 (as a
+//! key that authorizes only chat completions gets), or the listing the test set.
 #![allow(dead_code)]
 
 use std::collections::{HashSet, VecDeque};
@@ -22,7 +29,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use serde_json::{Value, json};
 use tokio::sync::{Notify, watch};
 
@@ -81,6 +88,32 @@ pub struct Recorded {
     pub headers: Vec<(String, String)>,
     pub body: Value,
     pub at: Instant,
+    /// The request's tokens as the fake counts them.
+    pub tokens: u64,
+}
+
+/// The fake's own token estimate: each run of letters and digits counts one token per six
+/// characters (at least one), and every other character but whitespace one token.
+pub fn count_tokens(text: &str) -> u64 {
+    let mut tokens = 0u64;
+    let mut word = 0u64;
+    for c in text.chars() {
+        if c.is_alphanumeric() {
+            word += 1;
+            continue;
+        }
+        tokens += word.div_ceil(6);
+        word = 0;
+        if !c.is_whitespace() {
+            tokens += 1;
+        }
+    }
+    tokens + word.div_ceil(6)
+}
+
+/// A request's tokens: its messages and tools.
+pub fn request_tokens(body: &Value) -> u64 {
+    count_tokens(&body["messages"].to_string()) + count_tokens(&body["tools"].to_string())
 }
 
 type Responder = Arc<dyn Fn(&Value) -> Reply + Send + Sync>;
@@ -96,6 +129,10 @@ struct Shared {
     in_flight: AtomicUsize,
     in_flight_tx: watch::Sender<usize>,
     stream_only: std::sync::atomic::AtomicBool,
+    window: Mutex<Option<u64>>,
+    vision: Mutex<bool>,
+    listing: Mutex<Option<Value>>,
+    keep_messages: Mutex<bool>,
 }
 
 /// The running fake. Stops when dropped.
@@ -134,9 +171,14 @@ impl FakeModel {
             in_flight: AtomicUsize::new(0),
             in_flight_tx: watch::Sender::new(0),
             stream_only: std::sync::atomic::AtomicBool::new(false),
+            window: Mutex::new(None),
+            vision: Mutex::new(true),
+            listing: Mutex::new(None),
+            keep_messages: Mutex::new(true),
         });
         let app = Router::new()
             .route("/v1/chat/completions", post(complete))
+            .route("/v1/models", get(models))
             .layer(axum::extract::DefaultBodyLimit::max(64 << 20))
             .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -159,6 +201,27 @@ impl FakeModel {
     /// Answers every request with `f(body)` instead of the script.
     pub fn respond_with(&self, f: impl Fn(&Value) -> Reply + Send + Sync + 'static) {
         *self.shared.responder.lock().unwrap() = Some(Arc::new(f));
+    }
+
+    /// Refuses requests past `window` tokens (as counted, with their answer's room).
+    pub fn set_window(&self, window: Option<u64>) {
+        *self.shared.window.lock().unwrap() = window;
+    }
+
+    /// Whether image parts are accepted (a text-only model refuses them).
+    pub fn set_vision(&self, on: bool) {
+        *self.shared.vision.lock().unwrap() = on;
+    }
+
+    /// Whether a recorded request keeps its messages (off: their count instead, so that a very
+    /// long session's requests do not all stay in memory).
+    pub fn set_keep_messages(&self, keep: bool) {
+        *self.shared.keep_messages.lock().unwrap() = keep;
+    }
+
+    /// Answers `GET /v1/models` with `listing` (401 when `None`).
+    pub fn set_listing(&self, listing: Option<Value>) {
+        *self.shared.listing.lock().unwrap() = listing;
     }
 
     /// Replaces the accepted keys.
@@ -239,13 +302,22 @@ fn check_transcript(messages: &[Value]) -> Result<(), String> {
     Ok(())
 }
 
-fn answer(reply: &Reply) -> Response {
+async fn models(State(s): State<Arc<Shared>>) -> Response {
+    match s.listing.lock().unwrap().clone() {
+        Some(l) => axum::Json(l).into_response(),
+        None => error(401, "This key authorizes chat completions only".into()),
+    }
+}
+
+fn answer(reply: &Reply, tokens: u64) -> Response {
+    let usage =
+        json!({"prompt_tokens": tokens, "completion_tokens": 1, "total_tokens": tokens + 1});
     match reply {
         Reply::Text(t) => axum::Json(json!({
             "id": "chatcmpl-fake", "object": "chat.completion",
             "choices": [{"index": 0, "message": {"role": "assistant", "content": t},
                          "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+            "usage": usage
         }))
         .into_response(),
         Reply::Calls { text, calls } => {
@@ -258,7 +330,8 @@ fn answer(reply: &Reply) -> Response {
                 .collect();
             axum::Json(json!({
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text,
-                             "tool_calls": calls}, "finish_reason": "tool_calls"}]
+                             "tool_calls": calls}, "finish_reason": "tool_calls"}],
+                "usage": usage
             }))
             .into_response()
         }
@@ -295,14 +368,23 @@ async fn complete(
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    let tokens = request_tokens(&body);
+    let recorded_body = if *s.keep_messages.lock().unwrap() {
+        body.clone()
+    } else {
+        let mut b = body.clone();
+        b["messages"] = json!(body["messages"].as_array().map_or(0, Vec::len));
+        b
+    };
     s.requests.lock().unwrap().push(Recorded {
         authorization: authorization.clone(),
         headers: headers
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or_default().to_owned()))
             .collect(),
-        body: body.clone(),
+        body: recorded_body,
         at: Instant::now(),
+        tokens,
     });
     s.count.send_modify(|c| *c += 1);
 
@@ -334,6 +416,38 @@ async fn complete(
     if let Err(e) = check_transcript(&messages) {
         return error(400, format!("Invalid transcript: {e}"));
     }
+    let images = messages
+        .iter()
+        .filter_map(|m| m["content"].as_array())
+        .flatten()
+        .any(|p| p["type"] == "image_url");
+    if images && !*s.vision.lock().unwrap() {
+        return error(
+            400,
+            "fake-model is not a multimodal model: image input is not supported".into(),
+        );
+    }
+    let window = *s.window.lock().unwrap();
+    if let Some(window) = window {
+        let room = body["max_completion_tokens"]
+            .as_u64()
+            .or(body["max_tokens"].as_u64())
+            .unwrap_or(0);
+        if tokens + room > window {
+            let message = format!(
+                "This model's maximum context length is {window} tokens. However, you requested \
+                 {} tokens ({tokens} in the messages, {room} in the completion). Please reduce \
+                 the length of the messages or completion.",
+                tokens + room
+            );
+            return (
+                StatusCode::BAD_REQUEST,
+                axum::Json(json!({"error": {"message": message, "type": "invalid_request_error",
+                                            "param": "messages", "code": "context_length_exceeded"}})),
+            )
+                .into_response();
+        }
+    }
 
     let responder = s.responder.lock().unwrap().clone();
     let mut reply = match responder {
@@ -345,7 +459,7 @@ async fn complete(
     };
     // An error status, or a server that ignores `stream` and answers one JSON body.
     if streaming && !matches!(reply, Reply::Status(..) | Reply::Raw(_)) {
-        return stream(s.clone(), reply, usage_chunk, _guard);
+        return stream(s.clone(), reply, usage_chunk.then_some(tokens), _guard);
     }
     loop {
         reply = match reply {
@@ -357,13 +471,15 @@ async fn complete(
                 s.release.notified().await;
                 *inner
             }
-            other => return answer(&other),
+            other => return answer(&other, tokens),
         };
     }
 }
 
 /// The chunks of a streamed answer, as `data:` payloads.
-fn chunks(reply: &Reply, usage: bool) -> Vec<String> {
+/// The chunks of a streamed answer; `usage`: the prompt's tokens, when the request asked for a
+/// usage chunk.
+fn chunks(reply: &Reply, usage: Option<u64>) -> Vec<String> {
     let chunk = |delta: Value, finish: Value| {
         json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk",
                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
@@ -407,10 +523,11 @@ fn chunks(reply: &Reply, usage: bool) -> Vec<String> {
         other => panic!("fake: {other:?} cannot be streamed"),
     };
     out.push(chunk(json!({}), json!(finish)));
-    if usage {
+    if let Some(tokens) = usage {
         out.push(
             json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "choices": [],
-                   "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+                   "usage": {"prompt_tokens": tokens, "completion_tokens": 1,
+                             "total_tokens": tokens + 1}})
             .to_string(),
         );
     }
@@ -420,7 +537,7 @@ fn chunks(reply: &Reply, usage: bool) -> Vec<String> {
 
 /// Answers with server-sent events: each chunk as it is ready, the request counted in flight
 /// until the stream ends or the client drops it.
-fn stream(s: Arc<Shared>, reply: Reply, usage: bool, guard: InFlight) -> Response {
+fn stream(s: Arc<Shared>, reply: Reply, usage: Option<u64>, guard: InFlight) -> Response {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<String, std::convert::Infallible>>(4);
     tokio::spawn(async move {
         let _guard = guard;

@@ -66,6 +66,18 @@ pub fn model_identity(step: u32) -> String {
     format!("s{step}")
 }
 
+/// The identity of step `step`'s model call sent again (`attempt` 1 or more) after an overflow
+/// or a refused file.
+pub fn retry_identity(step: u32, attempt: u32) -> String {
+    format!("s{step}.r{attempt}")
+}
+
+/// The identity of part `part` of the summary a compaction before (`threshold`) or after
+/// (`overflow`) step `step`'s model call writes.
+pub fn summary_identity(step: u32, trigger: &str, part: u32) -> String {
+    format!("s{step}.summary.{trigger}.{part}")
+}
+
 /// The identity of the tool call `call_id` of step `step`. A call id that is long or holds
 /// characters other than `[A-Za-z0-9_.-]` is named by its hash instead, so that an effect id
 /// stays short and plain.
@@ -104,6 +116,9 @@ pub struct Intent {
     /// The skill whose folder the call names.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub skill: Option<String>,
+    /// `"summary"` for a model call that writes a compaction's summary (v5 §6).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub purpose: Option<&'static str>,
     /// The model call, or the tool's arguments.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub input: Option<Value>,
@@ -124,6 +139,7 @@ impl Intent {
             tool_name: None,
             target: None,
             skill: None,
+            purpose: None,
             input: Some(call),
             context: json!({"invocationId": step_id, "stepId": step_id}),
         }
@@ -148,6 +164,7 @@ impl Intent {
             tool_name: Some(tool_name.to_owned()),
             target: Some(target),
             skill: None,
+            purpose: None,
             input: Some(args),
             context: json!({"invocationId": step_id, "callId": call_id, "stepId": step_id}),
         }

@@ -2,9 +2,10 @@
 //! tools it is offered are yours to write").
 //!
 //! Owns: the instructions text (the manifest's own, then podhost's sandbox note, skills, the MCP
-//! servers' own instructions, the deferred tools and the memory block), the tool list of each
-//! model call, and the route from a tool name the model calls back to what runs it (its
-//! target).
+//! servers' own instructions, the deferred tools and the memory block — how the memory works,
+//! never the index, which is pinned at the head of the session), the tool list of each model
+//! call, the route from a tool name the model calls back to what runs it (its target), and the
+//! check of a memory call's parameters before it is sent.
 //!
 //! Invariants:
 //! * Everything here is a pure function of the TurnStart (and the mounted skills, themselves a
@@ -181,8 +182,10 @@ impl Offer {
     }
 
     /// Checks a memory call before it is sent (core checks again): a known command, allowed
-    /// for the access, with its path. The error is for the model.
-    pub fn check_memory(&self, args: &Value) -> Result<(), String> {
+    /// for the access; every parameter the command needs, of its type, and none it does not
+    /// take; paths under `/memories` without `.` or `..`; texts within `max_text_bytes`. The
+    /// error is for the model.
+    pub fn check_memory(&self, args: &Value, max_text_bytes: u64) -> Result<(), String> {
         let command = args.get("command").and_then(Value::as_str).unwrap_or("");
         let allowed: &[&str] = match self.memory {
             Some(MemoryAccess::ReadWrite) => &MEMORY_COMMANDS,
@@ -194,19 +197,160 @@ impl Offer {
                 allowed.join(", ")
             ));
         }
-        let path_key = if command == "rename" {
-            "old_path"
-        } else {
-            "path"
-        };
-        if args.get(path_key).and_then(Value::as_str).is_none() {
-            return Err(format!(
-                "memory {command} needs {path_key}, a path under /memories."
-            ));
-        }
-        Ok(())
+        check_memory_params(command, args, max_text_bytes)
     }
 }
+
+/// The parameters of each memory command: `(name, kind, required)`.
+fn memory_params(command: &str) -> &'static [(&'static str, Param, bool)] {
+    use Param::*;
+    match command {
+        "view" => &[("path", Path, true), ("view_range", Range, false)],
+        "create" => &[("path", FilePath, true), ("file_text", Text, true)],
+        "str_replace" => &[
+            ("path", FilePath, true),
+            ("old_str", Text, true),
+            ("new_str", Text, false),
+        ],
+        "insert" => &[
+            ("path", FilePath, true),
+            ("insert_line", Line, true),
+            ("insert_text", Text, true),
+        ],
+        "delete" => &[("path", FilePath, true)],
+        "rename" => &[("old_path", FilePath, true), ("new_path", FilePath, true)],
+        _ => &[],
+    }
+}
+
+/// What a memory parameter holds.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Param {
+    /// A path under `/memories` (the root itself allowed).
+    Path,
+    /// A path of a file under `/memories` (not the root).
+    FilePath,
+    Text,
+    /// A line number, 0 or more.
+    Line,
+    /// `[first, last]`, 1-based, `last` -1 for the end.
+    Range,
+}
+
+/// The longest memory path podhost sends.
+const MEMORY_PATH_BYTES: usize = 1024;
+
+fn check_memory_params(command: &str, args: &Value, max_text_bytes: u64) -> Result<(), String> {
+    let params = memory_params(command);
+    let Some(obj) = args.as_object() else {
+        return Err(format!(
+            "memory {command} needs its parameters as a JSON object."
+        ));
+    };
+    if let Some(extra) = obj
+        .keys()
+        .find(|k| *k != "command" && !params.iter().any(|(name, _, _)| name == k))
+    {
+        let takes: Vec<&str> = params.iter().map(|(n, _, _)| *n).collect();
+        return Err(format!(
+            "memory {command} does not take {extra}; it takes: {}.",
+            takes.join(", ")
+        ));
+    }
+    for &(name, kind, required) in params {
+        let Some(v) = obj.get(name) else {
+            if required {
+                return Err(format!("memory {command} needs {name}."));
+            }
+            continue;
+        };
+        match kind {
+            Param::Path | Param::FilePath => {
+                let Some(path) = v.as_str() else {
+                    return Err(format!("memory {command}: {name} must be a string."));
+                };
+                check_memory_path(command, name, path, kind == Param::FilePath)?;
+            }
+            Param::Text => {
+                let Some(text) = v.as_str() else {
+                    return Err(format!("memory {command}: {name} must be a string."));
+                };
+                if text.len() as u64 > max_text_bytes {
+                    return Err(format!(
+                        "memory {command}: {name} is {} bytes, past the {max_text_bytes} bytes a \
+                         memory call may carry; keep memories small, or split this one.",
+                        text.len()
+                    ));
+                }
+                if name == "old_str" && text.is_empty() {
+                    return Err(format!("memory {command}: old_str must not be empty."));
+                }
+            }
+            Param::Line => {
+                if v.as_u64().is_none() {
+                    return Err(format!(
+                        "memory {command}: {name} must be a whole number, 0 or more."
+                    ));
+                }
+            }
+            Param::Range => {
+                let ok = v.as_array().is_some_and(|r| {
+                    r.len() == 2
+                        && r[0].as_i64().is_some_and(|a| a >= 1)
+                        && r[1]
+                            .as_i64()
+                            .is_some_and(|b| b == -1 || r[0].as_i64().is_some_and(|a| b >= a))
+                });
+                if !ok {
+                    return Err(format!(
+                        "memory {command}: {name} must be [first, last] with 1 <= first <= last \
+                         (last -1 for the end)."
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A memory path: `/memories` or below it, without `.`, `..` or empty segments.
+fn check_memory_path(command: &str, name: &str, path: &str, file: bool) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("memory {command}: {name} {path:?} {why}."));
+    if path.len() > MEMORY_PATH_BYTES {
+        return Err(format!(
+            "memory {command}: {name} is {} bytes, past the {MEMORY_PATH_BYTES} a memory path may \
+             have.",
+            path.len()
+        ));
+    }
+    if path.contains('\0') || path.contains('\\') {
+        return bad("holds a character a memory path cannot");
+    }
+    let Some(rest) = path.strip_prefix(MEMORY_ROOT) else {
+        return bad("is not under /memories");
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if rest.is_empty() {
+        return if file {
+            bad("is the memory directory itself; name a file under it")
+        } else {
+            Ok(())
+        };
+    }
+    let Some(rest) = rest.strip_prefix('/') else {
+        return bad("is not under /memories");
+    };
+    if rest
+        .split('/')
+        .any(|seg| seg.is_empty() || seg == "." || seg == "..")
+    {
+        return bad("has an empty, . or .. segment");
+    }
+    Ok(())
+}
+
+/// Where memories live, as the model and core name them.
+const MEMORY_ROOT: &str = "/memories";
 
 const MEMORY_COMMANDS: [&str; 6] = [
     "view",
@@ -290,29 +434,23 @@ fn instructions(ts: &TurnStart, skills: &[MountedSkill], catalog: &Catalog) -> S
     parts.join("\n\n")
 }
 
-/// The memory block: how the tool works, the index, then the agent's own memory instructions.
+/// The memory block: how the tool works, then the agent's own memory instructions. The index
+/// is not here: it is pinned at the head of the session (`turn::context::MemoryPin`), so that a
+/// memory written during a turn changes no instructions.
 fn memory_block(m: &TurnMemory) -> String {
     let mut text = match m.access {
         MemoryAccess::ReadWrite => String::from(
             "You have a memory that lasts across sessions, as files under /memories. Use the \
              memory tool to view, create, edit, rename and delete them. Keep each memory a small \
-             file whose first lines say what it holds.",
+             file whose first lines say what it holds. The list of your memories is given at the \
+             start of the conversation.",
         ),
         MemoryAccess::ReadOnly => String::from(
             "You have a read-only memory, as files under /memories. Use the memory tool's view \
-             command to read them.",
+             command to read them. The list of your memories is given at the start of the \
+             conversation.",
         ),
     };
-    match m.index.as_deref().map(str::trim) {
-        Some(index) if !index.is_empty() => {
-            text.push_str("\n\nYour memories, newest first:\n");
-            text.push_str(index);
-            if m.truncated == Some(true) {
-                text.push_str("\n(Older memories are not listed; view /memories to see them all.)");
-            }
-        }
-        _ => text.push_str("\n\nYou have no memories yet."),
-    }
     if let Some(own) = m.instructions.as_deref().map(str::trim)
         && !own.is_empty()
     {
@@ -456,7 +594,7 @@ mod tests {
             json!(["view"])
         );
         assert_eq!(
-            sandboxed.check_memory(&json!({"command": "create", "path": "/memories/x"})),
+            sandboxed.check_memory(&json!({"command": "create", "path": "/memories/x"}), 100),
             Err("memory has no command \"create\" here; the commands are: view.".into())
         );
         let text = &sandboxed.instructions;
@@ -467,9 +605,90 @@ mod tests {
         assert!(text.contains("Files you write under /workspace/outputs reach the user too"));
         assert!(text.contains("- pdf (/skills/pdf@abc/): Read PDFs"));
         assert!(
-            text.ends_with("Your memories, newest first:\n- /memories/a.md — a"),
+            text.ends_with("The list of your memories is given at the start of the conversation."),
             "{text}"
         );
+        assert!(!text.contains("/memories/a.md"), "{text}");
+    }
+
+    #[test]
+    fn memory_calls_are_checked_in_full_before_they_are_sent() {
+        let offer = Offer::new(
+            &ts(json!({"memory": {"access": "read_write", "index": "- /memories/a.md — a"}})),
+            &[],
+            Catalog::default(),
+        );
+        let check = |args: Value| offer.check_memory(&args, 20);
+        assert_eq!(
+            check(json!({"command": "view", "path": "/memories"})),
+            Ok(())
+        );
+        assert_eq!(
+            check(json!({"command": "view", "path": "/memories/a.md", "view_range": [2, -1]})),
+            Ok(())
+        );
+        assert_eq!(
+            check(json!({"command": "create", "path": "/memories/b.md", "file_text": "tea"})),
+            Ok(())
+        );
+        assert_eq!(
+            check(
+                json!({"command": "rename", "old_path": "/memories/b.md", "new_path": "/memories/c/d.md"})
+            ),
+            Ok(())
+        );
+        let refusals = [
+            (
+                json!({"command": "create", "path": "/memories/b.md"}),
+                "memory create needs file_text.",
+            ),
+            (
+                json!({"command": "create", "path": "/etc/passwd", "file_text": "x"}),
+                "memory create: path \"/etc/passwd\" is not under /memories.",
+            ),
+            (
+                json!({"command": "create", "path": "/memoriesx/a", "file_text": "x"}),
+                "memory create: path \"/memoriesx/a\" is not under /memories.",
+            ),
+            (
+                json!({"command": "delete", "path": "/memories/../etc"}),
+                "memory delete: path \"/memories/../etc\" has an empty, . or .. segment.",
+            ),
+            (
+                json!({"command": "delete", "path": "/memories/"}),
+                "memory delete: path \"/memories/\" is the memory directory itself; name a file \
+                 under it.",
+            ),
+            (
+                json!({"command": "create", "path": "/memories/b.md", "file_text": "x".repeat(21)}),
+                "memory create: file_text is 21 bytes, past the 20 bytes a memory call may carry; \
+                 keep memories small, or split this one.",
+            ),
+            (
+                json!({"command": "insert", "path": "/memories/a.md", "insert_line": -1, "insert_text": "x"}),
+                "memory insert: insert_line must be a whole number, 0 or more.",
+            ),
+            (
+                json!({"command": "view", "path": "/memories/a.md", "view_range": [3, 2]}),
+                "memory view: view_range must be [first, last] with 1 <= first <= last (last -1 \
+                 for the end).",
+            ),
+            (
+                json!({"command": "view", "path": "/memories", "file_text": "x"}),
+                "memory view does not take file_text; it takes: path, view_range.",
+            ),
+            (
+                json!({"command": "str_replace", "path": "/memories/a.md", "old_str": ""}),
+                "memory str_replace: old_str must not be empty.",
+            ),
+            (
+                json!({"command": "delete", "path": 3}),
+                "memory delete: path must be a string.",
+            ),
+        ];
+        for (args, message) in refusals {
+            assert_eq!(check(args.clone()), Err(message.to_owned()), "{args}");
+        }
     }
 
     #[test]

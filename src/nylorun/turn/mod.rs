@@ -4,18 +4,20 @@
 //!   ([`effects`]); its `output` part ends the segment (`turn.completed`, `turn.failed`,
 //!   `turn.waiting`, `checkpoint`) and releases the run.
 //! * [`turn_start`] reads what core granted; [`transcript`] builds the prompt and the
-//!   transcript's edits; [`instructions`] says what the model reads and may call.
+//!   transcript's edits; [`instructions`] says what the model reads and may call; [`context`]
+//!   is the pod's side of the context budget (units, summaries' text, previews, the pinned
+//!   memory index, the prompt's files).
 //! * [`gates`] calls the Model Gate; [`shaping`] and [`spill`] fit a tool's result into one
 //!   record entry (v5 §5b), storing what does not fit as an artifact.
 //! * [`toolgate`] runs MCP and HTTP tools through the Tool Gate (discovery, the catalog, the
 //!   client, their results); [`naming`] names them for the model; [`tool_search`] loads the
 //!   deferred ones.
-//! * [`media`] is the one rule for which files a model is shown.
+//! * [`crate::agent::media`] is the one rule for which files a model is shown.
 
+pub(crate) mod context;
 pub mod effects;
 pub(crate) mod gates;
 pub(crate) mod instructions;
-pub mod media;
 pub mod naming;
 pub mod run;
 pub(crate) mod shaping;

@@ -14,8 +14,14 @@
 //!   A model call in flight is cancelled at the gate only for `cancel`/`deadline`.
 //! * Commands on the workspace run one at a time, with the workspace requests core sends (one
 //!   lock for both); each tool call's token is a child of the run's.
-//! * `state` is small (a version, the turn id, and for a waiting segment its input when it
-//!   fits `harnessStateBytes`) and present in every output.
+//! * `state` is small (a version, the turn id, the pinned memory index, and for a waiting
+//!   segment its input when it fits `harnessStateBytes`) and present in every output.
+//! * The history is compacted by the loop ([`agent::compaction`](crate::agent::compaction),
+//!   with this segment's side in `compaction`): each summary is a model effect with
+//!   `purpose: "summary"` and an id from its step, trigger and part; the edit that replaced the
+//!   history is marked `kind: "compaction"` with its facts. A fresh memory index is taken only
+//!   through a journaled `harness` effect (at the session's first segment with memory, and at a
+//!   compaction), so a replay shows the index the first attempt showed.
 //!
 //! Choices where the specs are silent (also in the report): the output of a completed turn is
 //! the final answer's text; the state a waiting segment leaves is what an `approval.answer`
@@ -39,15 +45,20 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::model::{Candidate, ModelAnswer, ResultOutcome, ToolCallBlock, ToolResult};
+use crate::agent::compaction::{Compaction, SummaryCall};
+use crate::agent::context::{Budget, Context};
+use crate::agent::model::{
+    Candidate, ModelAnswer, ModelFailure, ResultOutcome, ToolCallBlock, ToolResult,
+};
 use crate::agent::turn::{self as agent_turn, Effect, ToolEffect, TurnHost};
 use crate::floor::codes;
 use crate::nylorun::artifacts::skills::{MountedSkill, mount_skills};
 use crate::nylorun::artifacts::{Artifacts, read_for_model};
 use crate::nylorun::link::lease::{RunEnd, RunHandle, RunHandler, StopReason};
 use crate::nylorun::link::protocol::TurnLimits;
+use crate::nylorun::turn::context::{self as pod_context, MemoryPin};
 use crate::nylorun::turn::effects::{
-    Decision, Intent, Journal, JournalError, Recorded, SegmentIds,
+    self, Decision, Intent, Journal, JournalError, Recorded, SegmentIds,
 };
 use crate::nylorun::turn::gates::{Gates, GatesError, ModelRequest};
 use crate::nylorun::turn::instructions::{Offer, Route};
@@ -56,10 +67,11 @@ use crate::nylorun::turn::spill::fit_outcome;
 use crate::nylorun::turn::tool_search;
 use crate::nylorun::turn::toolgate::client::{ToolGate, ToolGateError};
 use crate::nylorun::turn::toolgate::results::StepBudget;
-use crate::nylorun::turn::transcript::{self, MediaPolicy};
+use crate::nylorun::turn::transcript::{self, Files};
 use crate::nylorun::turn::turn_start::{TurnInput, TurnStart, Unrunnable};
 use crate::tools::{CallContext, ToolName, Toolbox, unknown_tool};
 
+mod compaction;
 mod gate_calls;
 mod output;
 
@@ -70,6 +82,10 @@ use output::{HarnessState, end_name, failed, stopped_or_thrown};
 const STATE_VERSION: u32 = 1;
 /// Room per result in a `tool-results` entry beyond its value (`callId`, `toolName`, keys).
 const RESULT_OVERHEAD_BYTES: u64 = 64;
+/// The `toolName` of the journaled effect that takes a fresh memory index.
+const MEMORY_INDEX_EFFECT: &str = "memory_index";
+/// The most text one memory call carries (and at most the record entry limit less room).
+const MEMORY_TEXT_BYTES: u64 = 256 * 1024;
 
 /// Runs every granted run's turn segment on the pod's workspace.
 #[derive(Clone)]
@@ -184,7 +200,10 @@ async fn run_segment(shared: Arc<Shared>, run: RunHandle) -> RunEnd {
     );
     let cancel = segment.cancel.clone();
     let running = crate::floor::metrics::turn_running("pod");
-    let end = agent_turn::drive(&mut segment, 0, &cancel).await;
+    let end = match segment.pin_first().await {
+        Ok(()) => agent_turn::drive(&mut segment, 0, &cancel).await,
+        Err(fault) => Err(fault),
+    };
     let out = segment.finish(end).await;
     drop(running);
     crate::floor::metrics::turn_ended("pod", end_outcome(&out));
@@ -223,7 +242,17 @@ struct Segment {
     ids: SegmentIds,
     journal: Journal,
     offer: Offer,
-    media: MediaPolicy,
+    files: Files,
+    /// The model's context budget (`model.contextWindow`), if it has one.
+    budget: Option<Budget>,
+    /// The memory index shown at the head of the prompt (`None` without memory, or when none
+    /// could be pinned), and as the session's state had it when the segment started.
+    pin: Option<MemoryPin>,
+    pin_at_start: Option<MemoryPin>,
+    /// Each compaction of this segment: the transcript it left, and its facts.
+    compactions: Vec<(Vec<Value>, Value)>,
+    /// The summary calls of the compaction in progress.
+    summary_ids: Vec<String>,
     skills: Vec<MountedSkill>,
     /// The session's environment plus nothing else: every command's variables.
     env: Vec<(String, String)>,
@@ -307,6 +336,15 @@ impl Segment {
         }
 
         let artifacts = Artifacts::new(run.channel().clone(), run_id.clone(), ts.limits.clone());
+        let mut files = Files::new(ts.model.as_ref(), ts.limits.model_file_bytes);
+        pod_context::learn_files(&artifacts, &entries, &mut files).await;
+        if run.cancelled().is_cancelled() {
+            return Err(stopped_or_thrown(&run, Fault::Stopped));
+        }
+        let pin_at_start = state
+            .as_ref()
+            .and_then(|s| s.memory.clone())
+            .filter(|_| ts.memory.is_some());
         let skills = if ts.has_sandbox() && ts.manifest.has_skills() {
             let skills_value = ts.manifest.skills.clone().unwrap_or(Value::Null);
             match mount_skills(
@@ -355,7 +393,12 @@ impl Segment {
         Ok(Segment {
             offer: Offer::new(&ts, &skills, catalog),
             step_budget: StepBudget::new(ts.limits.record_entry_bytes),
-            media: MediaPolicy::from_model(ts.model.as_ref()),
+            files,
+            budget: ts.budget(),
+            pin: pin_at_start.clone(),
+            pin_at_start,
+            compactions: Vec::new(),
+            summary_ids: Vec::new(),
             shared,
             run_id,
             cancel: run.cancelled(),
@@ -379,6 +422,95 @@ impl Segment {
 
     fn limits(&self) -> &TurnLimits {
         &self.ts.limits
+    }
+
+    /// Runs or replays a model effect (a step's call or a summary call) whose request body is
+    /// `{effectId, invocationId, call: intent.input}`.
+    async fn model_effect(
+        &mut self,
+        intent: Intent,
+        invocation_id: String,
+        step: u32,
+        cancel: &CancellationToken,
+    ) -> Result<Effect<ModelAnswer>, Fault> {
+        let effect_id = intent.effect_id.clone();
+        let body = serde_json::to_vec(&json!({
+            "effectId": effect_id,
+            "invocationId": invocation_id,
+            "call": intent.input,
+        }))
+        .map_err(|e| Fault::Internal(format!("could not encode the model call: {e}")))?;
+        let limit = self.limits().model_call_bytes;
+        if body.len() as u64 > limit {
+            return Err(Fault::Failed {
+                code: codes::model::CALL_TOO_LARGE,
+                message: format!(
+                    "The model call of step {step} is {} bytes, past limits.modelCallBytes ({limit} \
+                     bytes)",
+                    body.len()
+                ),
+            });
+        }
+        let hash = intent.hash();
+        let value = match self.journal.decide(&intent, &hash).await? {
+            Decision::Known { value, replayed } => {
+                tracing::debug!(%effect_id, replayed, "model outcome known");
+                value
+            }
+            Decision::Wait { uncertain } => {
+                self.uncertain |= uncertain;
+                return Ok(Effect::Wait(effect_id));
+            }
+            Decision::Execute { rejoin, .. } => {
+                if rejoin {
+                    tracing::info!(%effect_id, "rejoining a model call a previous owner left at the gate");
+                }
+                let started = Instant::now();
+                let trace = self.ts.trace.clone().unwrap_or_default();
+                let sent = self
+                    .shared
+                    .gates
+                    .model_call(
+                        ModelRequest {
+                            token: self.current_token(),
+                            effect_id: &effect_id,
+                            traceparent: trace.traceparent.as_deref(),
+                            tracestate: trace.tracestate.as_deref(),
+                            body: &body,
+                        },
+                        cancel,
+                    )
+                    .await;
+                let answer = match sent {
+                    Ok(a) if !cancel.is_cancelled() => a,
+                    _ => return Err(self.stopped_in_model_call(&effect_id).await),
+                };
+                tracing::debug!(%effect_id, ms = started.elapsed().as_secs_f64() * 1000.0, "model call answered");
+                // Core records no outcome past the record entry limit, and a model's answer is
+                // not podhost's to cut: the turn fails, saying so.
+                let value = answer.to_value();
+                let (bytes, limit) = (json_len(&value) as u64, self.limits().record_entry_bytes);
+                if bytes > limit {
+                    return Err(Fault::Failed {
+                        code: codes::model::ANSWER_TOO_LARGE,
+                        message: format!(
+                            "The model's answer of step {step} is {bytes} bytes, past \
+                             limits.recordEntryBytes ({limit} bytes)"
+                        ),
+                    });
+                }
+                match self.journal.outcome(&effect_id, value).await? {
+                    Recorded::Completed(v) => v,
+                    Recorded::Uncertain => {
+                        self.uncertain = true;
+                        return Ok(Effect::Wait(effect_id));
+                    }
+                }
+            }
+        };
+        ModelAnswer::from_value(&value)
+            .map(Effect::Done)
+            .map_err(|e| Fault::Internal(format!("the outcome of {effect_id}: {e}")))
     }
 
     fn current_token(&self) -> Option<crate::nylorun::link::protocol::RunToken> {
@@ -487,98 +619,54 @@ impl TurnHost for Segment {
     async fn model(
         &mut self,
         step: u32,
+        attempt: u32,
         cancel: &CancellationToken,
     ) -> Result<Effect<ModelAnswer>, Fault> {
+        let pin = self.pin_text();
         let prompt = transcript::prompt(
             &self.offer.instructions,
+            pin.as_deref(),
             &self.entries,
             &self.ids.turn_id,
-            &self.media,
+            &self.files,
         );
         let call = json!({
             "prompt": prompt,
             "tools": self.offer.tools_for(&self.entries),
             "executionId": self.ids.session_id,
         });
-        let intent = Intent::model(&self.ids, step, call);
-        let effect_id = intent.effect_id.clone();
-        let body = serde_json::to_vec(&json!({
-            "effectId": effect_id,
-            "invocationId": self.ids.step_id(step),
-            "call": intent.input,
-        }))
-        .map_err(|e| Fault::Internal(format!("could not encode the model call: {e}")))?;
-        let limit = self.limits().model_call_bytes;
-        if body.len() as u64 > limit {
-            return Err(Fault::Failed {
-                code: codes::model::CALL_TOO_LARGE,
-                message: format!(
-                    "The model call of step {step} is {} bytes, past limits.modelCallBytes ({limit} \
-                     bytes)",
-                    body.len()
-                ),
-            });
+        let mut intent = Intent::model(&self.ids, step, call);
+        if attempt > 0 {
+            intent.effect_id = self
+                .ids
+                .effect_id("model", &effects::retry_identity(step, attempt));
         }
-        let hash = intent.hash();
-        let value = match self.journal.decide(&intent, &hash).await? {
-            Decision::Known { value, replayed } => {
-                tracing::debug!(%effect_id, replayed, "model outcome known");
-                value
-            }
-            Decision::Wait { uncertain } => {
-                self.uncertain |= uncertain;
-                return Ok(Effect::Wait(effect_id));
-            }
-            Decision::Execute { rejoin, .. } => {
-                if rejoin {
-                    tracing::info!(%effect_id, "rejoining a model call a previous owner left at the gate");
-                }
-                let started = Instant::now();
-                let trace = self.ts.trace.clone().unwrap_or_default();
-                let sent = self
-                    .shared
-                    .gates
-                    .model_call(
-                        ModelRequest {
-                            token: self.current_token(),
-                            effect_id: &effect_id,
-                            traceparent: trace.traceparent.as_deref(),
-                            tracestate: trace.tracestate.as_deref(),
-                            body: &body,
-                        },
-                        cancel,
-                    )
-                    .await;
-                let answer = match sent {
-                    Ok(a) if !cancel.is_cancelled() => a,
-                    _ => return Err(self.stopped_in_model_call(&effect_id).await),
-                };
-                tracing::debug!(%effect_id, ms = started.elapsed().as_secs_f64() * 1000.0, "model call answered");
-                // Core records no outcome past the record entry limit, and a model's answer is
-                // not podhost's to cut: the turn fails, saying so.
-                let value = answer.to_value();
-                let (bytes, limit) = (json_len(&value) as u64, self.limits().record_entry_bytes);
-                if bytes > limit {
-                    return Err(Fault::Failed {
-                        code: codes::model::ANSWER_TOO_LARGE,
-                        message: format!(
-                            "The model's answer of step {step} is {bytes} bytes, past \
-                             limits.recordEntryBytes ({limit} bytes)"
-                        ),
-                    });
-                }
-                match self.journal.outcome(&effect_id, value).await? {
-                    Recorded::Completed(v) => v,
-                    Recorded::Uncertain => {
-                        self.uncertain = true;
-                        return Ok(Effect::Wait(effect_id));
-                    }
-                }
-            }
-        };
-        ModelAnswer::from_value(&value)
-            .map(Effect::Done)
-            .map_err(|e| Fault::Internal(format!("the outcome of {effect_id}: {e}")))
+        self.model_effect(intent, self.ids.step_id(step), step, cancel)
+            .await
+    }
+
+    fn context(&self) -> Option<Context> {
+        self.context_now()
+    }
+
+    fn unit_text(&self, unit: usize) -> String {
+        self.text_of_unit(unit)
+    }
+
+    async fn summarize(
+        &mut self,
+        call: &SummaryCall,
+        cancel: &CancellationToken,
+    ) -> Result<Effect<ModelAnswer>, Fault> {
+        self.summary_call(call, cancel).await
+    }
+
+    async fn compacted(&mut self, c: &Compaction) -> Result<(), Fault> {
+        self.apply_compaction(c).await
+    }
+
+    async fn drop_files(&mut self, step: u32, failure: &ModelFailure) -> Result<bool, Fault> {
+        self.drop_refused_files(step, failure)
     }
 
     async fn answered(&mut self, step: u32, candidate: &Candidate) -> Result<(), Fault> {
@@ -612,8 +700,13 @@ impl TurnHost for Segment {
         if let (Some(cmd), Some(o)) = (command, args.as_object_mut()) {
             o.insert("command".to_owned(), Value::String(cmd));
         }
+        let memory_text = MEMORY_TEXT_BYTES.min(
+            self.limits()
+                .record_entry_bytes
+                .saturating_sub(ENTRY_ENVELOPE_BYTES as u64),
+        );
         if route == Route::Memory
-            && let Err(message) = self.offer.check_memory(&args)
+            && let Err(message) = self.offer.check_memory(&args, memory_text)
         {
             return Ok(ToolEffect::Done(ResultOutcome::failed(
                 "memory.invalid_input",

@@ -1,10 +1,12 @@
 //! The session's transcript (v5 §6): its entries, the prompt a model call is built from, and the
 //! edits a segment reports.
 //!
-//! Owns: the four entry kinds podhost writes (`input`, `candidate`, `tool-results`, `final`; it
-//! reads `compaction` too), the projection of instructions + entries into a `ModelCall` prompt
-//! (v2 notes §4.1), and [`updates`]: `{keep, entries, length}` edits from the transcript a segment
-//! read to the one it leaves, each filled up to `limits.recordEntryBytes`.
+//! Owns: the five entry kinds (`input`, `candidate`, `tool-results`, `final`, `compaction`), the
+//! projection of instructions, the pinned memory index and the entries into a `ModelCall` prompt
+//! (v2 notes §4.1) — each file part shown, inlined or noted as [`crate::agent::media`] decides —
+//! and [`updates`]: `{keep, entries, length}` edits from the transcript a segment read to the one
+//! it leaves, each filled up to `limits.recordEntryBytes`, the first edit of a compaction marked
+//! `kind: "compaction"` with its facts (v5 §6).
 //!
 //! Invariants:
 //! * Entries are kept as the JSON core stores (`serde_json::Value`), so an entry podhost did not
@@ -14,16 +16,18 @@
 //! * No edit is larger than the limit: an entry that cannot fit alone is an error, never sent
 //!   (core would refuse it).
 //!
-//! Non-goals: compaction (podhost writes no summaries; a `compaction` entry another segment wrote
-//! is projected as the summary it holds).
+//! Non-goals: deciding when to compact or what to keep (`agent::context`, with the pod's side in
+//! `turn::context`).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use std::collections::HashMap;
+
+use crate::agent::media::{self, FileFacts, ModelFiles, Shown};
 use crate::agent::model::{Candidate, ResultOutcome, ToolResult};
-pub use crate::nylorun::turn::media::MediaPolicy;
 use crate::nylorun::turn::shaping::json_len;
-use crate::nylorun::turn::turn_start::Message;
+use crate::nylorun::turn::turn_start::{Message, ModelDescriptor};
 
 /// One edit of the transcript: the first `keep` entries of the previous transcript, then
 /// `entries`; the result has exactly `length` entries.
@@ -33,6 +37,24 @@ pub struct TranscriptUpdate {
     pub keep: usize,
     pub entries: Vec<Value>,
     pub length: usize,
+    /// `"compaction"` on the first event of an edit that replaced the history.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// `{trigger, tokensBefore, tokensAfter, summaryEffectIds}` with `kind`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<Value>,
+}
+
+impl TranscriptUpdate {
+    fn plain(keep: usize, entries: Vec<Value>, length: usize) -> Self {
+        TranscriptUpdate {
+            keep,
+            entries,
+            length,
+            kind: None,
+            compaction: None,
+        }
+    }
 }
 
 /// An entry that cannot fit in one record entry.
@@ -78,14 +100,192 @@ pub fn final_entry(turn_id: &str, step_id: &str, output: &Value) -> Value {
     json!({"kind": "final", "turnId": turn_id, "stepId": step_id, "output": output})
 }
 
-/// The prompt: instructions, then the transcript's entries (v2 notes §4.1).
+/// `{kind: "compaction", turnId, stepId, summary, trigger, tokensBefore, tokensAfter}`.
+pub fn compaction_entry(
+    turn_id: &str,
+    step_id: &str,
+    summary: &str,
+    trigger: &str,
+    tokens_before: u64,
+    tokens_after: u64,
+) -> Value {
+    json!({
+        "kind": "compaction",
+        "turnId": turn_id,
+        "stepId": step_id,
+        "summary": summary,
+        "trigger": trigger,
+        "tokensBefore": tokens_before,
+        "tokensAfter": tokens_after,
+    })
+}
+
+/// What podhost learned of one file a media part names (its artifact version's metadata, and
+/// its text when it is a text file within the inline cap).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FileInfo {
+    pub name: Option<String>,
+    pub media_type: Option<String>,
+    pub size: Option<u64>,
+    /// The text of a text file within the cap.
+    pub text: Option<String>,
+}
+
+/// How file parts reach the model: the model's facts and what is known of each file, by
+/// [`file_key`].
+#[derive(Clone, Debug, Default)]
+pub struct Files {
+    pub model: ModelFiles,
+    pub known: HashMap<String, FileInfo>,
+}
+
+/// The key of a media part's file: `artifactId@version` (`@latest` without a version).
+pub fn file_key(reference: &Value) -> Option<String> {
+    let id = reference.get("artifactId").and_then(Value::as_str)?;
+    let version = match reference.get("version") {
+        Some(Value::Number(n)) => n.to_string(),
+        Some(Value::String(s)) => s.clone(),
+        _ => "latest".to_owned(),
+    };
+    Some(format!("{id}@{version}"))
+}
+
+impl Files {
+    /// For a model descriptor and `limits.modelFileBytes`.
+    pub fn new(model: Option<&ModelDescriptor>, model_file_bytes: u64) -> Self {
+        Files {
+            model: ModelFiles {
+                inputs: model.map(|m| m.inputs.clone()),
+                max_file_bytes: Some(model_file_bytes),
+                ..ModelFiles::default()
+            },
+            known: HashMap::new(),
+        }
+    }
+
+    /// How a media part is shown: as is, its text inlined, or a note.
+    pub fn decide(&self, part: &Value) -> Shown {
+        let reference = part.get("reference").unwrap_or(&Value::Null);
+        let info = file_key(reference)
+            .and_then(|k| self.known.get(&k))
+            .cloned()
+            .unwrap_or_default();
+        let media_type = part
+            .get("mediaType")
+            .and_then(Value::as_str)
+            .or(info.media_type.as_deref())
+            .unwrap_or("application/octet-stream");
+        let facts = self.facts(part, &info, media_type);
+        match self.model.decide(&facts, &read_hint(reference)) {
+            Shown::InlineText if info.text.is_none() => Shown::Note(media::note(
+                &facts,
+                "Its text could not be read here",
+                &read_hint(reference),
+            )),
+            other => other,
+        }
+    }
+
+    fn facts<'a>(&self, part: &'a Value, info: &'a FileInfo, media_type: &'a str) -> FileFacts<'a> {
+        let reference = part.get("reference").unwrap_or(&Value::Null);
+        let name = reference
+            .get("name")
+            .and_then(Value::as_str)
+            .or(info.name.as_deref())
+            .or_else(|| reference.get("artifactId").and_then(Value::as_str))
+            .unwrap_or("?");
+        FileFacts {
+            name,
+            media_type,
+            size: info.size,
+        }
+    }
+
+    /// A content part as the model gets it: media it can read as is; a text file's text; any
+    /// other file as a note naming the artifact.
+    fn part(&self, part: &Value) -> Value {
+        if part.get("type").and_then(Value::as_str) != Some("media") {
+            return part.clone();
+        }
+        match self.decide(part) {
+            Shown::Media => part.clone(),
+            Shown::Note(text) => json!({"type": "text", "text": text}),
+            Shown::InlineText => {
+                let reference = part.get("reference").unwrap_or(&Value::Null);
+                let info = file_key(reference)
+                    .and_then(|k| self.known.get(&k))
+                    .cloned()
+                    .unwrap_or_default();
+                let media_type = part.get("mediaType").and_then(Value::as_str).unwrap_or("");
+                let facts = self.facts(part, &info, media_type);
+                json!({"type": "text", "text": format!(
+                    "[Attached file {} ({media_type}), its text follows.]\n{}",
+                    facts.name,
+                    info.text.as_deref().unwrap_or("")
+                )})
+            }
+        }
+    }
+
+    /// A tool result's `files` (`[{mediaType, reference}]`) as prompt parts, each through
+    /// [`Files::part`].
+    pub fn file_parts(&self, files: Option<&Value>) -> Vec<Value> {
+        files
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|f| f.get("mediaType").is_some() && f.get("reference").is_some())
+            .map(|f| {
+                self.part(&json!({
+                    "type": "media",
+                    "mediaType": f["mediaType"],
+                    "reference": f["reference"],
+                }))
+            })
+            .collect()
+    }
+
+    /// The note for a file part the model refused.
+    pub fn refused_note(&self, part: &Value) -> Value {
+        let reference = part.get("reference").unwrap_or(&Value::Null);
+        let info = file_key(reference)
+            .and_then(|k| self.known.get(&k))
+            .cloned()
+            .unwrap_or_default();
+        let media_type = part
+            .get("mediaType")
+            .and_then(Value::as_str)
+            .unwrap_or("application/octet-stream");
+        let facts = self.facts(part, &info, media_type);
+        json!({"type": "text", "text": media::refused_note(&facts, &read_hint(reference))})
+    }
+}
+
+/// How the model can read a file it is not shown.
+fn read_hint(reference: &Value) -> String {
+    match reference.get("artifactId").and_then(Value::as_str) {
+        Some(id) => format!("Call read_artifact with artifactId \"{id}\" to read it."),
+        None => String::new(),
+    }
+}
+
+/// The prompt: instructions, the pinned memory index (a user-role item at the head, where the
+/// prefix stays cacheable), then the transcript's entries (v2 notes §4.1).
 pub fn prompt(
     instructions: &str,
+    pin: Option<&str>,
     entries: &[Value],
     current_turn: &str,
-    media: &MediaPolicy,
+    files: &Files,
 ) -> Vec<Value> {
-    let mut items = Vec::with_capacity(entries.len() + 1);
+    let mut items = head(instructions, pin);
+    items.extend(project(entries, current_turn, files));
+    items
+}
+
+/// The items every prompt starts with: the instructions and the pinned memory index.
+pub fn head(instructions: &str, pin: Option<&str>) -> Vec<Value> {
+    let mut items = Vec::with_capacity(2);
     if !instructions.is_empty() {
         items.push(json!({
             "kind": "instructions",
@@ -93,13 +293,24 @@ pub fn prompt(
             "content": [{"type": "text", "text": instructions}],
         }));
     }
-    for entry in entries {
-        project_entry(entry, current_turn, media, &mut items);
+    if let Some(pin) = pin {
+        items.push(
+            json!({"kind": "message", "role": "user", "content": [{"type": "text", "text": pin}]}),
+        );
     }
     items
 }
 
-fn project_entry(entry: &Value, current_turn: &str, media: &MediaPolicy, out: &mut Vec<Value>) {
+/// The prompt items of `entries`.
+pub fn project(entries: &[Value], current_turn: &str, files: &Files) -> Vec<Value> {
+    let mut items = Vec::with_capacity(entries.len());
+    for entry in entries {
+        project_entry(entry, current_turn, files, &mut items);
+    }
+    items
+}
+
+fn project_entry(entry: &Value, current_turn: &str, media: &Files, out: &mut Vec<Value>) {
     let kind = entry.get("kind").and_then(Value::as_str).unwrap_or("");
     match kind {
         "input" => {
@@ -192,8 +403,8 @@ fn assistant_part(block: &Value, same_turn: bool) -> Option<Value> {
 }
 
 /// A tool result as a `tool-result` prompt item: its payload as JSON text, then its files as
-/// the media rule ([`MediaPolicy`]) shows them.
-fn tool_result_item(result: &Value, media: &MediaPolicy) -> Value {
+/// the media rule ([`Files::part`]) shows them.
+fn tool_result_item(result: &Value, media: &Files) -> Value {
     let parsed = ToolResult::deserialize(result).ok();
     let (status, payload) = match parsed.as_ref().map(|r| &r.outcome) {
         Some(ResultOutcome::Completed { output, .. }) => ("completed", output.clone()),
@@ -216,6 +427,26 @@ fn tool_result_item(result: &Value, media: &MediaPolicy) -> Value {
     })
 }
 
+/// The edits that turn `before` into `after`, each at most `limit` bytes as JSON; with
+/// `compaction` facts, the first is marked `kind: "compaction"` and carries them (v5 §6).
+pub fn marked_updates(
+    before: &[Value],
+    after: &[Value],
+    limit: usize,
+    compaction: Option<&Value>,
+) -> Result<Vec<TranscriptUpdate>, EntryTooLarge> {
+    let Some(facts) = compaction else {
+        return updates(before, after, limit);
+    };
+    let room = limit.saturating_sub(json_len(facts) + 36);
+    let mut edits = updates(before, after, room)?;
+    if let Some(first) = edits.first_mut() {
+        first.kind = Some("compaction".to_owned());
+        first.compaction = Some(facts.clone());
+    }
+    Ok(edits)
+}
+
 /// The edits that turn `before` into `after`, each at most `limit` bytes as JSON.
 ///
 /// `keep` is the longest common prefix. Identical transcripts need no edit; a pure truncation is
@@ -231,18 +462,10 @@ pub fn updates(
         return Ok(Vec::new());
     }
     if keep == after.len() {
-        return Ok(vec![TranscriptUpdate {
-            keep,
-            entries: Vec::new(),
-            length: keep,
-        }]);
+        return Ok(vec![TranscriptUpdate::plain(keep, Vec::new(), keep)]);
     }
     let mut out = Vec::new();
-    let mut current = TranscriptUpdate {
-        keep,
-        entries: Vec::new(),
-        length: keep,
-    };
+    let mut current = TranscriptUpdate::plain(keep, Vec::new(), keep);
     let mut bytes = 0usize;
     for (i, entry) in after.iter().enumerate().skip(keep) {
         let size = json_len(entry);
@@ -256,11 +479,7 @@ pub fn updates(
             let next_keep = current.length;
             out.push(std::mem::replace(
                 &mut current,
-                TranscriptUpdate {
-                    keep: next_keep,
-                    entries: Vec::new(),
-                    length: next_keep,
-                },
+                TranscriptUpdate::plain(next_keep, Vec::new(), next_keep),
             ));
             bytes = 0;
             let alone = update_bytes(next_keep, next_keep + 1, size);
@@ -363,11 +582,7 @@ mod tests {
         assert_eq!(updates(&t, &t, 1000).unwrap(), vec![]);
         assert_eq!(
             updates(&t, &t[..1], 1000).unwrap(),
-            vec![TranscriptUpdate {
-                keep: 1,
-                entries: vec![],
-                length: 1
-            }]
+            vec![TranscriptUpdate::plain(1, vec![], 1)]
         );
         let big = vec![entry(0, 500)];
         let err = updates(&[], &big, 300).unwrap_err();
@@ -431,19 +646,45 @@ mod tests {
             results_entry("t", "s0", &results),
             final_entry("t", "s1", &json!("done")),
         ];
-        let media = MediaPolicy {
-            inputs: Some(vec!["text".into()]),
+        let text_only = ModelDescriptor {
+            inputs: vec!["text".into()],
+            ..ModelDescriptor::default()
         };
-        let p = prompt("Be brief.", &entries, "t", &media);
+        let mut files = Files::new(Some(&text_only), 8 << 20);
+        files.known.insert(
+            "a1@2".into(),
+            FileInfo {
+                size: Some(6),
+                text: Some("a,b\n1,2".into()),
+                ..FileInfo::default()
+            },
+        );
+        files.known.insert(
+            "a2@1".into(),
+            FileInfo {
+                size: Some(2048),
+                name: Some("chart.png".into()),
+                ..FileInfo::default()
+            },
+        );
+        let p = prompt(
+            "Be brief.",
+            Some("Your memories: none."),
+            &entries,
+            "t",
+            &files,
+        );
         assert_eq!(
             p,
             vec![
                 json!({"kind": "instructions", "role": "system",
                        "content": [{"type": "text", "text": "Be brief."}]}),
+                json!({"kind": "message", "role": "user",
+                       "content": [{"type": "text", "text": "Your memories: none."}]}),
                 json!({"kind": "message", "role": "user", "content": [
                     {"type": "text", "text": "see"},
-                    {"type": "text", "text": "[Attached file d.csv (text/csv): artifact a1 version 2. Its text is not shown here; call read_artifact with artifactId \"a1\" to read it.]"},
-                    {"type": "text", "text": "[Attached file a2 (image/png): artifact a2 version 1. This model cannot read image files; call read_artifact with artifactId \"a2\" to read it.]"},
+                    {"type": "text", "text": "[Attached file d.csv (text/csv), its text follows.]\na,b\n1,2"},
+                    {"type": "text", "text": "[Attached file chart.png (image/png, 2048 bytes). This model cannot read image files, so it is not shown here. Call read_artifact with artifactId \"a2\" to read it.]"},
                 ]}),
                 json!({"kind": "message", "role": "assistant", "content": [
                     {"type": "reasoning", "text": "signed", "providerMetadata": {"sig": "x"}},
@@ -454,11 +695,63 @@ mod tests {
                        "status": "completed", "content": [{"type": "text", "text": "{\"exitCode\":0}"}]}),
             ]
         );
-        // Without a descriptor, media the gate may read pass through.
-        let p = prompt("", &entries[..1], "t", &MediaPolicy::default());
+        // Without a descriptor, media the gate may read pass through; a text file whose text
+        // could not be read is a note.
+        let p = prompt("", None, &entries[..1], "t", &Files::default());
         assert_eq!(
             p[0]["content"][2],
             json!({"type": "media", "mediaType": "image/png", "reference": {"artifactId": "a2", "version": 1}})
         );
+        assert_eq!(
+            p[0]["content"][1]["text"],
+            "[Attached file d.csv (text/csv). Its text could not be read here, so it is not shown \
+             here. Call read_artifact with artifactId \"a1\" to read it.]"
+        );
+        // An image past modelFileBytes is a note too.
+        let vision = ModelDescriptor {
+            inputs: vec!["text".into(), "image".into()],
+            ..ModelDescriptor::default()
+        };
+        let mut small = Files::new(Some(&vision), 1024);
+        small.known = files.known.clone();
+        let p = prompt("", None, &entries[..1], "t", &small);
+        assert_eq!(
+            p[0]["content"][2]["text"],
+            "[Attached file chart.png (image/png, 2048 bytes). It is past the 1024 bytes a model \
+             may be shown, so it is not shown here. Call read_artifact with artifactId \"a2\" to \
+             read it.]"
+        );
+    }
+
+    #[test]
+    fn a_tool_results_files_go_through_the_same_rule() {
+        let files = json!([{"mediaType": "image/png",
+                            "reference": {"artifactId": "a1", "version": 1, "name": "x.png"}}]);
+        let vision = ModelDescriptor {
+            inputs: vec!["text".into(), "image".into()],
+            ..ModelDescriptor::default()
+        };
+        let text_only = ModelDescriptor {
+            inputs: vec!["text".into()],
+            ..ModelDescriptor::default()
+        };
+        let images = Files::new(Some(&vision), 8 << 20);
+        assert_eq!(
+            images.file_parts(Some(&files)),
+            vec![json!({"type": "media", "mediaType": "image/png",
+                        "reference": {"artifactId": "a1", "version": 1, "name": "x.png"}})]
+        );
+        assert_eq!(
+            Files::new(Some(&text_only), 8 << 20).file_parts(Some(&files)),
+            vec![
+                json!({"type": "text", "text": "[Attached file x.png (image/png). This model \
+                cannot read image files, so it is not shown here. Call read_artifact with \
+                artifactId \"a1\" to read it.]"})
+            ]
+        );
+        assert_eq!(images.file_parts(None), Vec::<Value>::new());
+        // A text file a tool returned is never sent as media: the gate would refuse it.
+        let csv = json!([{"mediaType": "text/csv", "reference": {"artifactId": "a3"}}]);
+        assert_eq!(images.file_parts(Some(&csv))[0]["type"], "text");
     }
 }

@@ -21,6 +21,7 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
+use crate::agent::context::{Budget, DEFAULT_THRESHOLD};
 use crate::nylorun::link::protocol::{McpFacts, RunGrant, TurnLimits};
 
 /// Core's default segment budget (v2 notes §2: `options.yieldAfter`, 50 steps / 20 minutes).
@@ -449,12 +450,16 @@ pub struct ModelDescriptor {
 }
 
 /// podhost's own `loop` settings (the manifest's harness section, which core passes on unread):
-/// `{yieldAfter?: {steps?, ms?}}`.
+/// `{yieldAfter?: {steps?, ms?}, compactAt?}`.
 #[derive(Clone, Copy, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LoopSettings {
     #[serde(default)]
     pub yield_after: Option<YieldAfter>,
+    /// The share of the model's usable window (its context window less its output room) past
+    /// which the history is compacted: above 0, at most 1 (default 0.8).
+    #[serde(default)]
+    pub compact_at: Option<f64>,
 }
 
 /// Why podhost cannot run a TurnStart: the `turn.failed` error it reports.
@@ -545,6 +550,22 @@ impl TurnStart {
             .map(|a| a.id.clone())
             .or_else(|| self.manifest.id.clone())
             .unwrap_or_default()
+    }
+
+    /// The model's context budget: `model.contextWindow`, with `maxOutputTokens` kept for the
+    /// answer, compacting past `loop.compactAt` (a share of the rest; 0.8 when unset or out of
+    /// range). `None` without a window.
+    pub fn budget(&self) -> Option<Budget> {
+        let model = self.model.as_ref()?;
+        let window = model.context_window.filter(|w| *w > 0)?;
+        let threshold = self
+            .loop_settings
+            .as_ref()
+            .and_then(|l| LoopSettings::deserialize(l).ok())
+            .and_then(|l| l.compact_at)
+            .filter(|t| *t > 0.0 && *t <= 1.0)
+            .unwrap_or(DEFAULT_THRESHOLD);
+        Some(Budget::new(window, model.max_output_tokens, threshold))
     }
 
     pub fn traceparent(&self) -> Option<&str> {
@@ -658,6 +679,26 @@ mod tests {
             vec![("FOO".into(), "bar".into()), ("N".into(), "3".into())]
         );
         assert_eq!(ts.yield_after(), (3, DEFAULT_YIELD_AFTER));
+        assert_eq!(ts.budget(), None);
+    }
+
+    #[test]
+    fn the_budget_comes_from_the_model_and_the_loop_settings() {
+        let mut v = start(json!("x"));
+        v["model"] = json!({"provider": "p", "id": "m", "inputs": ["text"],
+                            "contextWindow": 10000, "maxOutputTokens": 1000});
+        let ts = TurnStart::parse(&v).unwrap();
+        assert_eq!(ts.budget(), Some(Budget::new(10000, Some(1000), 0.8)));
+        v["loop"] = json!({"compactAt": 0.5});
+        assert_eq!(
+            TurnStart::parse(&v).unwrap().budget().unwrap().threshold,
+            0.5
+        );
+        v["loop"] = json!({"compactAt": 7});
+        assert_eq!(
+            TurnStart::parse(&v).unwrap().budget().unwrap().threshold,
+            0.8
+        );
     }
 
     #[test]

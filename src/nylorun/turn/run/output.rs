@@ -15,6 +15,7 @@ use crate::nylorun::artifacts::Artifacts;
 use crate::nylorun::artifacts::export::export_outputs;
 use crate::nylorun::link::lease::{RunEnd, RunHandle, StopReason};
 use crate::nylorun::link::protocol::{ReleaseReason, methods};
+use crate::nylorun::turn::context::MemoryPin;
 use crate::nylorun::turn::shaping::json_len;
 use crate::nylorun::turn::transcript;
 
@@ -29,6 +30,9 @@ pub(super) struct HarnessState {
     /// A waiting segment's input, to run it again when an `approval.answer` comes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) input: Option<Value>,
+    /// The memory index the session pinned (refreshed only at a compaction).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) memory: Option<MemoryPin>,
 }
 
 impl HarnessState {
@@ -132,10 +136,22 @@ pub(super) fn stopped_end(run: &RunHandle, transcript: Option<Value>) -> RunEnd 
 }
 
 impl Segment {
-    /// The transcript's edits since the segment read it.
+    /// The transcript's edits since the segment read it: each compaction's own edit, marked
+    /// with its facts, then the rest.
     fn edits(&self) -> Result<Value, transcript::EntryTooLarge> {
         let limit = usize::try_from(self.limits().record_entry_bytes).unwrap_or(usize::MAX);
-        let edits = transcript::updates(&self.before, &self.entries, limit)?;
+        let mut edits = Vec::new();
+        let mut from = &self.before;
+        for (snapshot, facts) in &self.compactions {
+            edits.extend(transcript::marked_updates(
+                from,
+                snapshot,
+                limit,
+                Some(facts),
+            )?);
+            from = snapshot;
+        }
+        edits.extend(transcript::updates(from, &self.entries, limit)?);
         Ok(serde_json::to_value(edits).unwrap_or_else(|_| json!([])))
     }
 
@@ -169,7 +185,10 @@ impl Segment {
     /// The segment's output.
     pub(super) async fn finish(mut self, end: Result<TurnEnd, Fault>) -> RunEnd {
         let run_id = self.run_id.clone();
-        let state = HarnessState::done();
+        let state = HarnessState {
+            memory: self.pin.clone(),
+            ..HarnessState::done()
+        };
         match end {
             Ok(TurnEnd::Completed { candidate }) => {
                 let output = Value::String(candidate.text_output());
@@ -218,10 +237,12 @@ impl Segment {
             Ok(TurnEnd::Waiting { effect_ids }) => {
                 // The segment runs again once its effects are settled; it leaves no edits, and
                 // keeps its input for an `approval.answer`.
+                // The segment runs again from its start: with the index it started with.
                 let mut waiting = HarnessState {
                     v: STATE_VERSION,
                     turn_id: Some(self.ids.turn_id.clone()),
                     input: Some(self.input_raw.clone()),
+                    memory: self.pin_at_start.clone(),
                 };
                 if json_len(&waiting.value()) as u64 > self.limits().harness_state_bytes {
                     tracing::warn!(%run_id, "the waiting segment's input is too large for the state; an approval cannot run it again");
@@ -247,6 +268,7 @@ impl Segment {
                             v: STATE_VERSION,
                             turn_id: Some(self.ids.turn_id.clone()),
                             input: None,
+                            memory: self.pin.clone(),
                         }
                         .value(),
                         "transcript": edits,
@@ -294,6 +316,7 @@ mod tests {
             v: STATE_VERSION,
             turn_id: Some("t".into()),
             input: Some(json!({"kind": "continue"})),
+            memory: None,
         };
         let v = waiting.value();
         assert_eq!(

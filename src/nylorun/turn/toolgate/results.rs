@@ -5,7 +5,7 @@
 //! envelope, at most 32 KiB inline per result, 512-byte stubs once spent); the outcome of each
 //! gate answer ([`outcome`]); storing binary parts (`image`, `audio`, blob `resource`) as
 //! artifacts, always, and naming images in `files` so the media rule
-//! ([`crate::nylorun::turn::media`]) decides whether the model sees them; and fitting text parts
+//! ([`crate::agent::media`]) decides whether the model sees them; and fitting text parts
 //! (and `structuredContent`) into the result's cap by storing the largest first, each replaced
 //! by `{truncated: true, artifactId, size, preview}` (the first 4 KiB and the last 1 KiB).
 //!
