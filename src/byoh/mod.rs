@@ -4,6 +4,7 @@
 //! Layout, by responsibility:
 //! * [`protocol`]: wire types and their validation.
 //! * [`server`]: axum routes, authentication, limits, the error → status mapping.
+//! * [`listener`]: the accept loop: header, body and idle timeouts, the connection cap.
 //! * [`engine`]: the state the routes and the turn tasks share (live turns, permits, locks).
 //! * [`invocation`]: what each route means: idempotency, backpressure, cancellation.
 //! * [`runner`]: turn tasks, recovery after a restart, the retention sweeper.
@@ -15,6 +16,7 @@
 
 pub(crate) mod engine;
 pub(crate) mod invocation;
+pub mod listener;
 pub(crate) mod protocol;
 pub mod runner;
 pub(crate) mod server;
@@ -55,6 +57,10 @@ pub struct ServeConfig {
     pub max_steps: u32,
     /// Attempts per model call.
     pub model_attempts: u32,
+    /// The HTTP listener's timeouts and connection cap.
+    pub http: listener::HttpLimits,
+    /// Free bytes the data directory must keep; below it, new submissions are answered `503`.
+    pub min_free_bytes: u64,
     pub exec: ExecSettings,
 }
 
@@ -186,23 +192,55 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
     if token.is_none() {
         warn!("no credential is configured: the endpoint is open to every caller on this machine");
     }
+    let http = http_limits(args.http);
     info!(
         addr = %local,
         data = %args.data.display(),
         max_running = args.max_running,
         "podhost serve listening on http://{local}"
     );
-    let app = server::router(engine.clone(), token);
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await;
+    let floor = (args.min_free_bytes > 0).then(|| server::FreeSpaceFloor {
+        dir: args.data.clone(),
+        bytes: args.min_free_bytes,
+    });
+    if let Some(Err(message)) = floor.as_ref().map(server::FreeSpaceFloor::check) {
+        warn!(%message, "the data directory is low on space");
+    }
+    let app = server::router(engine.clone(), token, floor);
+    listener::serve(listener, app, http, shutdown_signal()).await;
     info!("shutting down: stopping turns");
     engine.shutdown(Duration::from_secs(10)).await;
-    served.map_err(|source| ServeError::Io {
-        what: "the server failed".into(),
-        source,
-    })?;
     Ok(exit::OK)
+}
+
+/// Descriptors kept back from the connection cap for the store, commands and model calls.
+const FD_RESERVE: u64 = 512;
+
+/// Raises the open-file limit to its hard limit (each connection holds a descriptor), and lowers
+/// the connection cap, with a warning, when even that limit cannot hold it.
+fn http_limits(mut limits: listener::HttpLimits) -> listener::HttpLimits {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let soft = match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => hard,
+            Err(e) => {
+                warn!(error = %e, soft, hard, "could not raise the open-file limit");
+                soft
+            }
+        },
+        Ok((soft, _)) => soft,
+        Err(_) => return limits,
+    };
+    let room = soft.saturating_sub(FD_RESERVE).max(16);
+    if (limits.max_connections as u64) > room {
+        warn!(
+            configured = limits.max_connections,
+            open_file_limit = soft,
+            "the open-file limit cannot hold PODHOST_HTTP_MAX_CONNECTIONS; lowering it to {room}"
+        );
+        limits.max_connections = room as usize;
+    }
+    limits
 }
 
 async fn shutdown_signal() {

@@ -7,6 +7,7 @@ use clap::Args;
 
 use super::exec::ExecArgs;
 use crate::byoh::ServeConfig;
+use crate::byoh::listener::HttpLimits;
 use crate::floor::secret::Secret;
 
 /// `podhost serve`.
@@ -44,6 +45,28 @@ pub struct ServeArgs {
     #[arg(long, env = "PODHOST_MODEL_ATTEMPTS", default_value_t = 4,
           value_parser = clap::value_parser!(u32).range(1..=20))]
     pub model_attempts: u32,
+    /// Seconds a connection may take to send a request's headers (from its accept, or from its
+    /// first byte after the previous response); past it, the connection is closed.
+    #[arg(long, env = "PODHOST_HTTP_HEADER_TIMEOUT_SECS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub http_header_timeout_secs: u64,
+    /// Seconds a request's body may take to arrive; past it, the connection is closed.
+    #[arg(long, env = "PODHOST_HTTP_BODY_TIMEOUT_SECS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub http_body_timeout_secs: u64,
+    /// Seconds a kept-alive connection may stay silent between requests.
+    #[arg(long, env = "PODHOST_HTTP_IDLE_TIMEOUT_SECS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub http_idle_timeout_secs: u64,
+    /// Most connections open at once; at the cap, the oldest connection not inside a request is
+    /// closed to make room.
+    #[arg(long, env = "PODHOST_HTTP_MAX_CONNECTIONS", default_value_t = 4096,
+          value_parser = clap::value_parser!(u64).range(16..=1_000_000))]
+    pub http_max_connections: u64,
+    /// MiB the data directory must keep free; below it, new submissions are answered 503 (which
+    /// Oumi retries); 0 for no floor.
+    #[arg(long, env = "PODHOST_MIN_FREE_MB", default_value_t = 256)]
+    pub min_free_mb: u64,
     #[command(flatten)]
     pub exec: ExecArgs,
 }
@@ -61,6 +84,13 @@ impl ServeArgs {
             orphan_grace: Duration::from_secs(self.orphan_grace_secs),
             max_steps: self.max_steps,
             model_attempts: self.model_attempts,
+            http: HttpLimits {
+                header_timeout: Duration::from_secs(self.http_header_timeout_secs),
+                body_timeout: Duration::from_secs(self.http_body_timeout_secs),
+                idle_timeout: Duration::from_secs(self.http_idle_timeout_secs),
+                max_connections: self.http_max_connections as usize,
+            },
+            min_free_bytes: self.min_free_mb.saturating_mul(1 << 20),
             exec: self.exec.settings(),
         }
     }
