@@ -32,6 +32,7 @@ use tracing::{info, warn};
 
 use crate::chat::client::{ModelClient, RetryPolicy};
 use crate::exec::ExecSettings;
+use crate::exec::confine::Guard;
 use crate::floor::codes::exit;
 use crate::floor::secret::Secret;
 use crate::tools::ToolboxBuilder;
@@ -118,15 +119,39 @@ async fn resolve(listen: &str) -> Result<SocketAddr, ServeError> {
 
 /// The policy every session's commands start from: nothing of the data directory (the store,
 /// other sessions' workspaces) or the credential file is reachable; a session's toolbox grants
-/// its own workspace and tmp back.
+/// its own workspace and tmp back. Their modes are checked at each use (see `state_guards`).
 fn tools(args: &ServeConfig, supervisor: PathBuf) -> ToolboxBuilder {
     ToolboxBuilder::new(&args.exec, supervisor).confine(|c| {
-        let c = c.hide(&args.data);
-        match &args.token_file {
-            Some(file) => c.hide(file),
-            None => c,
+        let mut c = c.hide(&args.data);
+        if let Some(file) = &args.token_file {
+            c = c.hide(file);
         }
+        for g in state_guards(args) {
+            c = c.guard(g);
+        }
+        c
     })
+}
+
+/// podhost's own state on a BYOH host and the modes it must keep: the data directory private
+/// (0711 when sessions run as uids of their own, which must pass through it to their
+/// workspaces; 0700 otherwise) with its files (the store) 0600, and the credential file 0600
+/// when it is podhost's.
+fn state_guards(args: &ServeConfig) -> Vec<Guard> {
+    use std::os::unix::fs::MetadataExt;
+    let mode = if args.exec.confine.uid_pool.is_some() {
+        0o711
+    } else {
+        0o700
+    };
+    let data = std::fs::canonicalize(&args.data).unwrap_or_else(|_| args.data.clone());
+    let mut guards = vec![Guard::private_dir(&data, mode)];
+    if let Some(file) = &args.token_file
+        && std::fs::metadata(file).is_ok_and(|m| m.uid() == nix::unistd::geteuid().as_raw())
+    {
+        guards.push(Guard::private_file(file));
+    }
+    guards
 }
 
 /// `podhost serve`: runs the endpoint until SIGINT or SIGTERM.
@@ -160,7 +185,13 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
         what: "could not find podhost's own executable".into(),
         source,
     })?;
-    let store = Store::open(&args.data.join("podhost.sqlite"))?;
+    let guards = state_guards(&args);
+    let db = args.data.join("podhost.sqlite");
+    // The store's files are made now on a first start: private at once, without a warning.
+    let fresh = !db.exists();
+    check_state(&guards, fresh)?;
+    let store = Store::open(&db)?;
+    check_state(&guards, fresh)?;
     let client = ModelClient::new(RetryPolicy {
         attempts: args.model_attempts,
         ..RetryPolicy::default()
@@ -206,11 +237,25 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
     if let Some(Err(message)) = floor.as_ref().map(server::FreeSpaceFloor::check) {
         warn!(%message, "the data directory is low on space");
     }
-    let app = server::router(engine.clone(), token, floor);
+    let app = server::router(engine.clone(), token, floor, guards);
     listener::serve(listener, app, http, shutdown_signal()).await;
     info!("shutting down: stopping turns");
     engine.shutdown(Duration::from_secs(10)).await;
     Ok(exit::OK)
+}
+
+/// Puts back the modes of podhost's state (quietly when it was just created), or refuses to
+/// start when it cannot.
+fn check_state(guards: &[Guard], fresh: bool) -> Result<(), ServeError> {
+    use crate::exec::confine::state;
+    let checked = if fresh {
+        state::check_quietly(guards)
+    } else {
+        state::check(guards)
+    };
+    checked
+        .map(drop)
+        .map_err(|e| ServeError::Config(format!("podhost's state is not safe: {e}")))
 }
 
 /// Descriptors kept back from the connection cap for the store, commands and model calls.

@@ -50,6 +50,7 @@ use super::protocol::{
 };
 use super::store::{InvocationRow, StatusRow};
 use crate::chat::message::ChatMessage;
+use crate::exec::confine::{Guard, state};
 use crate::floor::text::truncate_middle;
 
 /// The OpenAPI document of the routes, served at `/openapi.yaml`.
@@ -60,6 +61,8 @@ struct App {
     engine: Engine,
     token: Option<Arc<str>>,
     floor: Option<Arc<FreeSpaceFloor>>,
+    /// podhost's own state, whose modes are checked at each submission.
+    guards: Arc<[Guard]>,
 }
 
 /// The free space the data directory must keep for new work to be accepted.
@@ -157,11 +160,17 @@ fn json<T: serde::Serialize>(status: StatusCode, body: &T) -> Response {
 
 /// The router of the endpoint; `token` is the credential callers must send, if any; `floor`,
 /// the free space below which `submit` refuses new invocations.
-pub fn router(engine: Engine, token: Option<String>, floor: Option<FreeSpaceFloor>) -> Router {
+pub fn router(
+    engine: Engine,
+    token: Option<String>,
+    floor: Option<FreeSpaceFloor>,
+    guards: Vec<Guard>,
+) -> Router {
     let app = App {
         engine,
         token: token.map(Arc::from),
         floor: floor.map(Arc::new),
+        guards: guards.into(),
     };
     Router::new()
         .route("/submit", post(submit))
@@ -379,6 +388,14 @@ async fn submit(
             .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.0))?;
         if let Some(floor) = &app.floor {
             refuse_below_floor(&app, floor, &req.invocation_id).await?;
+        }
+        let guards = app.guards.clone();
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || state::check(&guards)).await {
+            warn!(error = %e, "refusing a submission: podhost's state is exposed");
+            return Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("podhost's state is not safe: {e}"),
+            ));
         }
         let action = req.session_action;
         let row = app.engine.submit(req).await?;

@@ -13,7 +13,7 @@ mod serve;
 
 use clap::{Args, Parser, Subcommand};
 
-pub use exec::{ConfineArgs, ExecArgs};
+pub use exec::{ConfineArgs, ExecArgs, Sessions};
 pub use local::{RunArgs, ToolArgs};
 pub use pod::{PodArgs, SettingsError};
 pub use serve::ServeArgs;

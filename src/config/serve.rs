@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::exec::ExecArgs;
+use super::exec::{ExecArgs, Sessions};
 use crate::byoh::ServeConfig;
 use crate::byoh::listener::HttpLimits;
 use crate::floor::secret::Secret;
@@ -63,6 +63,11 @@ pub struct ServeArgs {
     #[arg(long, env = "PODHOST_HTTP_MAX_CONNECTIONS", default_value_t = 4096,
           value_parser = clap::value_parser!(u64).range(16..=1_000_000))]
     pub http_max_connections: u64,
+    /// MiB a session's workspace and temporary directory may hold together; past it, its
+    /// commands are stopped and writes refused until files are deleted (and no one file may
+    /// grow past it); 0 for no quota.
+    #[arg(long, env = "PODHOST_SESSION_DISK_MB", default_value_t = 10240)]
+    pub session_disk_mb: u64,
     /// MiB the data directory must keep free; below it, new submissions are answered 503 (which
     /// Oumi retries); 0 for no floor.
     #[arg(long, env = "PODHOST_MIN_FREE_MB", default_value_t = 256)]
@@ -91,7 +96,12 @@ impl ServeArgs {
                 max_connections: self.http_max_connections as usize,
             },
             min_free_bytes: self.min_free_mb.saturating_mul(1 << 20),
-            exec: self.exec.settings(),
+            exec: {
+                let mut exec = self.exec.isolated_settings(Sessions::Many);
+                exec.confine.disk_quota = (self.session_disk_mb > 0)
+                    .then(|| self.session_disk_mb.saturating_mul(1 << 20));
+                exec
+            },
         }
     }
 }

@@ -13,6 +13,7 @@ mod durability;
 mod failures;
 mod hardening;
 mod idempotency;
+mod isolation;
 mod local;
 mod routes;
 mod turns;

@@ -46,9 +46,31 @@
 //! command does not get anyway, and a confined command cannot ptrace it (Landlock forbids
 //! tracing a process outside the sandbox).
 //!
+//! # Isolation on a pod or BYOH host
+//!
+//! A front that serves others (`podhost pod`, `podhost serve`; [`Settings::isolate`]) asks for
+//! more, each part reported in [`Level`]:
+//!
+//! * **A session's namespaces** (`exec::session`): where the kernel allows (podhost is root, or
+//!   unprivileged user namespaces are allowed; found by trying, at start-up), a workspace's
+//!   commands run in mount, IPC and PID namespaces of their own with a view of the file system
+//!   in which the system is read-only (so `chmod`, `chown` and `utime` outside the workspace
+//!   fail with `EROFS`), podhost's state and every other session are empty mounts, `/dev` holds
+//!   only `null zero full random urandom tty pts shm`, `/run` and `/var/run` (host sockets) are
+//!   empty, and `/proc` shows the session's own processes only. Landlock stays on top.
+//! * **Where namespaces are refused** (most Kubernetes seccomp profiles): Landlock alone, with
+//!   `/dev` limited to the same device nodes; and since Landlock cannot stop `chmod`, podhost
+//!   checks the modes of its own state at each use and puts them back (`state`).
+//! * **No root, no capabilities**: commands never run as root unless asked
+//!   (`PODHOST_COMMAND_USER=root`); a root podhost runs them as an unprivileged user — on a BYOH
+//!   host one uid per session from `PODHOST_UID_POOL` (`users`) — and the file tools take that
+//!   uid as their file-system identity. Every capability set of a command is empty.
+//! * **Limits that bind root**: a cgroup per session (`exec::cgroup`) where one can be made.
+//!
 //! Layout: this file holds the policy and its reporting; `rules` turns a policy into Landlock
 //! rules and rulesets; `apply` applies them (and the network filter, and the command user) in a
-//! command's process; `harden` hardens podhost's own process.
+//! command's process; `harden` hardens podhost's own process; `users` assigns pool uids;
+//! `state` guards the modes of podhost's state.
 //!
 //! Invariants:
 //! * Confinement never silently weakens: a ruleset that cannot be built or enforced fails the
@@ -59,24 +81,31 @@
 //!   paths: a symlink planted next to a hidden path cannot carry a grant onto it.
 //!
 //! Non-goals: hiding paths the kernel reaches by another name (a bind mount, a hard link made
-//! before podhost started); per-command cgroups (limits are `setrlimit`, see `limits`).
+//! before podhost started) from Landlock alone; isolating local use (`podhost tool`, `run`,
+//! `mcp`), whose commands run as the person who started podhost.
 
 mod apply;
 mod harden;
 mod rules;
+pub mod state;
+pub mod users;
 
 pub use apply::{Prepared, ROOT_KEEPS, network_filter};
 pub use harden::{Hardened, harden_process, is_non_dumpable, take_secret_env};
 pub use rules::{Grant, Rule, expand, restrict_thread, ruleset};
+pub use state::Guard;
+pub use users::{UidPool, UidRange};
 
 use std::fs;
 use std::path::{Component, Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use landlock::RulesetStatus;
 use serde::Serialize;
 
-use super::protocol::{CommandUser, Confine, Landlock};
+use super::cgroup::{CgroupLimits, Cgroups};
+use super::protocol::{CommandUser, Confine, Landlock, View};
+use super::session::{Namespaces, view::RUN_DIRS};
 use crate::floor::workspace::Workspace;
 
 /// The newest Landlock ABI whose features podhost uses: file rights of ABI 5 (device ioctls),
@@ -127,9 +156,29 @@ pub enum ConfineError {
     User { spec: String, message: String },
 }
 
+/// The bytes of a session's private `/dev/shm`.
+const SHM_BYTES: u64 = 64 << 20;
+
 /// The settings confinement is built from (the configuration's `PODHOST_CONFINE*` values).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
+    /// Isolate sessions (a pod or BYOH host): namespaces where the kernel allows, no
+    /// capabilities, no root, cgroup limits, a limited `/dev` (see the module doc). Local use
+    /// leaves it off.
+    pub isolate: bool,
+    /// Use namespaces when isolating (`PODHOST_NAMESPACES`, default on; off forces the
+    /// Landlock-only level).
+    pub namespaces: bool,
+    /// The helper binary the namespace probe runs (`podhost-exec`); `None`: beside podhost.
+    pub helper: Option<PathBuf>,
+    /// A root podhost on a BYOH host: the uids sessions' commands run as, one each.
+    pub uid_pool: Option<UidRange>,
+    /// Commands run as root because the configuration asked (`PODHOST_COMMAND_USER=root`).
+    pub root_asked: bool,
+    /// The limits of a session's cgroup.
+    pub cgroup: CgroupLimits,
+    /// A BYOH session's disk quota, in bytes.
+    pub disk_quota: Option<u64>,
     /// Use Landlock when the kernel has it (`PODHOST_CONFINE`, default on).
     pub enabled: bool,
     /// Refuse to start without Landlock (`PODHOST_REQUIRE_CONFINEMENT`).
@@ -149,6 +198,13 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
+            isolate: false,
+            namespaces: true,
+            helper: None,
+            uid_pool: None,
+            root_asked: false,
+            cgroup: CgroupLimits::default(),
+            disk_quota: None,
             enabled: true,
             require: false,
             deny_network: false,
@@ -179,6 +235,28 @@ pub struct Level {
     pub no_new_privs: bool,
     /// The uid commands run as, when podhost drops them to another user.
     pub command_uid: Option<u32>,
+    /// The namespaces commands run in: `root` or `userns` (mount, IPC and PID namespaces with
+    /// the session's view), `userns-noproc` (no PID namespace), `none` (Landlock alone).
+    pub namespaces: &'static str,
+    /// Commands see their own session's processes only.
+    pub pid_namespace: bool,
+    /// What a command holds: `none` (every set empty), `container default` (a root command in
+    /// local use), or `podhost's own` (none, since podhost is not root).
+    pub command_capabilities: &'static str,
+    /// The uids BYOH sessions' commands run as, one each (`first-last`).
+    pub uid_pool: Option<String>,
+    /// The cgroup hierarchy session limits are in: `v1`, `v2` or `none`.
+    pub cgroups: &'static str,
+    /// What binds a session's processes and memory: `cgroup` (root too), or `rlimit` (the
+    /// process count does not bind root).
+    pub limits: &'static str,
+    /// Device files commands can open: `minimal /dev` (a view), `listed nodes` (Landlock), or
+    /// `all` (local use).
+    pub devices: &'static str,
+    /// podhost checks and repairs the modes of its own state at each use.
+    pub state_modes_checked: bool,
+    /// A BYOH session's disk quota: `measured` (podhost stops commands past it), or `none`.
+    pub disk_quota: &'static str,
 }
 
 impl Level {
@@ -203,16 +281,39 @@ impl Level {
             "no Landlock (the kernel has none)".to_owned()
         };
         let on = |b: bool| if b { "on" } else { "off" };
-        format!(
+        let user = match (&self.uid_pool, self.command_uid) {
+            (Some(pool), _) => format!("one uid per session from {pool}"),
+            (None, Some(0)) => "root (asked for)".to_owned(),
+            (None, Some(u)) => format!("uid {u}"),
+            (None, None) => "podhost's own".to_owned(),
+        };
+        let mut text = format!(
             "{landlock}, signal scoping {}, network filter {}, non-dumpable {}, \
-             no_new_privs {}, command user {}",
+             no_new_privs {}, command user {user}",
             on(self.scoped_signals),
             on(self.network_filter),
             on(self.non_dumpable),
             on(self.no_new_privs),
-            self.command_uid
-                .map_or_else(|| "podhost's own".to_owned(), |u| format!("uid {u}"))
-        )
+        );
+        if self.namespaces != "off" {
+            text.push_str(&format!(
+                ", namespaces {}{}, capabilities {}, devices {}, cgroups {} (limits by {}), \
+                 state modes checked {}, disk quota {}",
+                self.namespaces,
+                if self.pid_namespace {
+                    " with a PID namespace"
+                } else {
+                    ""
+                },
+                self.command_capabilities,
+                self.devices,
+                self.cgroups,
+                self.limits,
+                on(self.state_modes_checked),
+                self.disk_quota,
+            ));
+        }
+        text
     }
 }
 
@@ -231,6 +332,28 @@ pub fn report_startup(
     let level = confinement.level();
     let _ = REPORTED.set(level.clone());
     confinement.check_required(require)?;
+    if let Some(iso) = &confinement.isolation {
+        if !iso.namespaces.pid_namespace() {
+            tracing::warn!(
+                refused = %iso.refused.join("; "),
+                "commands get no {}: {}",
+                if iso.namespaces.any() { "PID namespace" } else { "namespaces" },
+                if iso.namespaces.any() {
+                    "they can see the host's processes"
+                } else {
+                    "Landlock alone confines them (with /dev limited to a few nodes, and the \
+                     modes of podhost's state checked at each use)"
+                }
+            );
+        }
+        if let Err(why) = &iso.cgroups {
+            tracing::warn!(
+                reason = %why,
+                "no cgroup limits: processes are limited by RLIMIT_NPROC, which does not bind \
+                 root, and memory per process only"
+            );
+        }
+    }
     if !level.is_confined() {
         tracing::warn!(
             confinement = %level.summary(),
@@ -274,10 +397,33 @@ pub fn kernel_abi() -> u8 {
     })
 }
 
+/// How a front isolates its sessions (see the module doc), found at start-up.
+#[derive(Debug)]
+pub struct Isolation {
+    /// The namespaces this host allows podhost to make, found by trying.
+    pub namespaces: Namespaces,
+    /// Why stronger levels were refused.
+    pub refused: Vec<String>,
+    /// The helper binary that holds sessions (`podhost-exec`).
+    pub helper: PathBuf,
+    /// One uid per session (a root BYOH host).
+    pub uid_pool: Option<UidPool>,
+    /// Session cgroups, or why there are none.
+    pub cgroups: Result<Cgroups, String>,
+    /// A BYOH session's disk quota, in bytes.
+    pub disk_quota: Option<u64>,
+    /// Commands stay root because the configuration asked.
+    pub root_asked: bool,
+}
+
 /// A front's confinement policy. Cheap to clone; build it once, then [`hide`](Self::hide) the
 /// front's own state.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Confinement {
+    /// Set on a pod or BYOH host (see [`Settings::isolate`]).
+    isolation: Option<Arc<Isolation>>,
+    /// podhost's own state, whose modes are checked at each use.
+    guards: Vec<Guard>,
     /// The Landlock ABI to use; 0 for none.
     abi: u8,
     kernel_abi: u8,
@@ -310,7 +456,12 @@ impl Confinement {
         if !settings.enabled {
             abi = 0;
         }
+        let isolation = settings
+            .isolate
+            .then(|| Arc::new(Isolation::find(settings)));
         let mut c = Confinement {
+            isolation,
+            guards: Vec::new(),
             abi,
             kernel_abi,
             deny_network: settings.deny_network,
@@ -375,6 +526,33 @@ impl Confinement {
         self
     }
 
+    /// Checks (and repairs) the mode of podhost's state at `guard.path` at each use.
+    pub fn guard(mut self, guard: Guard) -> Self {
+        self.guards.push(guard);
+        self
+    }
+
+    /// The state whose modes are checked at each use.
+    pub fn guards(&self) -> &[Guard] {
+        &self.guards
+    }
+
+    /// Commands of this policy run as `user` (a session's uid from the pool).
+    pub fn command_user(mut self, user: CommandUser) -> Self {
+        self.user = Some(user);
+        self
+    }
+
+    /// How sessions are isolated (`None` in local use).
+    pub fn isolation(&self) -> Option<&Arc<Isolation>> {
+        self.isolation.as_ref()
+    }
+
+    /// Whether commands run in a session's namespaces.
+    pub fn uses_namespaces(&self) -> bool {
+        self.isolation.as_ref().is_some_and(|i| i.namespaces.any())
+    }
+
     pub fn deny_network(mut self, deny: bool) -> Self {
         self.deny_network = deny;
         self
@@ -394,7 +572,8 @@ impl Confinement {
 
     /// The level this policy gives, with the process's own state (non-dumpable) read now.
     pub fn level(&self) -> Level {
-        Level {
+        let root = nix::unistd::geteuid().is_root();
+        let mut level = Level {
             landlock_abi: self.abi,
             kernel_landlock_abi: self.kernel_abi,
             scoped_signals: self.abi >= 6,
@@ -402,7 +581,48 @@ impl Confinement {
             non_dumpable: is_non_dumpable(),
             no_new_privs: true,
             command_uid: self.user.map(|u| u.uid),
+            namespaces: "off",
+            pid_namespace: false,
+            command_capabilities: if root && self.user.is_none() {
+                "container default"
+            } else {
+                "podhost's own"
+            },
+            uid_pool: None,
+            cgroups: "none",
+            limits: "rlimit",
+            devices: "all",
+            state_modes_checked: false,
+            disk_quota: "none",
+        };
+        let Some(iso) = &self.isolation else {
+            return level;
+        };
+        level.namespaces = iso.namespaces.as_str();
+        level.pid_namespace = iso.namespaces.pid_namespace();
+        level.command_capabilities = "none";
+        level.uid_pool = iso.uid_pool.as_ref().map(|p| p.range().to_string());
+        if iso.root_asked {
+            level.command_uid = Some(0);
         }
+        if let Ok(cg) = &iso.cgroups {
+            level.cgroups = cg.version().as_str();
+            level.limits = "cgroup";
+        }
+        level.devices = if iso.namespaces.any() {
+            "minimal /dev"
+        } else if self.abi > 0 {
+            "listed nodes"
+        } else {
+            "all"
+        };
+        level.state_modes_checked = true;
+        level.disk_quota = if iso.disk_quota.is_some() {
+            "measured"
+        } else {
+            "none"
+        };
+        level
     }
 
     /// Errors when `require` is set and commands would not be confined by Landlock.
@@ -441,15 +661,66 @@ impl Confinement {
             }
             l
         });
+        let no_capabilities = self.isolation.is_some();
         WorkspaceRules {
             command: Confine {
                 landlock,
                 deny_network: self.deny_network,
-                user: self.user,
+                user: self.user.filter(|u| u.uid != 0),
+                no_capabilities,
+                cgroup_procs: Vec::new(),
             },
             files,
             tmp: self.tmp.clone(),
+            view: self.uses_namespaces().then(|| self.view(ws)),
         }
+    }
+
+    /// The view of the file system a session holder builds for `ws` (see `session::view`): the
+    /// workspace's roots and temporary directory bound back, the hidden paths and the host's
+    /// socket directories covered (and, with a private temporary directory, the shared ones).
+    fn view(&self, ws: &Workspace) -> View {
+        let mut view = View {
+            shm_bytes: SHM_BYTES,
+            ..View::default()
+        };
+        for root in ws.roots() {
+            let list = if root.writable {
+                &mut view.writable
+            } else {
+                &mut view.readonly
+            };
+            push_unique(list, &root.host);
+        }
+        for p in &self.readable {
+            push_unique(&mut view.readonly, p);
+        }
+        for h in &self.hidden {
+            push_unique(&mut view.hidden, h);
+        }
+        let mut masked: Vec<PathBuf> = RUN_DIRS.iter().map(PathBuf::from).collect();
+        match &self.tmp {
+            Some(tmp) => {
+                push_unique(&mut view.writable, tmp);
+                // Host sockets live there too, and sessions must not leave files for each other.
+                masked.extend(["/tmp", "/var/tmp"].map(PathBuf::from));
+            }
+            None => {
+                for d in ["/tmp", "/var/tmp"] {
+                    push_unique(&mut view.writable, &canonical_lenient(Path::new(d)));
+                }
+            }
+        }
+        for m in &masked {
+            push_unique(&mut view.hidden, m);
+        }
+        // The resolver's configuration often lives in /run (systemd-resolved): keep it readable.
+        if let Ok(resolv) = fs::canonicalize("/etc/resolv.conf")
+            && masked.iter().any(|m| resolv.starts_with(m))
+        {
+            push_unique(&mut view.readonly, &resolv);
+        }
+        view
     }
 
     fn command_landlock(&self, ws: &Workspace) -> Landlock {
@@ -461,6 +732,12 @@ impl Confinement {
             names_visible: self.names_visible.clone(),
             scoped: self.abi >= 6,
         };
+        if self.isolation.is_some() && !self.uses_namespaces() {
+            // No view with a minimal /dev: Landlock opens only the listed nodes (no disk, no
+            // loop device), whose names stay listable.
+            push_unique(&mut l.hidden, Path::new("/dev"));
+            push_unique(&mut l.names_visible, Path::new("/dev"));
+        }
         for p in &self.readable {
             push_unique(&mut l.read, p);
         }
@@ -499,18 +776,22 @@ pub struct WorkspaceRules {
     pub files: Option<Landlock>,
     /// The commands' private temporary directory (`TMPDIR`), if the policy gives one.
     pub tmp: Option<PathBuf>,
+    /// The view a session holder builds, when commands run in namespaces.
+    pub view: Option<View>,
 }
 
 impl WorkspaceRules {
     /// Whether a file tool call needs a thread of its own ([`confine_thread`]).
     pub fn confines_files(&self) -> bool {
-        self.files.is_some() || self.command.user.is_some()
+        self.files.is_some() || self.command.user.is_some() || self.command.no_capabilities
     }
 }
 
 /// Confines the calling thread (a fresh one, which dies with the call) for a file tool: as the
 /// command user's file-system identity when there is one (so files it writes belong to that user
-/// and permissions are checked as that user, like a command's), then to the Landlock rules.
+/// and permissions are checked as that user, like a command's), without capabilities when
+/// commands hold none (the thread's own sets: the rest of podhost keeps its), then to the
+/// Landlock rules.
 pub fn confine_thread(rules: &WorkspaceRules) -> Result<(), ConfineError> {
     if let Some(user) = rules.command.user {
         apply::become_user_on_thread(user).map_err(|e| ConfineError::User {
@@ -518,9 +799,45 @@ pub fn confine_thread(rules: &WorkspaceRules) -> Result<(), ConfineError> {
             message: format!("could not take its file-system identity: {e}"),
         })?;
     }
+    if rules.command.no_capabilities {
+        apply::drop_thread_capabilities().map_err(|e| ConfineError::User {
+            spec: "capabilities".to_owned(),
+            message: format!("could not drop the thread's capabilities: {e}"),
+        })?;
+    }
     match &rules.files {
         Some(spec) => restrict_thread(spec),
         None => Ok(()),
+    }
+}
+
+impl Isolation {
+    /// Finds what this host allows: the namespace level (by trying, in the helper), the cgroups,
+    /// the uid pool.
+    fn find(settings: &Settings) -> Isolation {
+        let helper = settings
+            .helper
+            .clone()
+            .or_else(|| super::find_supervisor().ok())
+            .unwrap_or_default();
+        let (namespaces, refused) = if settings.namespaces {
+            let probe = super::session::probe_host(&helper);
+            (probe.namespaces, probe.refused)
+        } else {
+            (
+                Namespaces::None,
+                vec!["namespaces are turned off (PODHOST_NAMESPACES=off)".to_owned()],
+            )
+        };
+        Isolation {
+            namespaces,
+            refused,
+            helper,
+            uid_pool: settings.uid_pool.map(UidPool::new),
+            cgroups: Cgroups::set_up(settings.cgroup),
+            disk_quota: settings.disk_quota,
+            root_asked: settings.root_asked,
+        }
     }
 }
 
