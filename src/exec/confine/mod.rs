@@ -69,8 +69,9 @@
 //!
 //! Layout: this file holds the policy and its reporting; `rules` turns a policy into Landlock
 //! rules and rulesets; `apply` applies them (and the network filter, and the command user) in a
-//! command's process; `harden` hardens podhost's own process; `users` assigns pool uids;
-//! `state` guards the modes of podhost's state.
+//! command's process; `harden` hardens podhost's own process; `level` reports the level in
+//! force; `isolation` finds what a pod or BYOH host can isolate with, and the view of a
+//! session; `users` assigns pool uids; `state` guards the modes of podhost's state.
 //!
 //! Invariants:
 //! * Confinement never silently weakens: a ruleset that cannot be built or enforced fails the
@@ -86,12 +87,16 @@
 
 mod apply;
 mod harden;
+mod isolation;
+mod level;
 mod rules;
 pub mod state;
 pub mod users;
 
 pub use apply::{Prepared, ROOT_KEEPS, network_filter};
 pub use harden::{Hardened, harden_process, is_non_dumpable, take_secret_env};
+pub use isolation::Isolation;
+pub use level::{Level, report_startup, reported};
 pub use rules::{Grant, Rule, expand, restrict_thread, ruleset};
 pub use state::Guard;
 pub use users::{UidPool, UidRange};
@@ -101,11 +106,9 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use landlock::RulesetStatus;
-use serde::Serialize;
 
-use super::cgroup::{CgroupLimits, Cgroups};
+use super::cgroup::CgroupLimits;
 use super::protocol::{CommandUser, Confine, Landlock, View};
-use super::session::{Namespaces, view::RUN_DIRS};
 use crate::floor::workspace::Workspace;
 
 /// The newest Landlock ABI whose features podhost uses: file rights of ABI 5 (device ioctls),
@@ -216,167 +219,6 @@ impl Default for Settings {
     }
 }
 
-/// The confinement level in force: logged at start-up, reported by `/health` and `/healthz`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Level {
-    /// The Landlock ABI commands and file tools are confined with; 0 for none (off, or the
-    /// kernel has no Landlock).
-    pub landlock_abi: u8,
-    /// The Landlock ABI the kernel offers (0: none).
-    pub kernel_landlock_abi: u8,
-    /// Commands cannot signal (or connect to abstract sockets of) processes outside their
-    /// sandbox: Landlock scoping, ABI ≥ 6.
-    pub scoped_signals: bool,
-    /// Commands can open no socket but `AF_UNIX`.
-    pub network_filter: bool,
-    /// podhost is non-dumpable: its memory and environment are closed to same-user processes.
-    pub non_dumpable: bool,
-    /// Commands start with `no_new_privs` (always).
-    pub no_new_privs: bool,
-    /// The uid commands run as, when podhost drops them to another user.
-    pub command_uid: Option<u32>,
-    /// The namespaces commands run in: `root` or `userns` (mount, IPC and PID namespaces with
-    /// the session's view), `userns-noproc` (no PID namespace), `none` (Landlock alone).
-    pub namespaces: &'static str,
-    /// Commands see their own session's processes only.
-    pub pid_namespace: bool,
-    /// What a command holds: `none` (every set empty), `container default` (a root command in
-    /// local use), or `podhost's own` (none, since podhost is not root).
-    pub command_capabilities: &'static str,
-    /// The uids BYOH sessions' commands run as, one each (`first-last`).
-    pub uid_pool: Option<String>,
-    /// The cgroup hierarchy session limits are in: `v1`, `v2` or `none`.
-    pub cgroups: &'static str,
-    /// What binds a session's processes and memory: `cgroup` (root too), or `rlimit` (the
-    /// process count does not bind root).
-    pub limits: &'static str,
-    /// Device files commands can open: `minimal /dev` (a view), `listed nodes` (Landlock), or
-    /// `all` (local use).
-    pub devices: &'static str,
-    /// podhost checks and repairs the modes of its own state at each use.
-    pub state_modes_checked: bool,
-    /// A BYOH session's disk quota: `measured` (podhost stops commands past it), or `none`.
-    pub disk_quota: &'static str,
-}
-
-impl Level {
-    /// Whether commands are confined by Landlock.
-    pub fn is_confined(&self) -> bool {
-        self.landlock_abi > 0
-    }
-
-    /// One line for logs.
-    pub fn summary(&self) -> String {
-        let landlock = if self.landlock_abi > 0 {
-            format!(
-                "Landlock ABI {} (kernel {})",
-                self.landlock_abi, self.kernel_landlock_abi
-            )
-        } else if self.kernel_landlock_abi > 0 {
-            format!(
-                "no Landlock (off; kernel offers ABI {})",
-                self.kernel_landlock_abi
-            )
-        } else {
-            "no Landlock (the kernel has none)".to_owned()
-        };
-        let on = |b: bool| if b { "on" } else { "off" };
-        let user = match (&self.uid_pool, self.command_uid) {
-            (Some(pool), _) => format!("one uid per session from {pool}"),
-            (None, Some(0)) => "root (asked for)".to_owned(),
-            (None, Some(u)) => format!("uid {u}"),
-            (None, None) => "podhost's own".to_owned(),
-        };
-        let mut text = format!(
-            "{landlock}, signal scoping {}, network filter {}, non-dumpable {}, \
-             no_new_privs {}, command user {user}",
-            on(self.scoped_signals),
-            on(self.network_filter),
-            on(self.non_dumpable),
-            on(self.no_new_privs),
-        );
-        if self.namespaces != "off" {
-            text.push_str(&format!(
-                ", namespaces {}{}, capabilities {}, devices {}, cgroups {} (limits by {}), \
-                 state modes checked {}, disk quota {}",
-                self.namespaces,
-                if self.pid_namespace {
-                    " with a PID namespace"
-                } else {
-                    ""
-                },
-                self.command_capabilities,
-                self.devices,
-                self.cgroups,
-                self.limits,
-                on(self.state_modes_checked),
-                self.disk_quota,
-            ));
-        }
-        text
-    }
-}
-
-/// The level this process reported at start-up ([`report_startup`]).
-static REPORTED: OnceLock<Level> = OnceLock::new();
-
-/// Logs the confinement level of a front starting up, remembers it for the health endpoints, and
-/// refuses (`Err`) when `require` is set and commands would not be confined. A missing Landlock
-/// is always a warning; a confined start is logged at `info` when `loud` (long-running fronts),
-/// else at `debug` (one-shot `podhost tool`).
-pub fn report_startup(
-    confinement: &Confinement,
-    require: bool,
-    loud: bool,
-) -> Result<Level, ConfineError> {
-    let level = confinement.level();
-    let _ = REPORTED.set(level.clone());
-    confinement.check_required(require)?;
-    if let Some(iso) = &confinement.isolation {
-        if !iso.namespaces.pid_namespace() {
-            tracing::warn!(
-                refused = %iso.refused.join("; "),
-                "commands get no {}: {}",
-                if iso.namespaces.any() { "PID namespace" } else { "namespaces" },
-                if iso.namespaces.any() {
-                    "they can see the host's processes"
-                } else {
-                    "Landlock alone confines them (with /dev limited to a few nodes, and the \
-                     modes of podhost's state checked at each use)"
-                }
-            );
-        }
-        if let Err(why) = &iso.cgroups {
-            tracing::warn!(
-                reason = %why,
-                "no cgroup limits: processes are limited by RLIMIT_NPROC, which does not bind \
-                 root, and memory per process only"
-            );
-        }
-    }
-    if !level.is_confined() {
-        tracing::warn!(
-            confinement = %level.summary(),
-            "commands and file tools are NOT confined: they can read everything podhost's user \
-             can (set PODHOST_REQUIRE_CONFINEMENT to refuse to start instead)"
-        );
-    } else if loud {
-        tracing::info!(confinement = %level.summary(), "commands and file tools are confined");
-    } else {
-        tracing::debug!(confinement = %level.summary(), "commands and file tools are confined");
-    }
-    Ok(level)
-}
-
-/// The level reported at start-up; before that (tests that build fronts in-process), the
-/// default policy's.
-pub fn reported() -> Level {
-    REPORTED
-        .get()
-        .cloned()
-        .unwrap_or_else(|| Confinement::default().level())
-}
-
 /// The Landlock ABI of the running kernel (0 without Landlock), asked once.
 #[allow(unsafe_code)]
 pub fn kernel_abi() -> u8 {
@@ -395,25 +237,6 @@ pub fn kernel_abi() -> u8 {
         };
         u8::try_from(v).unwrap_or(0)
     })
-}
-
-/// How a front isolates its sessions (see the module doc), found at start-up.
-#[derive(Debug)]
-pub struct Isolation {
-    /// The namespaces this host allows podhost to make, found by trying.
-    pub namespaces: Namespaces,
-    /// Why stronger levels were refused.
-    pub refused: Vec<String>,
-    /// The helper binary that holds sessions (`podhost-exec`).
-    pub helper: PathBuf,
-    /// One uid per session (a root BYOH host).
-    pub uid_pool: Option<UidPool>,
-    /// Session cgroups, or why there are none.
-    pub cgroups: Result<Cgroups, String>,
-    /// A BYOH session's disk quota, in bytes.
-    pub disk_quota: Option<u64>,
-    /// Commands stay root because the configuration asked.
-    pub root_asked: bool,
 }
 
 /// A front's confinement policy. Cheap to clone; build it once, then [`hide`](Self::hide) the
@@ -570,61 +393,6 @@ impl Confinement {
         self.user
     }
 
-    /// The level this policy gives, with the process's own state (non-dumpable) read now.
-    pub fn level(&self) -> Level {
-        let root = nix::unistd::geteuid().is_root();
-        let mut level = Level {
-            landlock_abi: self.abi,
-            kernel_landlock_abi: self.kernel_abi,
-            scoped_signals: self.abi >= 6,
-            network_filter: self.deny_network,
-            non_dumpable: is_non_dumpable(),
-            no_new_privs: true,
-            command_uid: self.user.map(|u| u.uid),
-            namespaces: "off",
-            pid_namespace: false,
-            command_capabilities: if root && self.user.is_none() {
-                "container default"
-            } else {
-                "podhost's own"
-            },
-            uid_pool: None,
-            cgroups: "none",
-            limits: "rlimit",
-            devices: "all",
-            state_modes_checked: false,
-            disk_quota: "none",
-        };
-        let Some(iso) = &self.isolation else {
-            return level;
-        };
-        level.namespaces = iso.namespaces.as_str();
-        level.pid_namespace = iso.namespaces.pid_namespace();
-        level.command_capabilities = "none";
-        level.uid_pool = iso.uid_pool.as_ref().map(|p| p.range().to_string());
-        if iso.root_asked {
-            level.command_uid = Some(0);
-        }
-        if let Ok(cg) = &iso.cgroups {
-            level.cgroups = cg.version().as_str();
-            level.limits = "cgroup";
-        }
-        level.devices = if iso.namespaces.any() {
-            "minimal /dev"
-        } else if self.abi > 0 {
-            "listed nodes"
-        } else {
-            "all"
-        };
-        level.state_modes_checked = true;
-        level.disk_quota = if iso.disk_quota.is_some() {
-            "measured"
-        } else {
-            "none"
-        };
-        level
-    }
-
     /// Errors when `require` is set and commands would not be confined by Landlock.
     pub fn check_required(&self, require: bool) -> Result<(), ConfineError> {
         if !require || self.abi > 0 {
@@ -674,53 +442,6 @@ impl Confinement {
             tmp: self.tmp.clone(),
             view: self.uses_namespaces().then(|| self.view(ws)),
         }
-    }
-
-    /// The view of the file system a session holder builds for `ws` (see `session::view`): the
-    /// workspace's roots and temporary directory bound back, the hidden paths and the host's
-    /// socket directories covered (and, with a private temporary directory, the shared ones).
-    fn view(&self, ws: &Workspace) -> View {
-        let mut view = View {
-            shm_bytes: SHM_BYTES,
-            ..View::default()
-        };
-        for root in ws.roots() {
-            let list = if root.writable {
-                &mut view.writable
-            } else {
-                &mut view.readonly
-            };
-            push_unique(list, &root.host);
-        }
-        for p in &self.readable {
-            push_unique(&mut view.readonly, p);
-        }
-        for h in &self.hidden {
-            push_unique(&mut view.hidden, h);
-        }
-        let mut masked: Vec<PathBuf> = RUN_DIRS.iter().map(PathBuf::from).collect();
-        match &self.tmp {
-            Some(tmp) => {
-                push_unique(&mut view.writable, tmp);
-                // Host sockets live there too, and sessions must not leave files for each other.
-                masked.extend(["/tmp", "/var/tmp"].map(PathBuf::from));
-            }
-            None => {
-                for d in ["/tmp", "/var/tmp"] {
-                    push_unique(&mut view.writable, &canonical_lenient(Path::new(d)));
-                }
-            }
-        }
-        for m in &masked {
-            push_unique(&mut view.hidden, m);
-        }
-        // The resolver's configuration often lives in /run (systemd-resolved): keep it readable.
-        if let Ok(resolv) = fs::canonicalize("/etc/resolv.conf")
-            && masked.iter().any(|m| resolv.starts_with(m))
-        {
-            push_unique(&mut view.readonly, &resolv);
-        }
-        view
     }
 
     fn command_landlock(&self, ws: &Workspace) -> Landlock {
@@ -808,36 +529,6 @@ pub fn confine_thread(rules: &WorkspaceRules) -> Result<(), ConfineError> {
     match &rules.files {
         Some(spec) => restrict_thread(spec),
         None => Ok(()),
-    }
-}
-
-impl Isolation {
-    /// Finds what this host allows: the namespace level (by trying, in the helper), the cgroups,
-    /// the uid pool.
-    fn find(settings: &Settings) -> Isolation {
-        let helper = settings
-            .helper
-            .clone()
-            .or_else(|| super::find_supervisor().ok())
-            .unwrap_or_default();
-        let (namespaces, refused) = if settings.namespaces {
-            let probe = super::session::probe_host(&helper);
-            (probe.namespaces, probe.refused)
-        } else {
-            (
-                Namespaces::None,
-                vec!["namespaces are turned off (PODHOST_NAMESPACES=off)".to_owned()],
-            )
-        };
-        Isolation {
-            namespaces,
-            refused,
-            helper,
-            uid_pool: settings.uid_pool.map(UidPool::new),
-            cgroups: Cgroups::set_up(settings.cgroup),
-            disk_quota: settings.disk_quota,
-            root_asked: settings.root_asked,
-        }
     }
 }
 
