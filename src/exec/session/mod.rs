@@ -77,6 +77,9 @@ pub struct Session {
     sock: AsyncFd<OwnedFd>,
     holder: Option<Child>,
     pid: i32,
+    /// The holder's pidfd: readable once it has exited (its namespaces are then going away,
+    /// even if the socket has not hung up yet).
+    pidfd: Option<OwnedFd>,
 }
 
 impl Session {
@@ -106,6 +109,7 @@ impl Session {
             sock: sys::async_fd(ours, Interest::READABLE | Interest::WRITABLE)?,
             holder: Some(child),
             pid,
+            pidfd: sys::pidfd_open(pid).ok(),
         };
         let mut answer = [0u8; 4096];
         let got = tokio::time::timeout(START_BOUND, session.recv(&mut answer)).await;
@@ -161,10 +165,14 @@ impl Session {
         }
     }
 
-    /// Whether the holder has hung up (it died, or is dying).
+    /// Whether the holder has exited or hung up (its session is gone, or going).
     fn is_gone(&self) -> bool {
+        let exited = self
+            .pidfd
+            .as_ref()
+            .is_some_and(|fd| sys::poll_now(fd.as_raw_fd(), libc::POLLIN) != 0);
         let events = sys::poll_now(self.sock.as_raw_fd(), 0);
-        events & (libc::POLLHUP | libc::POLLERR) != 0
+        exited || events & (libc::POLLHUP | libc::POLLERR) != 0
     }
 }
 
