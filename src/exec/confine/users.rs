@@ -5,8 +5,9 @@
 //! Owns: the assignment of pool uids to workspaces ([`UidPool::assign`]).
 //!
 //! The record of an assignment is the owner of the workspace directory itself: a restarted
-//! podhost finds each session's uid again from it, with nothing else to store. A uid is free
-//! again once its workspace is gone (removed with its session).
+//! podhost finds each session's uid again from it, with nothing else to store; a new session
+//! never takes a uid that a workspace beside its own still owns, even one the restarted podhost
+//! has not met yet. A uid is free again once its workspace is gone (removed with its session).
 //!
 //! Invariants:
 //! * Two live workspaces never share a uid.
@@ -78,7 +79,12 @@ impl UidPool {
             Some(uid) => *uid,
             None if self.range.contains(owner) && !held_elsewhere(owner) => owner,
             None => {
-                let used: std::collections::BTreeSet<u32> = assigned.values().copied().collect();
+                // Besides the uids of the workspaces met since start-up, those of the other
+                // workspaces beside this one: a restarted podhost has not met them all yet, and
+                // each keeps the uid it owns.
+                let mut used: std::collections::BTreeSet<u32> =
+                    assigned.values().copied().collect();
+                used.extend(sibling_owners(root).filter(|u| self.range.contains(*u)));
                 (self.range.first..=self.range.last)
                     .find(|u| !used.contains(u))
                     .ok_or_else(|| {
@@ -96,6 +102,19 @@ impl UidPool {
         assigned.insert(root.to_path_buf(), uid);
         Ok(CommandUser { uid, gid: uid })
     }
+}
+
+/// The owners of the directories beside `root` (the other sessions' workspaces).
+fn sibling_owners(root: &Path) -> impl Iterator<Item = u32> {
+    root.parent()
+        .and_then(|p| std::fs::read_dir(p).ok())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(move |e| e.path() != root)
+        .filter_map(|e| e.metadata().ok())
+        .filter(|m| m.is_dir())
+        .map(|m| m.uid())
 }
 
 /// Gives the workspace `root` (and everything in it) to `user` when it belongs to another: the
@@ -180,5 +199,41 @@ mod tests {
         assert_eq!(again.assign(&a, &[]).unwrap().uid, 410_000);
         std::fs::remove_dir_all(&b).unwrap();
         assert_eq!(again.assign(&c, &[]).unwrap().uid, 410_001);
+    }
+
+    /// A restarted podhost meets a new session before the old ones: the new one must not take
+    /// the uid an old workspace still owns (the two would then share their files).
+    #[test]
+    fn after_a_restart_a_new_session_never_takes_an_old_sessions_uid() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("not root: uid pool assignment (chown) not exercised");
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let [a, b, c] = ["a", "b", "c"].map(|n| t.path().join(n));
+        for d in [&a, &b] {
+            std::fs::create_dir(d).unwrap();
+        }
+        let range = UidRange {
+            first: 411_000,
+            last: 411_002,
+        };
+        let before = UidPool::new(range);
+        assert_eq!(before.assign(&a, &[]).unwrap().uid, 411_000);
+        assert_eq!(before.assign(&b, &[]).unwrap().uid, 411_001);
+        let after = UidPool::new(range);
+        std::fs::create_dir(&c).unwrap();
+        assert_eq!(after.assign(&c, &[]).unwrap().uid, 411_002);
+        assert_eq!(after.assign(&a, &[]).unwrap().uid, 411_000);
+        assert_eq!(after.assign(&b, &[]).unwrap().uid, 411_001);
+        let d = t.path().join("d");
+        std::fs::create_dir(&d).unwrap();
+        assert!(
+            after
+                .assign(&d, &[])
+                .unwrap_err()
+                .to_string()
+                .starts_with("every uid of PODHOST_UID_POOL (411000-411002) is held")
+        );
     }
 }
