@@ -14,7 +14,9 @@
 //!
 //! Isolation's cost (a pod or BYOH host), in another interleaved loop: the bash tool of an
 //! isolated session — its commands in the session's namespaces, forked by the session holder —
-//! against today's Landlock-only call and a bare `bash -c true`, as a ratio; also with the
+//! against today's Landlock-only call (the default policy, and with a data directory hidden
+//! under `/tmp`, which splits `/tmp` into a rule per entry) and a bare `bash -c true`, as a
+//! ratio; also with the
 //! namespaces turned off (the Landlock-only level of an isolated host: every capability dropped,
 //! the session's cgroup joined), and the one-off cost of starting a session's holder. The
 //! holder's processes are not this process's children, so the session's CPU column counts
@@ -164,7 +166,7 @@ pub fn main() {
         }
     }
     let m: Vec<(f64, f64)> = series.iter().map(|s| medians(s)).collect();
-    isolation(&rt, &supervisor, &shell, &hiding, &bare);
+    isolation(&rt, &supervisor, &shell, [&toolbox, &hiding], &bare);
     for (label, (wall, cpu), base) in [
         ("bash, confinement off", m[0], m[0]),
         ("bash, Landlock (default policy)", m[1], m[0]),
@@ -181,12 +183,14 @@ pub fn main() {
     }
 }
 
-/// The isolated session's bash call against today's Landlock-only call and a bare bash.
+/// The isolated session's bash call against today's Landlock-only call (the default policy, and
+/// with a hidden data directory under `/tmp`, whose cost grows with the entries of `/tmp`) and a
+/// bare bash.
 fn isolation(
     rt: &tokio::runtime::Runtime,
     supervisor: &std::path::Path,
     shell: &std::path::Path,
-    landlock: &Toolbox,
+    [landlock, hiding]: [&Toolbox; 2],
     bare: &dyn Fn() -> Sample,
 ) {
     use podhost::exec::confine::Settings;
@@ -200,9 +204,10 @@ fn isolation(
             isolate: true,
             namespaces,
             helper: Some(supervisor.to_path_buf()),
+            // Room for every workspace made below (each keeps its uid).
             uid_pool: root.then_some(podhost::exec::confine::UidRange {
                 first: 490_000,
-                last: 490_009,
+                last: 490_099,
             }),
             cgroup: podhost::exec::cgroup::CgroupLimits {
                 pids: Some(4096),
@@ -236,7 +241,7 @@ fn isolation(
         })
     };
     println!(
-        "isolation (namespaces: {}, cgroups: {}, command user: {}; {ROUNDS} rounds × {ITERATIONS},          interleaved)",
+        "isolation (namespaces: {}, cgroups: {}, command user: {}; {ROUNDS} rounds × {ITERATIONS}, interleaved)",
         level.namespaces,
         level.cgroups,
         level.uid_pool.as_deref().unwrap_or("podhost's own")
@@ -244,16 +249,18 @@ fn isolation(
     for _ in 0..WARM_UP {
         bare();
         call(landlock);
+        call(hiding);
         call(&session);
         call(&no_ns);
     }
-    let mut series: [Vec<Sample>; 4] = Default::default();
+    let mut series: [Vec<Sample>; 5] = Default::default();
     for _ in 0..ROUNDS {
         for _ in 0..ITERATIONS {
             series[0].push(bare());
             series[1].push(call(landlock));
-            series[2].push(call(&session));
-            series[3].push(call(&no_ns));
+            series[2].push(call(hiding));
+            series[3].push(call(&session));
+            series[4].push(call(&no_ns));
         }
     }
     // A session's start: the first call of a fresh toolbox, less a warm call.
@@ -270,8 +277,9 @@ fn isolation(
     for (label, wall) in [
         ("bare bash -c true", m[0]),
         ("bash, Landlock only (today)", m[1]),
-        ("bash, isolated session (namespaces)", m[2]),
-        ("bash, isolated, namespaces off", m[3]),
+        ("bash, Landlock + hidden dir in /tmp", m[2]),
+        ("bash, isolated session (namespaces)", m[3]),
+        ("bash, isolated, namespaces off", m[4]),
     ] {
         println!(
             "{label:>38}: wall {wall:.3} ms | vs bare {:+.3} ms ({:.2}×) | vs Landlock only \
