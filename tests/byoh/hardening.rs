@@ -85,6 +85,7 @@ async fn a_thousand_half_open_connections_do_not_keep_healthz_from_answering() {
         dir.path(),
         Options::default().env("PODHOST_HTTP_HEADER_TIMEOUT_SECS", "120"),
     );
+    let before = rss_kib(s.child.id());
     let mut socks = Vec::new();
     for i in 0..1000 {
         let mut sock = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(addr(&s)))
@@ -100,6 +101,7 @@ async fn a_thousand_half_open_connections_do_not_keep_healthz_from_answering() {
         socks.push(sock);
     }
     assert_healthy(&s).await;
+    let during = rss_kib(s.child.id());
     // Still all open: 1,000 is below the default cap.
     let mut probe = [0u8; 1];
     let open = socks
@@ -107,7 +109,74 @@ async fn a_thousand_half_open_connections_do_not_keep_healthz_from_answering() {
         .filter(|sock| matches!(sock.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock))
         .count();
     assert_eq!(open, 1000);
+    // A connection waiting for its headers costs a few KiB, not a buffer per byte declared.
+    assert!(
+        during < before + 64 * 1024,
+        "RSS grew from {before} KiB to {during} KiB"
+    );
     drop(socks);
+    assert_healthy(&s).await;
+}
+
+/// The `Max open files` limits (soft, hard) of a process.
+fn open_file_limits(pid: u32) -> (u64, u64) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let mut n = line
+        .trim_start_matches("Max open files")
+        .split_whitespace()
+        .map(|v| v.parse().unwrap());
+    (n.next().unwrap(), n.next().unwrap())
+}
+
+/// podhost raises its open-file limit to the hard limit at start (each connection holds a
+/// descriptor). Where even the hard limit cannot hold the connection cap, the cap is lowered
+/// with a warning, and a flood past it still leaves `/healthz` served.
+#[tokio::test]
+async fn the_open_file_limit_is_raised_and_lowers_the_connection_cap_it_cannot_hold() {
+    more_files();
+    let dir = tempfile::tempdir().unwrap();
+    let s = Serve::start_with(
+        dir.path(),
+        Options {
+            open_files: Some((256, 4096)),
+            ..Options::default()
+        },
+    );
+    assert_eq!(open_file_limits(s.child.id()), (4096, 4096));
+    assert_healthy(&s).await;
+    drop(s);
+    // A hard limit of 600 holds 600 - 512 (kept for the store, commands and model calls) = 88
+    // connections: the default cap of 4096 cannot be kept.
+    let dir = tempfile::tempdir().unwrap();
+    let s = Serve::start_with(
+        dir.path(),
+        Options {
+            open_files: Some((600, 600)),
+            ..Options::default()
+        },
+    );
+    assert_eq!(open_file_limits(s.child.id()), (600, 600));
+    let warned = s.logs().lines().any(|l| {
+        l.contains(
+            "the open-file limit cannot hold PODHOST_HTTP_MAX_CONNECTIONS; lowering it to 88",
+        )
+    });
+    assert!(warned, "{}", s.logs());
+    let mut socks = Vec::new();
+    for _ in 0..300 {
+        let mut sock = TcpStream::connect(addr(&s)).await.unwrap();
+        sock.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
+        socks.push(sock);
+    }
+    assert_healthy(&s).await;
+    // The oldest were closed to stay within the cap (and within the open-file limit).
+    for sock in socks.iter_mut().take(100) {
+        assert_eq!(closed_within(sock, Duration::from_secs(5)).await, "");
+    }
     assert_healthy(&s).await;
 }
 

@@ -14,7 +14,13 @@ use crate::{Host, assert_still_works, bash, isolated_settings, run};
 
 #[tokio::test]
 async fn without_namespaces_devices_are_limited_and_the_level_says_so() {
-    let host = Host::new();
+    check_landlock_level(&Host::new()).await;
+}
+
+/// What the Landlock-only level guarantees, checked by the tests of stronger levels where this
+/// machine allows no namespaces: the level says so, devices are limited to a few nodes, the
+/// secrets stay unreadable, no capabilities, and the next call works.
+pub async fn check_landlock_level(host: &Host) {
     let tb = host.isolated(|s| s.namespaces = false);
     let level = tb.executor().confinement().level();
     assert_eq!(
@@ -27,21 +33,29 @@ async fn without_namespaces_devices_are_limited_and_the_level_says_so() {
         ("none", false, "listed nodes", "none")
     );
     let out = bash(
-        &host,
+        host,
         &tb,
-        "head -c1 /dev/loop0 2>&1 | sed 's/^.*: //'; echo x > /dev/null && echo null ok; \
-         head -c1 /dev/urandom | wc -c; grep -E '^CapBnd' /proc/self/status",
+        &format!(
+            "head -c1 /dev/loop0 2>&1 | sed 's/^.*: //'; echo x > /dev/null && echo null ok; \
+             head -c1 /dev/urandom | wc -c; grep -E '^CapBnd' /proc/self/status; \
+             for f in {} {} {}; do cat $f 2>&1 | sed 's/^.*: //'; done",
+            host.other_ws.join("notes.txt").display(),
+            host.data.join("podhost.db").display(),
+            host.join.display()
+        ),
     )
     .await;
     assert_eq!(
         out,
         json!({
             "exitCode": 0,
-            "stdout": "Permission denied\nnull ok\n1\nCapBnd:\t0000000000000000\n",
+            "stdout": "Permission denied\nnull ok\n1\nCapBnd:\t0000000000000000\n\
+                       Permission denied\nPermission denied\nPermission denied\n",
             "stderr": ""
         })
     );
     assert_still_works(&tb).await;
+    eprintln!("checked the Landlock-only level (namespaces none): devices, secrets, capabilities");
 }
 
 /// Landlock cannot stop `chmod`: a command that may change the data directory's mode (here root,

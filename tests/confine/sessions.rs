@@ -30,7 +30,7 @@ fn alive(pid: i32) -> bool {
 #[tokio::test]
 async fn a_timeout_and_a_cancellation_end_the_whole_tree_inside_a_session() {
     if !has_namespaces() {
-        return;
+        return crate::fallback::check_landlock_level(&Host::new()).await;
     }
     let host = Host::new();
     let tb = host.isolated(|_| {});
@@ -84,7 +84,7 @@ async fn a_timeout_and_a_cancellation_end_the_whole_tree_inside_a_session() {
 #[tokio::test]
 async fn a_holder_that_died_is_started_again_and_none_outlives_its_toolbox() {
     if !has_namespaces() {
-        return;
+        return crate::fallback::check_landlock_level(&Host::new()).await;
     }
     let host = Host::new();
     let tb = host.isolated(|_| {});
