@@ -35,6 +35,7 @@ use crate::exec::ExecSettings;
 use crate::exec::confine::Guard;
 use crate::floor::codes::exit;
 use crate::floor::secret::Secret;
+use crate::floor::tls::{TlsSettings, client_config};
 use crate::tools::ToolboxBuilder;
 
 /// `podhost serve`'s configuration.
@@ -42,6 +43,8 @@ use crate::tools::ToolboxBuilder;
 pub struct ServeConfig {
     /// The address to listen on (`host:port`); without a credential only a loopback address.
     pub listen: String,
+    /// How errors name the listen address: `PODHOST_LISTEN` or `--listen`, as it was given.
+    pub listen_setting: String,
     /// The data directory: the session store and one workspace per session.
     pub data: PathBuf,
     /// The credential callers send as `Authorization: Bearer …`.
@@ -62,6 +65,8 @@ pub struct ServeConfig {
     pub http: listener::HttpLimits,
     /// Free bytes the data directory must keep; below it, new submissions are answered `503`.
     pub min_free_bytes: u64,
+    /// Which CA certificates to trust besides the system's, for the model endpoints.
+    pub tls: TlsSettings,
     pub exec: ExecSettings,
 }
 
@@ -107,8 +112,8 @@ fn credential(args: &ServeConfig) -> Result<Option<String>, ServeError> {
     Ok(token)
 }
 
-async fn resolve(listen: &str) -> Result<SocketAddr, ServeError> {
-    let bad = |why: String| ServeError::Config(format!("PODHOST_LISTEN {listen:?}: {why}"));
+async fn resolve(listen: &str, setting: &str) -> Result<SocketAddr, ServeError> {
+    let bad = |why: String| ServeError::Config(format!("{setting} {listen:?}: {why}"));
     let mut addrs = tokio::net::lookup_host(listen)
         .await
         .map_err(|e| bad(e.to_string()))?;
@@ -167,7 +172,8 @@ pub async fn serve(args: ServeConfig) -> Result<i32, ServeError> {
 
 async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
     let token = credential(&args)?;
-    let addr = resolve(&args.listen).await?;
+    let tls = client_config(&args.tls).map_err(|e| ServeError::Config(e.to_string()))?;
+    let addr = resolve(&args.listen, &args.listen_setting).await?;
     if token.is_none() && !addr.ip().is_loopback() {
         return Err(ServeError::Config(format!(
             "refusing to listen on {addr} without a credential: set PODHOST_TOKEN or \
@@ -192,10 +198,13 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
     check_state(&guards, fresh)?;
     let store = Store::open(&db)?;
     check_state(&guards, fresh)?;
-    let client = ModelClient::new(RetryPolicy {
-        attempts: args.model_attempts,
-        ..RetryPolicy::default()
-    })?;
+    let client = ModelClient::new(
+        RetryPolicy {
+            attempts: args.model_attempts,
+            ..RetryPolicy::default()
+        },
+        tls,
+    )?;
     let engine = Engine::new(
         store,
         client,

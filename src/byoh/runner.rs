@@ -90,6 +90,7 @@ pub(super) async fn drive(inner: &Inner, id: &str, live: &Arc<Live>) {
         return;
     };
     info!(invocation_id = id, status = %Status::Running, "turn started");
+    let _running = crate::floor::metrics::turn_running("byoh");
     let end = run_turn(inner, id, live, &row.session_id, row.connection.clone()).await;
     let (to, error, pending) = match end {
         Ok(Some(TurnEnd::Completed { .. })) => (Status::Completed, None, vec![]),
@@ -100,7 +101,9 @@ pub(super) async fn drive(inner: &Inner, id: &str, live: &Arc<Live>) {
         ),
         // Cancelled by `cancel` (which wrote the status) or by shutdown (the status stays
         // `running`, for the next start to take up).
-        _ if live.cancel.is_cancelled() => return,
+        _ if live.cancel.is_cancelled() => {
+            return crate::floor::metrics::turn_ended("byoh", "cancelled");
+        }
         Ok(Some(TurnEnd::Failed { message, .. })) => (Status::Failed, Some(message), vec![]),
         Ok(Some(TurnEnd::Yielded)) => (
             Status::Failed,
@@ -115,6 +118,7 @@ pub(super) async fn drive(inner: &Inner, id: &str, live: &Arc<Live>) {
         Ok(None) => return,
         Err(e) => (Status::Failed, Some(e.to_string()), vec![]),
     };
+    crate::floor::metrics::turn_ended("byoh", to.as_str());
     match store.transition(id, RUNNING, to, error, pending).await {
         Ok((true, _)) => info!(
             invocation_id = id,

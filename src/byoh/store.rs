@@ -17,6 +17,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
@@ -297,6 +298,20 @@ impl Store {
         .await
     }
 
+    /// Whether the store takes a write now: its write lock is taken within `wait` and given back
+    /// at once (`BEGIN IMMEDIATE; ROLLBACK`), so a database another process holds locked, or
+    /// one that became read-only, says so without anything being written.
+    pub async fn check_writable(&self, wait: Duration) -> Result<(), StoreError> {
+        self.call(move |c| {
+            c.busy_timeout(wait)?;
+            let checked = c.execute_batch("BEGIN IMMEDIATE; ROLLBACK;");
+            // rusqlite's default, which every other statement runs with.
+            c.busy_timeout(Duration::from_secs(5))?;
+            checked
+        })
+        .await
+    }
+
     /// The status of an invocation, from memory when it was read since its last change.
     pub async fn status(&self, id: &str) -> Result<Option<StatusRow>, StoreError> {
         let cached = self
@@ -336,6 +351,7 @@ impl Store {
         row: InvocationRow,
         messages: Vec<ChatMessage>,
     ) -> Result<StartOutcome, StoreError> {
+        let _timer = crate::floor::metrics::store_write();
         self.durable(move |c| {
             let tx = c.transaction()?;
             if let Some(existing) = get(&tx, &row.invocation_id)? {
@@ -382,6 +398,7 @@ impl Store {
         connection: ModelEndpoint,
         needs_key: bool,
     ) -> Result<ResumeOutcome, StoreError> {
+        let _timer = crate::floor::metrics::store_write();
         let id = id.to_owned();
         let statuses = self.statuses.clone();
         self.durable(move |c| {
@@ -451,6 +468,7 @@ impl Store {
         error: Option<String>,
         pending: Vec<String>,
     ) -> Result<(bool, Option<InvocationRow>), StoreError> {
+        let _timer = crate::floor::metrics::store_write();
         let id = id.to_owned();
         let statuses = self.statuses.clone();
         // End states and questions are what callers act on: sync them; `running` need not be.
@@ -482,6 +500,7 @@ impl Store {
     }
 
     pub async fn append(&self, id: &str, messages: Vec<ChatMessage>) -> Result<(), StoreError> {
+        let _timer = crate::floor::metrics::store_write();
         let id = id.to_owned();
         self.call(move |c| {
             let tx = c.transaction()?;
@@ -512,6 +531,7 @@ impl Store {
     /// Removes the transcripts of terminal invocations that finished before `cutoff_ms`,
     /// keeping their tombstones; answers their session ids.
     pub async fn sweep(&self, cutoff_ms: i64) -> Result<Vec<String>, StoreError> {
+        let _timer = crate::floor::metrics::store_write();
         self.call(move |c| {
             let tx = c.transaction()?;
             let sessions: Vec<(String, String)> = {

@@ -6,6 +6,9 @@ use std::time::Duration;
 use clap::Args;
 
 use super::exec::{ExecArgs, Sessions};
+use super::origins::Origins;
+use super::pod::{SettingsError, is_listen_address};
+use super::tls::TlsArgs;
 use crate::byoh::ServeConfig;
 use crate::byoh::listener::HttpLimits;
 use crate::floor::secret::Secret;
@@ -73,13 +76,41 @@ pub struct ServeArgs {
     #[arg(long, env = "PODHOST_MIN_FREE_MB", default_value_t = 256)]
     pub min_free_mb: u64,
     #[command(flatten)]
+    pub tls: TlsArgs,
+    #[command(flatten)]
     pub exec: ExecArgs,
+    /// Which settings were given as flags (filled in by `Cli::parse_args`).
+    #[arg(skip)]
+    pub origins: Origins,
 }
 
 impl ServeArgs {
-    /// The plain configuration; pure.
-    pub fn config(&self) -> ServeConfig {
-        ServeConfig {
+    /// The plain configuration, or every problem found, each naming its flag or variable; pure
+    /// (the token file is read when serving starts).
+    pub fn config(&self) -> Result<ServeConfig, SettingsError> {
+        let mut problems = Vec::new();
+        let listen = self.origins.name("PODHOST_LISTEN");
+        if !is_listen_address(&self.listen) {
+            problems.push(format!(
+                "{listen}: {:?} is not host:port (such as 127.0.0.1:8080 or [::]:8080)",
+                self.listen
+            ));
+        }
+        if self
+            .token
+            .as_ref()
+            .is_some_and(|t| t.expose().trim().is_empty())
+        {
+            problems.push(format!(
+                "{}: the credential is empty",
+                self.origins.name("PODHOST_TOKEN")
+            ));
+        }
+        if !problems.is_empty() {
+            return Err(SettingsError::new("serve", problems));
+        }
+        Ok(ServeConfig {
+            listen_setting: listen,
             listen: self.listen.clone(),
             data: self.data.clone(),
             token: self.token.clone(),
@@ -96,12 +127,13 @@ impl ServeArgs {
                 max_connections: self.http_max_connections as usize,
             },
             min_free_bytes: self.min_free_mb.saturating_mul(1 << 20),
+            tls: self.tls.settings(&self.origins),
             exec: {
                 let mut exec = self.exec.isolated_settings(Sessions::Many);
                 exec.confine.disk_quota = (self.session_disk_mb > 0)
                     .then(|| self.session_disk_mb.saturating_mul(1 << 20));
                 exec
             },
-        }
+        })
     }
 }

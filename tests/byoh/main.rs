@@ -1,11 +1,15 @@
-//! Integration tests of `podhost serve` (the Oumi BYOH endpoint) and `podhost run`, against the
+//! Integration tests of `podhost serve` (the Oumi BYOH endpoint), against the
 //! real binary and a scripted OpenAI-compatible model server.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../support/openai_fake.rs"]
 mod openai_fake;
+#[path = "../support/prometheus.rs"]
+mod prometheus;
 #[path = "../support/mod.rs"]
 mod support;
+#[path = "../support/tls_front.rs"]
+mod tls_front;
 
 mod harness;
 
@@ -14,6 +18,8 @@ mod failures;
 mod hardening;
 mod idempotency;
 mod isolation;
-mod local;
+mod metrics;
+mod operators;
 mod routes;
+mod tls;
 mod turns;
