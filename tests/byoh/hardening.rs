@@ -45,6 +45,22 @@ async fn assert_healthy(s: &Serve) {
     assert_eq!(resp.status(), StatusCode::OK);
 }
 
+/// The kubelet's probes (`/livez`, `/readyz`, no credential) answer 200 within [`HEALTHY`]: they
+/// go through the same listener, cap and timeouts as every route.
+async fn assert_probes_answer(s: &Serve) {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    for probe in ["/livez", "/readyz"] {
+        let resp = tokio::time::timeout(HEALTHY, client.get(format!("{}{probe}", s.url)).send())
+            .await
+            .unwrap_or_else(|_| panic!("{probe} did not answer within {HEALTHY:?}"))
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "{probe}");
+    }
+}
+
 /// Reads until the server closes the connection (end of file or a reset), within `within`;
 /// returns what was read.
 async fn closed_within(sock: &mut TcpStream, within: Duration) -> String {
@@ -101,6 +117,7 @@ async fn a_thousand_half_open_connections_do_not_keep_healthz_from_answering() {
         socks.push(sock);
     }
     assert_healthy(&s).await;
+    assert_probes_answer(&s).await;
     let during = rss_kib(s.child.id());
     // Still all open: 1,000 is below the default cap.
     let mut probe = [0u8; 1];
@@ -197,6 +214,7 @@ async fn at_the_connection_cap_the_oldest_unfinished_connections_are_closed_firs
     for _ in 0..5 {
         assert_healthy(&s).await;
     }
+    assert_probes_answer(&s).await;
     let (first, last) = socks.split_at_mut(30);
     for sock in first.iter_mut() {
         assert_eq!(closed_within(sock, Duration::from_secs(5)).await, "");
