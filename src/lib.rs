@@ -42,7 +42,10 @@
 //! API keys.
 //! They and the file tools run under Landlock ([`exec::confine`]): the system read-only, their
 //! workspace writable, podhost's state and other sessions' workspaces out of reach; podhost
-//! itself is non-dumpable, so its memory and environment are closed to them.
+//! itself is non-dumpable, so its memory and environment are closed to them. On a pod or BYOH
+//! host each session's commands also run, where the kernel allows, in namespaces of their own
+//! with a read-only view of the system ([`exec::session`]), never as root unless asked, without
+//! capabilities, and under a cgroup ([`exec::cgroup`]).
 
 pub(crate) mod agent;
 pub mod byoh;

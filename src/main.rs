@@ -18,9 +18,10 @@ fn main() -> ExitCode {
     if let Some(code) = exec::init::split_if_pid1() {
         return code;
     }
-    // A command's supervisor: before clap, tracing or tokio, which it must not start.
-    if std::env::args_os().nth(1).as_deref() == Some(std::ffi::OsStr::new(exec::SUPERVISOR_ARG)) {
-        return exec::supervise::main();
+    // A command's supervisor, a session holder, the probe: before clap, tracing or tokio,
+    // which they must not start.
+    if let Some(code) = exec::run_helper(std::env::args_os().nth(1).as_deref()) {
+        return code;
     }
     let cli = match Cli::parse_args(std::env::args_os().collect()) {
         Ok(cli) => cli,

@@ -12,6 +12,16 @@
 //! `/tmp` are split into one rule per entry); and a `read` call (a fresh thread restricting itself
 //! to the workspace) with and without confinement.
 //!
+//! Isolation's cost (a pod or BYOH host), in another interleaved loop: the bash tool of an
+//! isolated session — its commands in the session's namespaces, forked by the session holder —
+//! against today's Landlock-only call (the default policy, and with a data directory hidden
+//! under `/tmp`, which splits `/tmp` into a rule per entry) and a bare `bash -c true`, as a
+//! ratio; also with the
+//! namespaces turned off (the Landlock-only level of an isolated host: every capability dropped,
+//! the session's cgroup joined), and the one-off cost of starting a session's holder. The
+//! holder's processes are not this process's children, so the session's CPU column counts
+//! podhost's side only; compare wall times.
+//!
 //! The supervisor is the `podhost-exec` binary cargo builds for this bench
 //! (`CARGO_BIN_EXE_podhost-exec`, release profile under `cargo bench`), so no separate build
 //! step is needed:
@@ -156,6 +166,7 @@ pub fn main() {
         }
     }
     let m: Vec<(f64, f64)> = series.iter().map(|s| medians(s)).collect();
+    isolation(&rt, &supervisor, &shell, [&toolbox, &hiding], &bare);
     for (label, (wall, cpu), base) in [
         ("bash, confinement off", m[0], m[0]),
         ("bash, Landlock (default policy)", m[1], m[0]),
@@ -170,6 +181,121 @@ pub fn main() {
             cpu - base.1
         );
     }
+}
+
+/// The isolated session's bash call against today's Landlock-only call (the default policy, and
+/// with a hidden data directory under `/tmp`, whose cost grows with the entries of `/tmp`) and a
+/// bare bash.
+fn isolation(
+    rt: &tokio::runtime::Runtime,
+    supervisor: &std::path::Path,
+    shell: &std::path::Path,
+    [landlock, hiding]: [&Toolbox; 2],
+    bare: &dyn Fn() -> Sample,
+) {
+    use podhost::exec::confine::Settings;
+    use podhost::exec::{ExecSettings, ResourceLimits};
+    use podhost::tools::ToolboxBuilder;
+    let root = nix::unistd::geteuid().is_root();
+    let settings = |namespaces: bool| ExecSettings {
+        shell: Some(shell.to_path_buf()),
+        limits: ResourceLimits::default(),
+        confine: Settings {
+            isolate: true,
+            namespaces,
+            helper: Some(supervisor.to_path_buf()),
+            // Room for every workspace made below (each keeps its uid).
+            uid_pool: root.then_some(podhost::exec::confine::UidRange {
+                first: 490_000,
+                last: 490_099,
+            }),
+            cgroup: podhost::exec::cgroup::CgroupLimits {
+                pids: Some(4096),
+                memory_bytes: Some(1 << 30),
+                // No cpu group: a real-time task (`chrt`) may not join one.
+                cpu_weight: None,
+            },
+            ..Settings::default()
+        },
+    };
+    let data = tempfile::tempdir().unwrap();
+    let build = |namespaces: bool, name: &str| {
+        let ws = data.path().join(name);
+        let tmp = data.path().join(format!("{name}-tmp"));
+        std::fs::create_dir_all(&ws).unwrap();
+        std::fs::create_dir_all(&tmp).unwrap();
+        ToolboxBuilder::new(&settings(namespaces), supervisor.to_path_buf())
+            .build(Workspace::new(&ws, None).unwrap(), Some(&tmp))
+    };
+    let session = build(true, "session");
+    let level = session.executor().confinement().level();
+    let no_ns = build(false, "no-ns");
+    let input = json!({"command": "true"});
+    let ctx = CallContext::default();
+    let call = |tb: &Toolbox| {
+        measure(|| {
+            let out = rt
+                .block_on(tb.call(ToolName::Bash.as_str(), &input, &ctx))
+                .unwrap();
+            assert!(out.is_completed(), "{out:?}");
+        })
+    };
+    println!(
+        "isolation (namespaces: {}, cgroups: {}, command user: {}; {ROUNDS} rounds × {ITERATIONS}, interleaved)",
+        level.namespaces,
+        level.cgroups,
+        level.uid_pool.as_deref().unwrap_or("podhost's own")
+    );
+    for _ in 0..WARM_UP {
+        bare();
+        call(landlock);
+        call(hiding);
+        call(&session);
+        call(&no_ns);
+    }
+    let mut series: [Vec<Sample>; 5] = Default::default();
+    for _ in 0..ROUNDS {
+        for _ in 0..ITERATIONS {
+            series[0].push(bare());
+            series[1].push(call(landlock));
+            series[2].push(call(hiding));
+            series[3].push(call(&session));
+            series[4].push(call(&no_ns));
+        }
+    }
+    // A session's start: the first call of a fresh toolbox, less a warm call.
+    let mut starts = Vec::new();
+    for i in 0..20 {
+        let fresh = build(true, &format!("fresh-{i}"));
+        let first = call(&fresh).wall;
+        let warm = call(&fresh).wall;
+        starts.push(first.saturating_sub(warm));
+    }
+    starts.sort();
+    let m: Vec<f64> = series.iter().map(|s| medians(s).0).collect();
+    let (bare_ms, landlock_ms) = (m[0], m[1]);
+    for (label, wall) in [
+        ("bare bash -c true", m[0]),
+        ("bash, Landlock only (today)", m[1]),
+        ("bash, Landlock + hidden dir in /tmp", m[2]),
+        ("bash, isolated session (namespaces)", m[3]),
+        ("bash, isolated, namespaces off", m[4]),
+    ] {
+        println!(
+            "{label:>38}: wall {wall:.3} ms | vs bare {:+.3} ms ({:.2}×) | vs Landlock only \
+             {:+.3} ms ({:.2}×)",
+            wall - bare_ms,
+            wall / bare_ms,
+            wall - landlock_ms,
+            wall / landlock_ms
+        );
+    }
+    println!(
+        "{:>38}: {:.3} ms (median of {})",
+        "session start (first call - warm call)",
+        starts[starts.len() / 2].as_secs_f64() * 1e3,
+        starts.len()
+    );
 }
 
 /// One call's wall time and CPU time (ours and our waited-for descendants').

@@ -4,6 +4,7 @@
 //! Layout, by responsibility:
 //! * [`protocol`]: wire types and their validation.
 //! * [`server`]: axum routes, authentication, limits, the error → status mapping.
+//! * [`listener`]: the accept loop: header, body and idle timeouts, the connection cap.
 //! * [`engine`]: the state the routes and the turn tasks share (live turns, permits, locks).
 //! * [`invocation`]: what each route means: idempotency, backpressure, cancellation.
 //! * [`runner`]: turn tasks, recovery after a restart, the retention sweeper.
@@ -15,6 +16,7 @@
 
 pub(crate) mod engine;
 pub(crate) mod invocation;
+pub mod listener;
 pub(crate) mod protocol;
 pub mod runner;
 pub(crate) mod server;
@@ -30,6 +32,7 @@ use tracing::{info, warn};
 
 use crate::chat::client::{ModelClient, RetryPolicy};
 use crate::exec::ExecSettings;
+use crate::exec::confine::Guard;
 use crate::floor::codes::exit;
 use crate::floor::secret::Secret;
 use crate::floor::tls::{TlsSettings, client_config};
@@ -58,6 +61,10 @@ pub struct ServeConfig {
     pub max_steps: u32,
     /// Attempts per model call.
     pub model_attempts: u32,
+    /// The HTTP listener's timeouts and connection cap.
+    pub http: listener::HttpLimits,
+    /// Free bytes the data directory must keep; below it, new submissions are answered `503`.
+    pub min_free_bytes: u64,
     /// Which CA certificates to trust besides the system's, for the model endpoints.
     pub tls: TlsSettings,
     /// The model's context window, compaction threshold and inputs, as configured.
@@ -119,15 +126,39 @@ async fn resolve(listen: &str, setting: &str) -> Result<SocketAddr, ServeError> 
 
 /// The policy every session's commands start from: nothing of the data directory (the store,
 /// other sessions' workspaces) or the credential file is reachable; a session's toolbox grants
-/// its own workspace and tmp back.
+/// its own workspace and tmp back. Their modes are checked at each use (see `state_guards`).
 fn tools(args: &ServeConfig, supervisor: PathBuf) -> ToolboxBuilder {
     ToolboxBuilder::new(&args.exec, supervisor).confine(|c| {
-        let c = c.hide(&args.data);
-        match &args.token_file {
-            Some(file) => c.hide(file),
-            None => c,
+        let mut c = c.hide(&args.data);
+        if let Some(file) = &args.token_file {
+            c = c.hide(file);
         }
+        for g in state_guards(args) {
+            c = c.guard(g);
+        }
+        c
     })
+}
+
+/// podhost's own state on a BYOH host and the modes it must keep: the data directory private
+/// (0711 when sessions run as uids of their own, which must pass through it to their
+/// workspaces; 0700 otherwise) with its files (the store) 0600, and the credential file 0600
+/// when it is podhost's.
+fn state_guards(args: &ServeConfig) -> Vec<Guard> {
+    use std::os::unix::fs::MetadataExt;
+    let mode = if args.exec.confine.uid_pool.is_some() {
+        0o711
+    } else {
+        0o700
+    };
+    let data = std::fs::canonicalize(&args.data).unwrap_or_else(|_| args.data.clone());
+    let mut guards = vec![Guard::private_dir(&data, mode)];
+    if let Some(file) = &args.token_file
+        && std::fs::metadata(file).is_ok_and(|m| m.uid() == nix::unistd::geteuid().as_raw())
+    {
+        guards.push(Guard::private_file(file));
+    }
+    guards
 }
 
 /// `podhost serve`: runs the endpoint until SIGINT or SIGTERM.
@@ -162,7 +193,13 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
         what: "could not find podhost's own executable".into(),
         source,
     })?;
-    let store = Store::open(&args.data.join("podhost.sqlite"))?;
+    let guards = state_guards(&args);
+    let db = args.data.join("podhost.sqlite");
+    // The store's files are made now on a first start: private at once, without a warning.
+    let fresh = !db.exists();
+    check_state(&guards, fresh)?;
+    let store = Store::open(&db)?;
+    check_state(&guards, fresh)?;
     let client = ModelClient::new(
         RetryPolicy {
             attempts: args.model_attempts,
@@ -198,23 +235,69 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
     if token.is_none() {
         warn!("no credential is configured: the endpoint is open to every caller on this machine");
     }
+    let http = http_limits(args.http);
     info!(
         addr = %local,
         data = %args.data.display(),
         max_running = args.max_running,
         "podhost serve listening on http://{local}"
     );
-    let app = server::router(engine.clone(), token);
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await;
+    let floor = (args.min_free_bytes > 0).then(|| server::FreeSpaceFloor {
+        dir: args.data.clone(),
+        bytes: args.min_free_bytes,
+    });
+    if let Some(Err(message)) = floor.as_ref().map(server::FreeSpaceFloor::check) {
+        warn!(%message, "the data directory is low on space");
+    }
+    let app = server::router(engine.clone(), token, floor, guards);
+    listener::serve(listener, app, http, shutdown_signal()).await;
     info!("shutting down: stopping turns");
     engine.shutdown(Duration::from_secs(10)).await;
-    served.map_err(|source| ServeError::Io {
-        what: "the server failed".into(),
-        source,
-    })?;
     Ok(exit::OK)
+}
+
+/// Puts back the modes of podhost's state (quietly when it was just created), or refuses to
+/// start when it cannot.
+fn check_state(guards: &[Guard], fresh: bool) -> Result<(), ServeError> {
+    use crate::exec::confine::state;
+    let checked = if fresh {
+        state::check_quietly(guards)
+    } else {
+        state::check(guards)
+    };
+    checked
+        .map(drop)
+        .map_err(|e| ServeError::Config(format!("podhost's state is not safe: {e}")))
+}
+
+/// Descriptors kept back from the connection cap for the store, commands and model calls.
+const FD_RESERVE: u64 = 512;
+
+/// Raises the open-file limit to its hard limit (each connection holds a descriptor), and lowers
+/// the connection cap, with a warning, when even that limit cannot hold it.
+fn http_limits(mut limits: listener::HttpLimits) -> listener::HttpLimits {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let soft = match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => hard,
+            Err(e) => {
+                warn!(error = %e, soft, hard, "could not raise the open-file limit");
+                soft
+            }
+        },
+        Ok((soft, _)) => soft,
+        Err(_) => return limits,
+    };
+    let room = soft.saturating_sub(FD_RESERVE).max(16);
+    if (limits.max_connections as u64) > room {
+        warn!(
+            configured = limits.max_connections,
+            open_file_limit = soft,
+            "the open-file limit cannot hold PODHOST_HTTP_MAX_CONNECTIONS; lowering it to {room}"
+        );
+        limits.max_connections = room as usize;
+    }
+    limits
 }
 
 async fn shutdown_signal() {

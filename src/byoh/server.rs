@@ -12,21 +12,28 @@
 //!   terminal statuses and outputs, `404` only for an invocation never submitted, `409` from
 //!   `collect_output` until output exists and from `submit` when busy (without an invocation
 //!   id), `400` for bodies that cannot be read or are not JSON, `422` for JSON that is
-//!   not the protocol's shape or breaks its rules, `413` past 10 MiB, `401` without the
-//!   credential.
+//!   not the protocol's shape or breaks its rules, `413` past 10 MiB (at once when the
+//!   declared length says so, before a byte of the body is read), `401` without the credential,
+//!   `503` when the data directory is below its free-space floor (Oumi retries it), `404` and
+//!   `405` for a path or method that is not a route. Every refusal has the same JSON body,
+//!   `{"error": {"message": …}}`.
 //! * Every body is JSON and under 10 MiB: `collect_output` shrinks the largest contents until
-//!   its body fits.
+//!   its body fits. A request body is read as it arrives, never allocated from its declared
+//!   length, and must arrive within the body timeout or the connection is closed (see
+//!   `listener`).
+//! * The credential's scheme (`Bearer`) is matched without regard to case, as HTTP says.
 //! * Logs name the route, invocation id, status and duration — never a body or a key.
 //!
 //! Non-goals: what a submission means (see `invocation`).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, Request, State};
+use axum::extract::{Extension, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -38,12 +45,14 @@ use tracing::{info, warn};
 
 use super::engine::Engine;
 use super::invocation::ByohError;
+use super::listener::ConnHandle;
 use super::protocol::{
     CancelRequest, ErrorBody, ErrorDetail, MAX_BODY_BYTES, OutputBody, PROTOCOL_VERSION, Status,
     StatusBody, SubmitRequest,
 };
 use super::store::{InvocationRow, StatusRow};
 use crate::chat::message::ChatMessage;
+use crate::exec::confine::{Guard, state};
 use crate::floor::text::truncate_middle;
 
 /// The OpenAPI document of the routes, served at `/openapi.yaml`.
@@ -53,6 +62,36 @@ pub const OPENAPI: &str = include_str!("../../openapi.yaml");
 struct App {
     engine: Engine,
     token: Option<Arc<str>>,
+    floor: Option<Arc<FreeSpaceFloor>>,
+    /// podhost's own state, whose modes are checked at each submission.
+    guards: Arc<[Guard]>,
+}
+
+/// The free space the data directory must keep for new work to be accepted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FreeSpaceFloor {
+    pub dir: PathBuf,
+    /// Bytes that must stay free.
+    pub bytes: u64,
+}
+
+impl FreeSpaceFloor {
+    /// `Err(message)` when the directory's file system has less than the floor free (for an
+    /// unprivileged writer: `f_bavail`), or cannot be asked.
+    pub fn check(&self) -> Result<(), String> {
+        let st = nix::sys::statvfs::statvfs(&self.dir)
+            .map_err(|e| format!("could not read the free space of the data directory: {e}"))?;
+        let free = st.blocks_available().saturating_mul(st.fragment_size());
+        if free >= self.bytes {
+            return Ok(());
+        }
+        Err(format!(
+            "the data directory has {} MiB free, below the {} MiB podhost keeps free for its \
+             store; new work is refused until space is freed",
+            free >> 20,
+            self.bytes >> 20
+        ))
+    }
 }
 
 /// The invocation a response concerns, for the request log.
@@ -121,11 +160,19 @@ fn json<T: serde::Serialize>(status: StatusCode, body: &T) -> Response {
     }
 }
 
-/// The router of the endpoint; `token` is the credential callers must send, if any.
-pub fn router(engine: Engine, token: Option<String>) -> Router {
+/// The router of the endpoint; `token` is the credential callers must send, if any; `floor`,
+/// the free space below which `submit` refuses new invocations.
+pub fn router(
+    engine: Engine,
+    token: Option<String>,
+    floor: Option<FreeSpaceFloor>,
+    guards: Vec<Guard>,
+) -> Router {
     let app = App {
         engine,
         token: token.map(Arc::from),
+        floor: floor.map(Arc::new),
+        guards: guards.into(),
     };
     Router::new()
         .route("/submit", post(submit))
@@ -134,6 +181,8 @@ pub fn router(engine: Engine, token: Option<String>) -> Router {
         .route("/cancel", post(cancel))
         .route("/healthz", get(healthz))
         .route("/openapi.yaml", get(openapi))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(app.clone(), authenticate))
         .merge(open_routes())
         .layer(middleware::from_fn(log_request))
@@ -151,6 +200,27 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
+async fn not_found(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("there is no route {}", req.uri().path()),
+    )
+}
+
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} does not accept {}", req.uri().path(), req.method()),
+    )
+}
+
+/// The credential of an `Authorization` header value: after the `Bearer` scheme, whose case
+/// does not matter (RFC 9110 §11.1), and one or more spaces.
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
+}
+
 async fn authenticate(State(app): State<App>, req: Request, next: Next) -> Response {
     let Some(token) = &app.token else {
         return next.run(req).await;
@@ -159,8 +229,7 @@ async fn authenticate(State(app): State<App>, req: Request, next: Next) -> Respo
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+        .and_then(bearer);
     match presented {
         Some(p) if constant_time_eq(p.as_bytes(), token.as_bytes()) => next.run(req).await,
         Some(_) => {
@@ -200,11 +269,17 @@ fn tagged(mut resp: Response, id: &str) -> Response {
     resp
 }
 
-/// How much of a too-large body is read and dropped before answering 413.
-const DRAIN_LIMIT: usize = 4 * MAX_BODY_BYTES;
+/// How long a body may take to arrive when the request came from no listener (in-process use).
+const BODY_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Reads a request body of at most 10 MiB.
-async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+/// Reads a request body of at most 10 MiB as it arrives. A declared length past the limit is
+/// refused before a byte is read; memory grows with what has arrived, never with what was
+/// declared. A body that does not arrive within the body timeout closes the connection.
+async fn read_body(
+    headers: &HeaderMap,
+    conn: Option<&ConnHandle>,
+    body: Body,
+) -> Result<Bytes, ApiError> {
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -215,24 +290,48 @@ async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > DRAIN_LIMIT as u64) {
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
         return Err(too_large());
     }
-    let mut stream = body.into_data_stream();
-    let mut buf: Vec<u8> = Vec::with_capacity(declared.unwrap_or(0) as usize);
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                format!("could not read the body: {e}"),
-            )
-        })?;
-        if buf.len() + chunk.len() > MAX_BODY_BYTES {
-            return Err(too_large());
+    let read = async {
+        let mut stream = body.into_data_stream();
+        let mut buf: Vec<u8> = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("could not read the body: {e}"),
+                )
+            })?;
+            if buf.len() + chunk.len() > MAX_BODY_BYTES {
+                return Err(too_large());
+            }
+            buf.extend_from_slice(&chunk);
         }
-        buf.extend_from_slice(&chunk);
+        Ok(Bytes::from(buf))
+    };
+    let limit = conn.map_or(BODY_TIMEOUT, |c| c.body_timeout);
+    match tokio::time::timeout(limit, read).await {
+        Ok(read) => read,
+        Err(_) => {
+            warn!(
+                timeout_secs = limit.as_secs(),
+                "a request body did not arrive in time; closing its connection"
+            );
+            if let Some(c) = conn {
+                // No answer: the connection task drops the connection (and this handler).
+                c.close();
+                std::future::pending::<()>().await;
+            }
+            Err(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body did not arrive within {} s",
+                    limit.as_secs()
+                ),
+            ))
+        }
     }
-    Ok(Bytes::from(buf))
 }
 
 /// Parses a JSON body: not JSON → 400; JSON of the wrong shape → 422.
@@ -279,12 +378,28 @@ fn status_response(row: &InvocationRow) -> Response {
     tagged(json(code, &body), &row.invocation_id)
 }
 
-async fn submit(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
+async fn submit(
+    State(app): State<App>,
+    conn: Option<Extension<ConnHandle>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let result = async {
-        let bytes = read_body(&headers, body).await?;
+        let bytes = read_body(&headers, conn.as_deref(), body).await?;
         let req: SubmitRequest = parse(&bytes)?;
         req.validate()
             .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.0))?;
+        if let Some(floor) = &app.floor {
+            refuse_below_floor(&app, floor, &req.invocation_id).await?;
+        }
+        let guards = app.guards.clone();
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || state::check(&guards)).await {
+            warn!(error = %e, "refusing a submission: podhost's state is exposed");
+            return Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("podhost's state is not safe: {e}"),
+            ));
+        }
         let action = req.session_action;
         let row = app.engine.submit(req).await?;
         info!(invocation_id = %row.invocation_id, ?action, status = %row.status, "submit");
@@ -293,9 +408,31 @@ async fn submit(State(app): State<App>, headers: HeaderMap, body: Body) -> Respo
     result.await.unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn cancel(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
+/// `503` for a new invocation while the data directory is below its free-space floor; a known
+/// invocation (a retried submit) still gets its status.
+async fn refuse_below_floor(
+    app: &App,
+    floor: &FreeSpaceFloor,
+    invocation_id: &str,
+) -> Result<(), ApiError> {
+    let Err(message) = floor.check() else {
+        return Ok(());
+    };
+    if app.engine.status(invocation_id).await.is_ok() {
+        return Ok(());
+    }
+    warn!(%message, "refusing a submission");
+    Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message))
+}
+
+async fn cancel(
+    State(app): State<App>,
+    conn: Option<Extension<ConnHandle>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let result = async {
-        let bytes = read_body(&headers, body).await?;
+        let bytes = read_body(&headers, conn.as_deref(), body).await?;
         let req: CancelRequest = parse(&bytes)?;
         req.validate()
             .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.0))?;
@@ -553,6 +690,20 @@ mod tests {
         assert_eq!(level(&[100, 10, 10], 60, 0), Some(40));
         assert_eq!(level(&[100, 90, 10], 60, 0), Some(25));
         assert_eq!(level(&[100, 90, 10], 5, 0), Some(1));
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_matched_without_case() {
+        for (value, want) in [
+            ("Bearer abc", Some("abc")),
+            ("bearer abc", Some("abc")),
+            ("BEARER   abc ", Some("abc")),
+            ("Basic abc", None),
+            ("Bearerabc", None),
+            ("abc", None),
+        ] {
+            assert_eq!(bearer(value), want, "{value}");
+        }
     }
 
     #[test]

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use clap::Args;
 use clap::builder::BoolishValueParser;
 
-use crate::exec::confine::Settings;
+use crate::exec::cgroup::CgroupLimits;
+use crate::exec::confine::{Settings, UidRange};
 use crate::exec::protocol::CommandUser;
 use crate::exec::{ExecSettings, ResourceLimits};
 
@@ -25,6 +26,15 @@ pub struct ExecArgs {
     /// CPU seconds per command (RLIMIT_CPU); 0 for no limit.
     #[arg(long, env = "PODHOST_LIMIT_CPU_SECONDS", default_value_t = 0)]
     pub limit_cpu_seconds: u64,
+    /// Pod and BYOH hosts: MiB of memory a session's processes may use together (a cgroup
+    /// limit, which binds root too); 0 for no limit.
+    #[arg(long, env = "PODHOST_LIMIT_MEMORY_MB", default_value_t = 8192)]
+    pub limit_memory_mb: u64,
+    /// Pod and BYOH hosts: a session's CPU share against the others, 1 to 10000 (100 is an
+    /// equal share; a cgroup weight).
+    #[arg(long, env = "PODHOST_CPU_WEIGHT", default_value_t = 100,
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub cpu_weight: u64,
     /// The shell commands run with; default `bash`, or `sh` where bash is missing.
     #[arg(long, env = "PODHOST_SHELL")]
     pub shell: Option<PathBuf>,
@@ -57,12 +67,25 @@ pub struct ConfineArgs {
     #[arg(long, env = "PODHOST_TMP_DIR")]
     pub tmp_dir: Option<PathBuf>,
     /// When podhost runs as root: the user commands run as (a name, or `uid[:gid]`), with no
-    /// supplementary groups.
+    /// supplementary groups; `root` to run them as root (without capabilities). Unset, a pod's
+    /// commands run as `nobody` and each BYOH session's as its own uid from the pool.
     #[arg(long, env = "PODHOST_COMMAND_USER", value_parser = command_user)]
     pub command_user: Option<CommandUser>,
+    /// Pod and BYOH hosts: run each session's commands in namespaces of their own (a read-only
+    /// system, podhost's state and other sessions hidden, a minimal /dev, their own /proc) where
+    /// the kernel allows: on or off (Landlock alone).
+    #[arg(long, env = "PODHOST_NAMESPACES", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
+    pub namespaces: bool,
+    /// A root BYOH host: the uids sessions' commands run as, one per session (`first-last`).
+    #[arg(long, env = "PODHOST_UID_POOL", default_value = "400000-400999", value_parser = uid_range)]
+    pub uid_pool: UidRange,
     /// Testing only: use at most this Landlock ABI (0 behaves as a kernel without Landlock).
     #[arg(long, env = "PODHOST_LANDLOCK_ABI_MAX", hide = true)]
     pub landlock_abi_max: Option<u8>,
+    /// Testing only: isolate `podhost tool`'s commands as a pod's are (namespaces, no
+    /// capabilities, a cgroup, no root).
+    #[arg(long, env = "PODHOST_ISOLATE", hide = true, value_parser = BoolishValueParser::new())]
+    pub isolate: bool,
 }
 
 impl ConfineArgs {
@@ -75,13 +98,21 @@ impl ConfineArgs {
             }
             root
         });
+        let root_asked = user.is_some_and(|u| u.uid == 0);
         Settings {
+            isolate: false,
+            namespaces: self.namespaces,
+            helper: None,
+            uid_pool: None,
+            root_asked,
+            cgroup: CgroupLimits::default(),
+            disk_quota: None,
+            user: user.filter(|u| u.uid != 0),
             enabled: self.confine,
             require: self.require_confinement,
             deny_network: self.deny_network,
             hidden: self.confine_deny.clone(),
             tmp: self.tmp_dir.clone(),
-            user,
             abi_max: self.landlock_abi_max,
         }
     }
@@ -95,7 +126,8 @@ fn on_off(s: &str) -> Result<bool, String> {
     }
 }
 
-/// `uid[:gid]` (the gid defaults to the uid), or a user name (its primary group).
+/// `uid[:gid]` (the gid defaults to the uid), or a user name (its primary group); `root` (or
+/// `0`) asks for root itself.
 fn command_user(s: &str) -> Result<CommandUser, String> {
     let number = |v: &str| {
         v.parse::<u32>()
@@ -106,13 +138,9 @@ fn command_user(s: &str) -> Result<CommandUser, String> {
             Some((u, g)) => (number(u)?, number(g)?),
             None => (number(s)?, number(s)?),
         };
-        if uid == 0 {
-            return Err("the command user must not be root".to_owned());
-        }
         return Ok(CommandUser { uid, gid });
     }
     match nix::unistd::User::from_name(s) {
-        Ok(Some(u)) if u.uid.is_root() => Err("the command user must not be root".to_owned()),
         Ok(Some(u)) => Ok(CommandUser {
             uid: u.uid.as_raw(),
             gid: u.gid.as_raw(),
@@ -122,14 +150,69 @@ fn command_user(s: &str) -> Result<CommandUser, String> {
     }
 }
 
+/// `first-last`, both included.
+fn uid_range(s: &str) -> Result<UidRange, String> {
+    let bad = || format!("{s:?} is not a uid range such as 400000-400999");
+    let (first, last) = s.split_once('-').ok_or_else(bad)?;
+    let (first, last): (u32, u32) = (
+        first.trim().parse().map_err(|_| bad())?,
+        last.trim().parse().map_err(|_| bad())?,
+    );
+    if first == 0 || last < first {
+        return Err(format!(
+            "{s:?}: the range must start above 0 and not end before it starts"
+        ));
+    }
+    Ok(UidRange { first, last })
+}
+
+/// Where a host's sessions come from, for the command user a root podhost picks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sessions {
+    /// One session (a pod): one unprivileged user.
+    One,
+    /// Many (a BYOH host): one uid per session, from the pool.
+    Many,
+}
+
 impl ExecArgs {
-    /// The plain settings a front runs commands with.
+    /// The plain settings a front runs commands with (isolated only when the hidden test flag
+    /// `--isolate` asks, as a pod's).
     pub fn settings(&self) -> ExecSettings {
+        if self.confine.isolate {
+            return self.isolated_settings(Sessions::One);
+        }
+        self.plain_settings()
+    }
+
+    fn plain_settings(&self) -> ExecSettings {
         ExecSettings {
             shell: self.shell.clone(),
             limits: self.limits(),
             confine: self.confine.settings(),
         }
+    }
+
+    /// The settings of a front that serves others (a pod, a BYOH host): sessions isolated
+    /// (namespaces where the kernel allows, no capabilities, cgroup limits) and, when podhost is
+    /// root and no command user is set, commands never run as root.
+    pub fn isolated_settings(&self, sessions: Sessions) -> ExecSettings {
+        let mut settings = self.plain_settings();
+        let c = &mut settings.confine;
+        c.isolate = true;
+        let nonzero = |v: u64| (v > 0).then_some(v);
+        c.cgroup = CgroupLimits {
+            pids: nonzero(self.limit_processes),
+            memory_bytes: nonzero(self.limit_memory_mb).map(|mb| mb.saturating_mul(1 << 20)),
+            cpu_weight: Some(self.cpu_weight),
+        };
+        if nix::unistd::geteuid().is_root() && c.user.is_none() && !c.root_asked {
+            match sessions {
+                Sessions::Many => c.uid_pool = Some(self.confine.uid_pool),
+                Sessions::One => c.user = Some(nobody()),
+            }
+        }
+        settings
     }
 
     fn limits(&self) -> ResourceLimits {
@@ -143,13 +226,27 @@ impl ExecArgs {
     }
 }
 
+/// The `nobody` user (65534 where it has no entry).
+fn nobody() -> CommandUser {
+    match nix::unistd::User::from_name("nobody") {
+        Ok(Some(u)) => CommandUser {
+            uid: u.uid.as_raw(),
+            gid: u.gid.as_raw(),
+        },
+        _ => CommandUser {
+            uid: 65534,
+            gid: 65534,
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
 
     #[test]
-    fn command_users_parse_and_root_is_refused() {
+    fn command_users_parse_and_root_must_be_asked_for_by_name() {
         assert_eq!(
             command_user("65534"),
             Ok(CommandUser {
@@ -171,9 +268,22 @@ mod tests {
                 gid: 65534
             })
         );
+        // Root is asked for by name or number (commands then run as root, without
+        // capabilities).
+        for root in ["0", "root"] {
+            assert_eq!(command_user(root), Ok(CommandUser { uid: 0, gid: 0 }));
+        }
+        assert_eq!(
+            uid_range("400000-400999"),
+            Ok(UidRange {
+                first: 400_000,
+                last: 400_999
+            })
+        );
+        for bad in ["400000", "0-5", "9-3", "a-b"] {
+            assert!(uid_range(bad).is_err(), "{bad}");
+        }
         for (bad, message) in [
-            ("0", "the command user must not be root"),
-            ("root", "the command user must not be root"),
             ("12x", "\"12x\" is not a uid or gid"),
             ("no-such-user-here", "no user named \"no-such-user-here\""),
         ] {

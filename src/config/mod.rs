@@ -16,7 +16,7 @@ mod tls;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
-pub use exec::{ConfineArgs, ExecArgs};
+pub use exec::{ConfineArgs, ExecArgs, Sessions};
 pub use local::{LocalEnvArgs, McpArgs, RunArgs, ToolArgs};
 pub use origins::Origins;
 pub use pod::{PodArgs, SettingsError};

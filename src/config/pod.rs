@@ -319,7 +319,7 @@ impl PodArgs {
                     backoff_cap,
                     join_retry,
                     shutdown_deadline,
-                    exec: self.exec.settings(),
+                    exec: self.exec.isolated_settings(super::exec::Sessions::One),
                 })
             }
             _ => Err(SettingsError::new("pod", c.problems)),

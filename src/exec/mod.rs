@@ -35,8 +35,23 @@
 //! * [`reaper`]: podhost itself as a child subreaper, reaping what a failed supervisor left.
 //! * [`env`](mod@env): the command's environment; [`egress`]: the CA bundle file its trust
 //!   variables name.
+//!
+//! On a pod or BYOH host, where the kernel allows, a workspace's commands run in a session
+//! ([`session`]): a holder process made the session's namespaces and view of the file system
+//! once, and forks each command's supervisor inside them (the supervisor is then not podhost's
+//! child: it sends podhost its pidfd, which the timeout and cancellation use):
+//!
+//! ```text
+//! podhost ──spawn once──► podhost-exec __session ──clone(NEWNS|NEWIPC|NEWPID)──► holder (pid 1)
+//!   │  per command: control socket + stdout + stderr (SCM_RIGHTS) ──────────────►  │ fork
+//!   └◄──────────── the supervisor's pidfd, then its status line ─── supervisor ◄──┘
+//! ```
+//!
+//! A session's processes are limited by its cgroup ([`cgroup`]), and a BYOH session's files by
+//! its disk quota ([`quota`]). [`sys`] holds the raw system calls all of this needs.
 
 pub(crate) mod capture;
+pub mod cgroup;
 pub mod confine;
 pub mod egress;
 pub(crate) mod env;
@@ -44,11 +59,15 @@ pub mod init;
 pub(crate) mod limits;
 pub(crate) mod procs;
 pub mod protocol;
+pub mod quota;
 pub mod reaper;
+pub mod session;
 mod spawn;
 pub mod supervise;
+pub(crate) mod sys;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -63,6 +82,20 @@ pub const SUPERVISOR_ARG: &str = "__exec";
 
 /// The file name of the dedicated supervisor binary (`src/bin/podhost-exec.rs`).
 pub const SUPERVISOR_BIN: &str = "podhost-exec";
+
+/// Runs the helper `arg` names — a command's supervisor ([`SUPERVISOR_ARG`]), a session holder
+/// (`__session`, see [`session::holder`]) or the namespace probe (`__probe`) — and returns its
+/// exit code; `None` when `arg` names none. The binaries' `main` calls it before anything else
+/// (no clap, no tracing, no tokio: a helper must start fast and single-threaded).
+pub fn run_helper(arg: Option<&std::ffi::OsStr>) -> Option<std::process::ExitCode> {
+    let arg = arg?.to_str()?;
+    match arg {
+        SUPERVISOR_ARG => Some(supervise::main()),
+        session::holder::SESSION_ARG => Some(session::holder::main()),
+        session::probe::PROBE_ARG => Some(session::probe::main()),
+        _ => None,
+    }
+}
 
 /// The supervisor for this process's commands: `podhost-exec` beside podhost's own executable
 /// when it is there (it starts faster), else podhost itself, as `podhost __exec`.
@@ -167,18 +200,58 @@ pub struct ExecConfig {
 /// Starts commands. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Executor {
-    config: std::sync::Arc<ExecConfig>,
-    confinement: std::sync::Arc<Confinement>,
+    config: Arc<ExecConfig>,
+    confinement: Arc<Confinement>,
+    /// The session commands run in, when they run in namespaces.
+    session: Option<Arc<session::SessionSlot>>,
+    /// The session's cgroup (kept while commands may run in it).
+    group: Option<Arc<cgroup::Group>>,
+    /// The session's disk quota.
+    quota: Option<Arc<quota::DiskQuota>>,
 }
+
+/// Exit code reported for a command podhost stopped for a limit (as a SIGKILL would show).
+pub const EXIT_STOPPED: i32 = 137;
 
 impl Executor {
     /// An executor with the default confinement: Landlock where the kernel has it, nothing
     /// hidden, the network allowed (see [`confine`]).
     pub fn new(config: ExecConfig) -> Self {
         Executor {
-            config: std::sync::Arc::new(config),
-            confinement: std::sync::Arc::new(Confinement::default()),
+            config: Arc::new(config),
+            confinement: Arc::new(Confinement::default()),
+            session: None,
+            group: None,
+            quota: None,
         }
+    }
+
+    /// Commands run in `session` (see [`session`]).
+    pub fn with_session(mut self, session: session::SessionSlot) -> Self {
+        self.session = Some(Arc::new(session));
+        self
+    }
+
+    /// Commands run in (and are limited by) `group`.
+    pub fn with_group(mut self, group: cgroup::Group) -> Self {
+        self.group = Some(Arc::new(group));
+        self
+    }
+
+    /// Commands are stopped past `quota`.
+    pub fn with_quota(mut self, quota: Arc<quota::DiskQuota>) -> Self {
+        self.quota = Some(quota);
+        self
+    }
+
+    /// The disk quota, if any.
+    pub fn quota(&self) -> Option<&Arc<quota::DiskQuota>> {
+        self.quota.as_ref()
+    }
+
+    /// The pid of the session holder commands run under, while one runs.
+    pub fn session_holder_pid(&self) -> Option<i32> {
+        self.session.as_ref()?.holder_pid()
     }
 
     /// The same executor with another confinement policy.
@@ -202,8 +275,74 @@ impl Executor {
     ///
     /// Await it from an async task, not inside `spawn_blocking`: the supervisor's parent-death
     /// signal is tied to the thread that spawns it, and blocking-pool threads exit when idle.
-    pub async fn execute(&self, req: ExecRequest) -> Result<ExecOutput, ExecError> {
-        spawn::execute(&self.config, req).await
+    pub async fn execute(&self, mut req: ExecRequest) -> Result<ExecOutput, ExecError> {
+        let oom_before = self.group.as_ref().map(|g| g.oom_kills());
+        let session = self.session.as_deref();
+        let Some(quota) = self.quota.clone() else {
+            let out = spawn::execute(&self.config, session, req).await?;
+            return Ok(self.note_oom(out, oom_before));
+        };
+        let measure = |q: Arc<quota::DiskQuota>| async move {
+            tokio::task::spawn_blocking(move || q.measure())
+                .await
+                .unwrap_or_default()
+        };
+        let at_start = measure(quota.clone()).await;
+        let outer = req.cancel.clone();
+        let stop = outer.child_token();
+        req.cancel = stop.clone();
+        let mut over = None;
+        let watch = async {
+            loop {
+                tokio::time::sleep(quota::POLL).await;
+                let now = measure(quota.clone()).await;
+                // Past the quota and still growing: a command that deletes may run on.
+                if quota.exceeded_by(now) && now.bytes > at_start.bytes {
+                    return now;
+                }
+            }
+        };
+        let run = spawn::execute(&self.config, session, req);
+        tokio::pin!(run, watch);
+        let ended = tokio::select! {
+            ended = &mut run => ended,
+            usage = &mut watch => {
+                over = Some(usage);
+                stop.cancel();
+                run.await
+            }
+        };
+        let mut out = self.note_oom(ended?, oom_before);
+        match over {
+            Some(usage) if !outer.is_cancelled() => {
+                out.cancelled = false;
+                out.exit_code = EXIT_STOPPED;
+                out.limit_note = Some(quota.stopped_message(usage));
+            }
+            _ => {
+                let after = measure(quota.clone()).await;
+                if quota.exceeded_by(after) && out.limit_note.is_none() {
+                    out.limit_note = Some(quota.over_message(after));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Says so when the session's memory limit killed a process during the command.
+    fn note_oom(&self, mut out: ExecOutput, before: Option<u64>) -> ExecOutput {
+        let (Some(group), Some(before)) = (&self.group, before) else {
+            return out;
+        };
+        if group.oom_kills() > before {
+            out.limit_note = Some(format!(
+                "A process was killed: the session reached its memory limit{}.",
+                group
+                    .memory_limit()
+                    .map_or_else(String::new, |b| format!(" ({} MiB)", b >> 20))
+            ));
+        }
+        out
     }
 }
 
@@ -242,6 +381,9 @@ pub struct ExecOutput {
     pub stderr: Captured,
     pub timed_out: bool,
     pub cancelled: bool,
+    /// A limit of the session the command met (its memory limit, its disk quota), in words
+    /// for the caller; with [`EXIT_STOPPED`] when podhost stopped the command for it.
+    pub limit_note: Option<String>,
 }
 
 /// A fault of the executor itself (the command could not be started or watched).
@@ -264,6 +406,9 @@ pub enum ExecError {
     /// The supervisor ended without reporting how the command ended (it crashed or was killed).
     #[error("the command supervisor failed: {message}")]
     Supervisor { message: String },
+    /// The session holder could not make the session's namespaces or view.
+    #[error("could not start the command session: {message}")]
+    Session { message: String },
     #[error("could not watch the command: {0}")]
     Io(#[from] std::io::Error),
 }

@@ -46,6 +46,46 @@ pub struct Request {
     pub confine: Confine,
 }
 
+/// What a session holder (`podhost-exec __session`, see `session::holder`) is asked to build:
+/// the namespaces and the view of the file system every command of the session runs in. Sent
+/// as the first message on the holder's socket.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRequest {
+    /// podhost's pid (see [`Request::parent`]).
+    pub parent: u32,
+    /// Make a user namespace that maps this uid and gid to themselves (podhost is not root);
+    /// `None`: podhost is root and needs none.
+    pub userns: Option<CommandUser>,
+    /// A PID namespace with its own `/proc` (off where a fresh `/proc` is refused).
+    pub pid_namespace: bool,
+    /// `cgroup.procs` files the holder joins before anything else, one per hierarchy: every
+    /// process of the session is then counted and limited there.
+    #[serde(with = "bytes_paths")]
+    pub cgroup_procs: Vec<PathBuf>,
+    pub view: View,
+}
+
+/// A command's view of the file system: the host's, read-only, with podhost's state covered by
+/// empty mounts, a minimal `/dev` and the writable places bound back (see `session::view`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct View {
+    /// Bound back writable at their own paths (workspace roots, the temporary directory).
+    #[serde(with = "bytes_paths")]
+    pub writable: Vec<PathBuf>,
+    /// Bound back read-only at their own paths, also beneath a covered directory (the egress CA
+    /// bundle, `/skills`).
+    #[serde(with = "bytes_paths")]
+    pub readonly: Vec<PathBuf>,
+    /// Covered by an empty read-only mount (a directory) or by an empty device file (a file):
+    /// podhost's state, other sessions, host socket directories.
+    #[serde(with = "bytes_paths")]
+    pub hidden: Vec<PathBuf>,
+    /// Bytes of the session's private `/dev/shm`.
+    pub shm_bytes: u64,
+}
+
 /// The confinement of one command, built by podhost ([`Confinement::for_workspace`]) and applied
 /// by the supervisor in the shell's process just before it execs.
 ///
@@ -60,6 +100,15 @@ pub struct Confine {
     pub deny_network: bool,
     /// The user the shell runs as, when podhost runs as root and drops commands to another user.
     pub user: Option<CommandUser>,
+    /// Drop every capability (bounding, inheritable, ambient, permitted, effective) and lock the
+    /// securebits, whatever the user: on a pod or BYOH host. Otherwise (local use) a root
+    /// command keeps a container's usual set (`ROOT_KEEPS`).
+    #[serde(default)]
+    pub no_capabilities: bool,
+    /// `cgroup.procs` files the supervisor joins before it starts the shell (commands that run
+    /// without a session holder); the limits of those groups then bind the command.
+    #[serde(default, with = "bytes_paths")]
+    pub cgroup_procs: Vec<PathBuf>,
 }
 
 /// Landlock file-system rules, as paths: the supervisor (or a file tool's thread) opens them
@@ -205,6 +254,8 @@ mod tests {
                     uid: 65534,
                     gid: 65534,
                 }),
+                no_capabilities: true,
+                cgroup_procs: vec![PathBuf::from("/sys/fs/cgroup/pids/p/cgroup.procs")],
             },
         };
         assert_eq!(Request::decode(&req.encode().unwrap()).unwrap(), req);

@@ -2,8 +2,9 @@
 //! and end it on time.
 //!
 //! Owns: the supervisor's process (spawned with an empty environment, the control socket as its
-//! stdin and two pipes as stdout and stderr), the timeout and cancellation, and the bounds that
-//! make a call return on time whatever the command does.
+//! stdin and two pipes as stdout and stderr — or, in a session, forked by the session's holder
+//! with those three descriptors, and known to podhost by the pidfd it sends first), the timeout
+//! and cancellation, and the bounds that make a call return on time whatever the command does.
 //!
 //! Invariants:
 //! * The call returns within `timeout` + [`KILL_BOUND`] + [`DRAIN_BOUND`] (and a little work),
@@ -20,19 +21,21 @@
 
 use std::io;
 use std::os::fd::OwnedFd;
-use std::process::{ExitStatus, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
 use super::capture::{StreamCapture, capture};
 use super::protocol::{MAX_STATUS_BYTES, Request, Status};
-use super::{ExecConfig, ExecError, ExecOutput, ExecRequest, SUPERVISOR_ARG, procs, reaper};
+use super::session::SessionSlot;
+use super::{ExecConfig, ExecError, ExecOutput, ExecRequest, SUPERVISOR_ARG, procs, reaper, sys};
 
 /// How long the supervisor may take to kill the tree after SIGTERM before podhost does it.
 const KILL_BOUND: Duration = Duration::from_secs(3);
@@ -56,6 +59,7 @@ enum Ended {
 
 pub(super) async fn execute(
     config: &ExecConfig,
+    session: Option<&SessionSlot>,
     req: ExecRequest,
 ) -> Result<ExecOutput, ExecError> {
     super::validate_command(&req.command).map_err(ExecError::InvalidCommand)?;
@@ -80,31 +84,13 @@ pub(super) async fn execute(
     .encode()
     .map_err(io::Error::other)?;
 
-    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
-    ours.set_nonblocking(true)?;
-    // Queue the request before the supervisor exists, so that it can read it at once instead of
-    // waiting for podhost to be scheduled again (under load, each such wait costs milliseconds).
-    // A request larger than the socket buffer is finished after the spawn.
-    let sent = prefill(&ours, &request)?;
-    let ctl = UnixStream::from_std(ours)?;
-    let mut cmd = Command::new(&config.supervisor);
-    cmd.arg(SUPERVISOR_ARG)
-        .env_clear()
-        .stdin(Stdio::from(OwnedFd::from(theirs)))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child =
-        reaper::spawn_registered(|| cmd.spawn(), Child::id).map_err(|source| ExecError::Spawn {
-            path: config.supervisor.clone(),
-            source,
-        })?;
-    // Closes our copy of the supervisor's end of the socket, so its exit reads as end-of-file.
-    drop(cmd);
-    let mut sup = Supervised::new(child);
-    let (Some(stdout), Some(stderr)) = (sup.stdout(), sup.stderr()) else {
-        return Err(ExecError::Io(io::Error::other(
-            "the supervisor has no output pipes",
-        )));
+    let (ctl, sent, mut sup, stdout, stderr) = match session {
+        None => {
+            let (ours, theirs, sent) = control_pair(&request)?;
+            let (sup, stdout, stderr) = start_supervisor(config, theirs)?;
+            (ours, sent, sup, stdout, stderr)
+        }
+        Some(slot) => launch_in_session(slot, &request).await?,
     };
 
     let stop = CancellationToken::new();
@@ -154,7 +140,93 @@ pub(super) async fn execute(
         stderr: err.finish(),
         timed_out,
         cancelled,
+        limit_note: None,
     })
+}
+
+/// An output pipe, as podhost reads it.
+type Stream = Box<dyn AsyncRead + Unpin + Send>;
+
+/// Spawns the supervisor binary with `ctl` as its stdin.
+fn start_supervisor(
+    config: &ExecConfig,
+    ctl: std::os::unix::net::UnixStream,
+) -> Result<(Supervised, Stream, Stream), ExecError> {
+    let mut cmd = Command::new(&config.supervisor);
+    cmd.arg(SUPERVISOR_ARG)
+        .env_clear()
+        .stdin(Stdio::from(OwnedFd::from(ctl)))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child =
+        reaper::spawn_registered(|| cmd.spawn(), Child::id).map_err(|source| ExecError::Spawn {
+            path: config.supervisor.clone(),
+            source,
+        })?;
+    // Closes our copy of the supervisor's end of the socket, so its exit reads as end-of-file.
+    drop(cmd);
+    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        return Err(ExecError::Io(io::Error::other(
+            "the supervisor has no output pipes",
+        )));
+    };
+    Ok((Supervised::child(child), Box::new(stdout), Box::new(stderr)))
+}
+
+/// The control socket pair of one command, the request queued on podhost's end: (podhost's end,
+/// the supervisor's end, the bytes of the request already queued).
+fn control_pair(request: &[u8]) -> io::Result<(UnixStream, std::os::unix::net::UnixStream, usize)> {
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+    ours.set_nonblocking(true)?;
+    // Queue the request before the supervisor exists, so that it can read it at once instead of
+    // waiting for podhost to be scheduled again (under load, each such wait costs milliseconds).
+    // A request larger than the socket buffer is finished after the spawn.
+    let sent = prefill(&ours, request)?;
+    Ok((UnixStream::from_std(ours)?, theirs, sent))
+}
+
+/// A supervisor started inside a session: podhost's end of its control socket, the bytes of the
+/// request already queued there, the supervisor, and its output pipes.
+type Launched = (UnixStream, usize, Supervised, Stream, Stream);
+
+/// Hands the command to its session's holder, which forks the supervisor inside the session;
+/// the supervisor's pidfd is its first message on the control socket. A holder that died just
+/// as the command was handed over is started again, once.
+async fn launch_in_session(slot: &SessionSlot, request: &[u8]) -> Result<Launched, ExecError> {
+    let mut retried = false;
+    loop {
+        let (ctl, theirs, sent) = control_pair(request)?;
+        let (out_r, out_w) = sys::pipe()?;
+        let (err_r, err_w) = sys::pipe()?;
+        let theirs = OwnedFd::from(theirs);
+        let session = slot.launch([&theirs, &out_w, &err_w]).await?;
+        // Ours go: the pipes end when the command's copies do, the socket when the
+        // supervisor's does.
+        drop((theirs, out_w, err_w));
+        let pidfd = tokio::time::timeout(KILL_BOUND, super::session::recv_pidfd(&ctl))
+            .await
+            .map_err(|_| ExecError::Supervisor {
+                message: format!("the session did not start it within {KILL_BOUND:?}"),
+            })??;
+        let Some(pidfd) = pidfd else {
+            if !retried && slot.discard_if_gone(&session).await {
+                retried = true;
+                continue;
+            }
+            return Err(ExecError::Supervisor {
+                message: "the session could not start it (at its process limit?)".to_owned(),
+            });
+        };
+        let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(out_r)?;
+        let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(err_r)?;
+        return Ok((
+            ctl,
+            sent,
+            Supervised::pidfd(pidfd)?,
+            Box::new(stdout),
+            Box::new(stderr),
+        ));
+    }
 }
 
 /// Sends the request, then waits for the status, the timeout or cancellation — whichever comes
@@ -181,7 +253,7 @@ async fn control(
         (line, exit)
     };
     let how = tokio::select! {
-        (line, exit) = finished => return interpret(&line, exit?),
+        (line, exit) = finished => return interpret(&line, &exit?),
         _ = tokio::time::sleep(timeout) => Ended::TimedOut,
         _ = cancel.cancelled() => Ended::Cancelled,
     };
@@ -210,8 +282,8 @@ fn prefill(sock: &std::os::unix::net::UnixStream, request: &[u8]) -> io::Result<
     Ok(sent)
 }
 
-/// The command's end from the supervisor's status line and exit status.
-fn interpret(line: &[u8], exit: ExitStatus) -> Result<Ended, ExecError> {
+/// The command's end from the supervisor's status line and how the supervisor ended.
+fn interpret(line: &[u8], exit: &str) -> Result<Ended, ExecError> {
     match Status::decode(line) {
         Some(Status::Exited(code)) => Ok(Ended::Exited(code)),
         Some(Status::Signaled(sig)) => Ok(Ended::Exited(128 + sig)),
@@ -224,119 +296,157 @@ fn interpret(line: &[u8], exit: ExitStatus) -> Result<Ended, ExecError> {
     }
 }
 
-/// The supervisor process, ended and reaped however the call ends.
+/// The supervisor process, ended (and, when it is podhost's child, reaped) however the call
+/// ends: podhost's child, or a supervisor a session holder forked, known by its pidfd.
 struct Supervised {
-    child: Option<Child>,
-    pid: i32,
+    proc: Option<Proc>,
+}
+
+enum Proc {
+    Child { child: Child, pid: i32 },
+    Pidfd(AsyncFd<OwnedFd>),
 }
 
 impl Supervised {
-    fn new(child: Child) -> Self {
+    fn child(child: Child) -> Self {
         let pid = child.id().map_or(0, |p| p as i32);
         Supervised {
-            child: Some(child),
-            pid,
+            proc: Some(Proc::Child { child, pid }),
         }
     }
 
-    fn stdout(&mut self) -> Option<tokio::process::ChildStdout> {
-        self.child.as_mut()?.stdout.take()
+    fn pidfd(fd: OwnedFd) -> io::Result<Self> {
+        Ok(Supervised {
+            proc: Some(Proc::Pidfd(sys::async_fd(
+                fd,
+                tokio::io::Interest::READABLE,
+            )?)),
+        })
     }
 
-    fn stderr(&mut self) -> Option<tokio::process::ChildStderr> {
-        self.child.as_mut()?.stderr.take()
-    }
-
-    /// Waits for the supervisor to exit and reaps it.
-    async fn wait(&mut self) -> io::Result<ExitStatus> {
-        let child = self
-            .child
-            .as_mut()
-            .ok_or_else(|| io::Error::other("the supervisor was already reaped"))?;
-        let status = child.wait().await?;
-        self.child = None;
-        reaper::deregister(self.pid);
-        Ok(status)
+    /// Waits for the supervisor to exit (and reaps it when it is podhost's child); how it ended.
+    async fn wait(&mut self) -> io::Result<String> {
+        let ended = match self.proc.as_mut() {
+            None => return Err(io::Error::other("the supervisor was already reaped")),
+            Some(Proc::Child { child, pid }) => {
+                let status = child.wait().await?;
+                reaper::deregister(*pid);
+                status.to_string()
+            }
+            Some(Proc::Pidfd(fd)) => {
+                // A pidfd turns readable when its process has exited.
+                let _ready = fd.readable().await?;
+                "it exited".to_owned()
+            }
+        };
+        self.proc = None;
+        Ok(ended)
     }
 
     /// SIGTERM (the supervisor kills the tree), then the backstop if it takes too long.
     async fn terminate(&mut self) -> io::Result<()> {
-        let Some(child) = self.child.as_mut() else {
+        let Some(proc) = self.proc.as_ref() else {
             return Ok(());
         };
-        send(child, Signal::SIGTERM);
+        proc.send(Signal::SIGTERM);
         if let Ok(status) = tokio::time::timeout(KILL_BOUND, self.wait()).await {
             return status.map(drop);
         }
-        tracing::warn!(
-            pid = self.pid,
-            "command supervisor ignored SIGTERM; killing its tree"
-        );
-        if let Some(mut child) = self.child.take() {
-            backstop(&mut child).await;
-            reaper::deregister(self.pid);
+        if let Some(proc) = self.proc.take() {
+            tracing::warn!(
+                pid = proc.pid(),
+                "command supervisor ignored SIGTERM; killing its tree"
+            );
+            proc.backstop().await;
         }
         Ok(())
+    }
+}
+
+impl Proc {
+    /// The supervisor's pid in podhost's PID namespace, while it has not been reaped.
+    fn pid(&self) -> Option<i32> {
+        match self {
+            Proc::Child { child, .. } => child.id().map(|p| p as i32),
+            Proc::Pidfd(fd) => sys::pidfd_pid(fd.get_ref()),
+        }
+    }
+
+    /// Signals the supervisor if it is still that process (a child not reaped; a pidfd always
+    /// names its own process).
+    fn send(&self, sig: Signal) {
+        match self {
+            Proc::Child { child, .. } => {
+                if let Some(pid) = child.id() {
+                    let _ = kill(Pid::from_raw(pid as i32), sig);
+                }
+            }
+            Proc::Pidfd(fd) => {
+                sys::pidfd_send_signal(fd.get_ref(), sig as i32);
+            }
+        }
+    }
+
+    /// The supervisor did not finish killing the tree: stop it (so nothing below it is reaped
+    /// and every orphan stays re-parented to it), SIGKILL everything below it until nothing
+    /// lives, then SIGKILL it (and reap it, when it is podhost's child).
+    async fn backstop(mut self) {
+        let pid = self.pid();
+        self.send(Signal::SIGSTOP);
+        if let Some(pid) = pid {
+            for _ in 0..BACKSTOP_SWEEPS {
+                let live: Vec<_> = procs::descendants(pid)
+                    .into_iter()
+                    .filter(|p| !p.is_zombie())
+                    .collect();
+                if live.is_empty() {
+                    break;
+                }
+                procs::signal_all(&live, Signal::SIGKILL);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        self.send(Signal::SIGKILL);
+        let ended = match &mut self {
+            Proc::Child { child, pid } => {
+                let ended = tokio::time::timeout(KILL_BOUND, child.wait()).await.is_ok();
+                reaper::deregister(*pid);
+                ended
+            }
+            Proc::Pidfd(fd) => tokio::time::timeout(KILL_BOUND, fd.readable())
+                .await
+                .is_ok(),
+        };
+        if !ended {
+            tracing::error!(?pid, "command supervisor survived SIGKILL");
+        }
     }
 }
 
 impl Drop for Supervised {
     /// The call was abandoned (its future dropped) while the supervisor ran: end it anyway.
     fn drop(&mut self) {
-        let Some(mut child) = self.child.take() else {
+        let Some(proc) = self.proc.take() else {
             return;
         };
-        send(&child, Signal::SIGTERM);
-        let pid = self.pid;
+        proc.send(Signal::SIGTERM);
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 rt.spawn(async move {
-                    if tokio::time::timeout(KILL_BOUND, child.wait())
-                        .await
-                        .is_err()
+                    let mut sup = Supervised { proc: Some(proc) };
+                    if tokio::time::timeout(KILL_BOUND, sup.wait()).await.is_err()
+                        && let Some(proc) = sup.proc.take()
                     {
-                        backstop(&mut child).await;
+                        proc.backstop().await;
                     }
-                    reaper::deregister(pid);
                 });
             }
-            // No runtime left: tokio's orphan queue reaps the child; the SIGTERM ends the tree.
-            Err(_) => reaper::deregister(pid),
+            // No runtime left: tokio's orphan queue reaps a child; the SIGTERM ends the tree.
+            Err(_) => {
+                if let Proc::Child { pid, .. } = proc {
+                    reaper::deregister(pid);
+                }
+            }
         }
-    }
-}
-
-/// Signals the supervisor if it has not been reaped (so its pid is still its own).
-fn send(child: &Child, sig: Signal) {
-    if let Some(pid) = child.id() {
-        let _ = kill(Pid::from_raw(pid as i32), sig);
-    }
-}
-
-/// The supervisor did not finish killing the tree: stop it (so nothing below it is reaped and
-/// every orphan stays re-parented to it), SIGKILL everything below it until nothing lives, then
-/// SIGKILL it and reap it.
-async fn backstop(child: &mut Child) {
-    let Some(pid) = child.id() else {
-        return;
-    };
-    send(child, Signal::SIGSTOP);
-    for _ in 0..BACKSTOP_SWEEPS {
-        let live: Vec<_> = procs::descendants(pid as i32)
-            .into_iter()
-            .filter(|p| !p.is_zombie())
-            .collect();
-        if live.is_empty() {
-            break;
-        }
-        procs::signal_all(&live, Signal::SIGKILL);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let _ = child.start_kill();
-    if tokio::time::timeout(KILL_BOUND, child.wait())
-        .await
-        .is_err()
-    {
-        tracing::error!(pid, "command supervisor survived SIGKILL");
     }
 }

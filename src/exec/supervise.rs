@@ -68,14 +68,42 @@ pub fn main() -> ExitCode {
         return ExitCode::from(EXIT_BROKEN);
     }
     close_stray_fds();
-    // Tell us when podhost dies. Its pid arrives with the request and is compared below, which
-    // closes the race of podhost dying before this call.
+    ExitCode::from(run(signals, Start::Exec))
+}
+
+/// The supervisor of a command started by a session holder (see `session::holder`): forked
+/// inside the session's namespaces, its control socket already on stdin and the output pipes on
+/// stdout and stderr. Its first message is its own pidfd, since podhost is not its parent.
+/// Returns the exit code.
+pub(crate) fn forked() -> i32 {
+    let signals = handled_signals();
+    if signals.thread_block().is_err() {
+        return i32::from(EXIT_BROKEN);
+    }
+    i32::from(run(signals, Start::Forked))
+}
+
+/// How the supervisor was started.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// Exec'ed by podhost, which is its parent.
+    Exec,
+    /// Forked by a session holder.
+    Forked,
+}
+
+fn run(signals: SigSet, start: Start) -> u8 {
+    // Tell us when podhost (or the holder) dies. podhost's pid arrives with the request and is
+    // compared below, which closes the race of podhost dying before this call.
     if prctl::set_pdeathsig(Signal::SIGTERM).is_err() {
-        return ExitCode::from(EXIT_BROKEN);
+        return EXIT_BROKEN;
     }
     let Ok(ctl) = control_socket() else {
-        return ExitCode::from(EXIT_BROKEN);
+        return EXIT_BROKEN;
     };
+    if start == Start::Forked && send_own_pidfd(&ctl).is_err() {
+        return EXIT_BROKEN;
+    }
     let mut sup = Supervisor {
         me: getpid(),
         signals,
@@ -87,17 +115,27 @@ pub fn main() -> ExitCode {
         Ok(req) => req,
         Err(e) => {
             sup.report(&Status::Error(format!("bad request: {e}")));
-            return ExitCode::from(EXIT_BROKEN);
+            return EXIT_BROKEN;
         }
     };
-    if u32::try_from(getppid().as_raw()).ok() != Some(req.parent) {
+    if start == Start::Exec && u32::try_from(getppid().as_raw()).ok() != Some(req.parent) {
         // podhost is gone already: nobody is waiting for this command.
-        return ExitCode::from(EXIT_BROKEN);
+        return EXIT_BROKEN;
     }
     let status = sup.supervise(&req);
     sup.report(&status);
-    ExitCode::SUCCESS
+    0
 }
+
+/// Sends this process's pidfd on the control socket (one byte, `SCM_RIGHTS`).
+fn send_own_pidfd(ctl: &UnixStream) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let fd = super::sys::pidfd_open(getpid().as_raw())?;
+    super::sys::send_with_fds(ctl.as_raw_fd(), PIDFD_MARK, &[fd.as_raw_fd()])
+}
+
+/// The byte that carries a forked supervisor's pidfd.
+pub(crate) const PIDFD_MARK: &[u8] = b"p";
 
 fn handled_signals() -> SigSet {
     let mut set = SigSet::empty();
@@ -159,6 +197,16 @@ impl Supervisor {
     fn supervise(&mut self, req: &Request) -> Status {
         if let Err(e) = prctl::set_child_subreaper(true) {
             return Status::Error(format!("could not become a child subreaper: {e}"));
+        }
+        // The command's cgroups, joined here so that the shell and all it starts are counted
+        // and limited there (a session holder joined them for its whole session already).
+        for procs in &req.confine.cgroup_procs {
+            if let Err(e) = std::fs::write(procs, "0") {
+                return Status::Error(format!(
+                    "could not join the cgroup {}: {e}",
+                    procs.display()
+                ));
+            }
         }
         // A new session: no controlling terminal, so prompts that open /dev/tty fail at once.
         // This fails only for a process-group leader, which podhost never makes us.

@@ -48,6 +48,8 @@ pub mod sandbox {
     pub const NOT_A_FILE: &str = "sandbox.not_a_file";
     /// A file or result past a size limit.
     pub const TOO_LARGE: &str = "sandbox.too_large";
+    /// The session's files are past its disk quota: delete files before writing more.
+    pub const QUOTA_EXCEEDED: &str = "sandbox.quota_exceeded";
     /// The edit cannot be written back in the file's own encoding without loss.
     pub const ENCODING: &str = "sandbox.encoding";
     /// The call was cancelled before it could finish.

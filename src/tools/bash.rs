@@ -102,6 +102,9 @@ fn output(out: ExecOutput, timeout_secs: u64) -> Value {
     } else if out.cancelled {
         push_line(&mut stderr, "Command was cancelled and killed.");
     }
+    if let Some(note) = &out.limit_note {
+        push_line(&mut stderr, note);
+    }
     let mut map = Map::new();
     map.insert("exitCode".into(), out.exit_code.into());
     map.insert("stdout".into(), out.stdout.text.into());
@@ -148,6 +151,7 @@ mod tests {
             stderr: text(""),
             timed_out: false,
             cancelled: false,
+            limit_note: None,
         };
         assert_eq!(
             output(plain.clone(), 5),

@@ -4,11 +4,19 @@
 //! Owns: the executor and confinement rules of one workspace, the per-file locks, and the threads
 //! file tools run on (each confined to the workspace's rules before it touches a file).
 //!
+//! On a pod or BYOH host ([`Confinement::isolation`]) a toolbox is also a session: its commands
+//! run in the session's namespaces (a holder started at the first command), its cgroup, as its
+//! uid (one per BYOH session when podhost is root; the file tools take it as their file-system
+//! identity) and under its disk quota; and the modes of podhost's state are checked after each
+//! command.
+//!
 //! Invariants:
 //! * Every front builds its toolboxes with a [`ToolboxBuilder`], so commands and file tools get
 //!   the same shell, limits, supervisor and confinement policy wherever they run.
 //! * A confined file call runs on a fresh thread that restricts itself first; a pooled thread is
 //!   never restricted.
+//! * A toolbox whose session could not be set up (no uid left in the pool, say) runs nothing:
+//!   every call fails with the reason, never with less isolation.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -19,8 +27,12 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::{ToolError, ToolName, ToolOutcome, bash, codes, edit, glob, grep, parse, read, write};
-use crate::exec::confine::{Confinement, WorkspaceRules};
+use crate::exec::cgroup::Group;
+use crate::exec::confine::{Confinement, Isolation, WorkspaceRules};
 use crate::exec::env::Egress;
+use crate::exec::protocol::{CommandUser, SessionRequest};
+use crate::exec::quota::DiskQuota;
+use crate::exec::session::SessionSlot;
 use crate::exec::{BaseEnv, CommandEnv, ExecConfig, ExecSettings, Executor, find_shell};
 use crate::floor::locks::FileLocks;
 use crate::floor::workspace::Workspace;
@@ -41,8 +53,11 @@ pub struct ToolboxBuilder {
 impl ToolboxBuilder {
     /// Commands run under `supervisor` (see `exec::find_supervisor`), as `settings` say.
     pub fn new(settings: &ExecSettings, supervisor: PathBuf) -> Self {
+        let mut confine = settings.confine.clone();
+        // The supervisor binary is also the session holder and the namespace probe.
+        confine.helper.get_or_insert_with(|| supervisor.clone());
         ToolboxBuilder {
-            confinement: Confinement::new(&settings.confine),
+            confinement: Confinement::new(&confine),
             settings: settings.clone(),
             supervisor,
             egress: None,
@@ -90,22 +105,109 @@ impl ToolboxBuilder {
             home: workspace.root().to_path_buf(),
             ..BaseEnv::default()
         });
-        let executor = Executor::new(ExecConfig {
-            supervisor: self.supervisor.clone(),
-            shell: find_shell(self.settings.shell.as_deref()),
-            env: CommandEnv::new(base, self.egress.clone()),
-            limits: self.settings.limits.clone(),
-        });
-        let confinement = match private_tmp {
+        let mut limits = self.settings.limits.clone();
+        let mut confinement = match private_tmp {
             Some(tmp) => self.confinement.clone().private_tmp(tmp),
             None => self.confinement.clone(),
         };
-        Toolbox::with_commands(
-            workspace,
-            executor.with_confinement(confinement),
-            self.one_at_a_time,
-        )
+        let mut unusable = None;
+        let mut group = None;
+        let mut quota = None;
+        if let Some(iso) = confinement.isolation().cloned() {
+            match session_user(&iso, &confinement, &workspace, private_tmp) {
+                Ok(Some(user)) => confinement = confinement.command_user(user),
+                Ok(None) => {}
+                Err(e) => unusable = Some(e),
+            }
+            if let Ok(cgroups) = &iso.cgroups {
+                match cgroups.group() {
+                    Ok(g) => group = Some(g),
+                    Err(e) => unusable = Some(format!("could not make the session's cgroup: {e}")),
+                }
+            }
+            if let Some(bytes) = iso.disk_quota {
+                let mut dirs = vec![workspace.root().to_path_buf()];
+                dirs.extend(private_tmp.map(Path::to_path_buf));
+                quota = Some(Arc::new(DiskQuota::new(bytes, dirs)));
+                // The kernel stops any one file at the quota, which no measurement can.
+                limits.file_size = Some(limits.file_size.map_or(bytes, |f| f.min(bytes)));
+            }
+        }
+        let mut executor = Executor::new(ExecConfig {
+            supervisor: self.supervisor.clone(),
+            shell: find_shell(self.settings.shell.as_deref()),
+            env: CommandEnv::new(base, self.egress.clone()),
+            limits,
+        })
+        .with_confinement(confinement.clone());
+        let mut rules = confinement.for_workspace(&workspace);
+        let procs = group.as_ref().map(Group::procs_files).unwrap_or_default();
+        match (&rules.view, confinement.isolation()) {
+            (Some(view), Some(iso)) => {
+                let userns = iso.namespaces.user_namespace().then(|| CommandUser {
+                    uid: nix::unistd::geteuid().as_raw(),
+                    gid: nix::unistd::getegid().as_raw(),
+                });
+                executor = executor.with_session(SessionSlot::new(
+                    iso.helper.clone(),
+                    SessionRequest {
+                        parent: std::process::id(),
+                        userns,
+                        pid_namespace: iso.namespaces.pid_namespace(),
+                        cgroup_procs: procs,
+                        view: view.clone(),
+                    },
+                ));
+            }
+            _ => rules.command.cgroup_procs = procs,
+        }
+        if let Some(g) = group {
+            executor = executor.with_group(g);
+        }
+        if let Some(q) = quota {
+            executor = executor.with_quota(q);
+        }
+        let mut toolbox = Toolbox::with_rules(workspace, executor, rules, self.one_at_a_time);
+        if let Some(why) = unusable {
+            tracing::error!(reason = %why, "a session could not be set up; its calls will fail");
+            if let Some(inner) = Arc::get_mut(&mut toolbox.inner) {
+                inner.unusable = Some(why);
+            }
+        }
+        toolbox
     }
+}
+
+/// The user a session's commands run as, when the policy picks one per workspace: a uid from
+/// the pool (a root BYOH host), the workspace then given to it. With one command user for every
+/// workspace (a root pod's `nobody`, or root when asked for), the workspace is given to that user
+/// when it belongs to another: commands hold no capabilities, so a workspace they do not own is
+/// one they cannot write, root included.
+fn session_user(
+    iso: &Isolation,
+    confinement: &Confinement,
+    workspace: &Workspace,
+    private_tmp: Option<&Path>,
+) -> Result<Option<CommandUser>, String> {
+    if let Some(pool) = &iso.uid_pool {
+        let extra: Vec<&Path> = private_tmp.into_iter().collect();
+        return pool
+            .assign(workspace.root(), &extra)
+            .map(Some)
+            .map_err(|e| format!("could not give the session a uid: {e}"));
+    }
+    let user = match confinement.user() {
+        Some(user) => Some(user),
+        None if iso.root_asked => Some(CommandUser { uid: 0, gid: 0 }),
+        None => None,
+    };
+    if let Some(user) = user
+        && nix::unistd::geteuid().is_root()
+    {
+        crate::exec::confine::users::give_to(workspace.root(), user)
+            .map_err(|e| format!("could not give the workspace to uid {}: {e}", user.uid))?;
+    }
+    Ok(None)
 }
 
 /// Per-call facts a front passes to a tool: cancellation and the call's own environment.
@@ -139,6 +241,8 @@ struct ToolboxInner {
     locks: FileLocks,
     /// The executor's confinement made concrete for this workspace.
     rules: WorkspaceRules,
+    /// Why the session could not be set up: every call fails with it.
+    unusable: Option<String>,
     /// Held by a running command when commands run one at a time (a pod's workspace, v2 notes
     /// §7.3); `None` lets them run side by side.
     commands: Option<tokio::sync::Mutex<()>>,
@@ -161,12 +265,22 @@ impl Toolbox {
 
     fn with_commands(workspace: Workspace, executor: Executor, one_at_a_time: bool) -> Self {
         let rules = executor.confinement().for_workspace(&workspace);
+        Toolbox::with_rules(workspace, executor, rules, one_at_a_time)
+    }
+
+    fn with_rules(
+        workspace: Workspace,
+        executor: Executor,
+        rules: WorkspaceRules,
+        one_at_a_time: bool,
+    ) -> Self {
         Toolbox {
             inner: Arc::new(ToolboxInner {
                 workspace,
                 executor,
                 locks: FileLocks::default(),
                 rules,
+                unusable: None,
                 commands: one_at_a_time.then(|| tokio::sync::Mutex::new(())),
             }),
         }
@@ -225,6 +339,17 @@ impl Toolbox {
         if ctx.cancel.is_cancelled() {
             return Ok(cancelled());
         }
+        if let Some(why) = &self.inner.unusable {
+            return Err(ToolError::Worker {
+                what: "session",
+                message: why.clone(),
+            });
+        }
+        if matches!(tool, ToolName::Write | ToolName::Edit)
+            && let Some(refused) = self.over_quota()
+        {
+            return Ok(refused);
+        }
         match tool {
             ToolName::Bash => {
                 let input = match parse(tool, input) {
@@ -238,13 +363,40 @@ impl Toolbox {
                     },
                     None => None,
                 };
-                bash::execute(self, input, ctx).await
+                let outcome = bash::execute(self, input, ctx).await;
+                self.check_state().await;
+                outcome
             }
             ToolName::Read => self.blocking(tool, input, ctx, read::read).await,
             ToolName::Write => self.blocking(tool, input, ctx, write::write).await,
             ToolName::Edit => self.blocking(tool, input, ctx, edit::edit).await,
             ToolName::Grep => self.blocking(tool, input, ctx, grep::search).await,
             ToolName::Glob => self.blocking(tool, input, ctx, glob::find).await,
+        }
+    }
+
+    /// The refusal of a `write` or `edit` while the session is past its disk quota (as last
+    /// measured, after its latest command).
+    fn over_quota(&self) -> Option<ToolOutcome> {
+        let quota = self.inner.executor.quota()?;
+        let usage = quota.last().filter(|u| quota.exceeded_by(*u))?;
+        Some(ToolOutcome::failed(
+            codes::QUOTA_EXCEEDED,
+            quota.refused_message(usage),
+        ))
+    }
+
+    /// Checks (and repairs) the modes of podhost's own state after a command, which could have
+    /// changed them (see `exec::confine::state`).
+    async fn check_state(&self) {
+        let guards = self.inner.executor.confinement().guards().to_vec();
+        if guards.is_empty() {
+            return;
+        }
+        let checked =
+            tokio::task::spawn_blocking(move || crate::exec::confine::state::check(&guards)).await;
+        if let Ok(Err(e)) = checked {
+            tracing::error!(error = %e, "podhost's state is exposed and could not be repaired");
         }
     }
 

@@ -45,6 +45,8 @@ impl Drop for KillOnDrop {
 pub struct Options {
     pub env: Vec<(String, String)>,
     pub token: Option<String>,
+    /// The open-file limits (soft, hard) the server starts with, set by a shell before it.
+    pub open_files: Option<(u64, u64)>,
 }
 
 impl Options {
@@ -57,7 +59,18 @@ impl Options {
 /// Spawns `podhost serve` with `opts` and the data directory `data`; returns the child and its
 /// captured stderr, or the exit status and stderr if it stopped before listening.
 pub fn spawn(data: &Path, opts: &Options) -> Result<(Child, String, Arc<Mutex<String>>), String> {
-    let mut cmd = Command::new(podhost_bin());
+    let mut cmd = match opts.open_files {
+        Some((soft, hard)) => {
+            let mut sh = Command::new("/bin/sh");
+            sh.arg("-c")
+                .arg(format!(
+                    "ulimit -S -n {soft} && ulimit -H -n {hard} && exec \"$0\" \"$@\""
+                ))
+                .arg(podhost_bin());
+            sh
+        }
+        None => Command::new(podhost_bin()),
+    };
     cmd.arg("serve")
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())

@@ -124,10 +124,19 @@ async fn unknown_invocations_are_404_and_output_is_409_until_it_exists() {
     assert_eq!(s.collect("i2").await.0, StatusCode::OK);
 }
 
-/// The confinement level `podhost serve` reports on this machine: the default policy's, with
-/// podhost non-dumpable (this test process is not).
+/// The confinement level `podhost serve` reports on this machine: the policy its default
+/// settings give (namespaces, uid pool, cgroups as this machine allows), with podhost
+/// non-dumpable (this test process is not).
 fn serve_confinement() -> serde_json::Value {
-    let mut level = serde_json::to_value(podhost::exec::Confinement::default().level()).unwrap();
+    use clap::Parser;
+    let cli = podhost::config::Cli::try_parse_from(["podhost", "serve"]).unwrap();
+    let podhost::config::Command::Serve(args) = cli.command else {
+        panic!("not serve")
+    };
+    let mut exec = args.config().unwrap().exec;
+    exec.confine.helper = Some(crate::support::supervisor_bin().to_path_buf());
+    let mut level =
+        serde_json::to_value(podhost::exec::Confinement::new(&exec.confine).level()).unwrap();
     level["non_dumpable"] = json!(true);
     level
 }

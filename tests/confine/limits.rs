@@ -10,29 +10,12 @@ use podhost::tools::{ToolName, Toolbox};
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
-use crate::{Host, NOBODY, assert_still_works, bash, completed, podhost_tool, run};
-
-/// Process ids of `uid`'s processes.
-fn processes_of(uid: u32) -> Vec<i32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
-            continue;
-        };
-        if let Ok(status) = std::fs::read_to_string(entry.path().join("status"))
-            && status.lines().any(|l| {
-                l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some(&uid.to_string())
-            })
-        {
-            found.push(pid);
-        }
-    }
-    found
-}
+use crate::{Host, assert_still_works, bash, completed, marker, podhost_tool, processes_with, run};
 
 /// RLIMIT_NPROC does not bind root, so podhost runs as nobody here (on a workspace nobody may
-/// write): the bomb's forks fail at the limit, the timeout ends it, nothing of it is left, and
-/// the next call runs.
+/// write): the bomb's forks fail at the limit, the timeout ends it, nothing of it is left (its
+/// processes carry a marker in their command line, so other processes of nobody on the machine
+/// do not count), and the next call runs.
 #[test]
 fn a_fork_bomb_stops_at_the_process_limit_and_podhost_survives() {
     let _nobody = crate::nobody_lock();
@@ -40,11 +23,15 @@ fn a_fork_bomb_stops_at_the_process_limit_and_podhost_survives() {
     let podhost = host.open_to_everyone();
     let mut args = host.tool_args();
     args.extend(["--limit-processes", "64"].map(OsString::from));
+    let m = marker("nobody-bomb");
     let (outcome, stderr, code) = podhost_tool(
         "bash",
         &args,
         // The shell spins without forking once the bomb is lit, so the call ends by its timeout.
-        &json!({"command": "bomb() { bomb | bomb & }; bomb; while :; do :; done", "timeout": 3}),
+        &json!({
+            "command": format!("bash -c 'bomb() {{ bomb | bomb & }}; bomb; while :; do :; done' {m}"),
+            "timeout": 3
+        }),
         &[],
         Some(&podhost),
     );
@@ -63,7 +50,7 @@ fn a_fork_bomb_stops_at_the_process_limit_and_podhost_survives() {
         err.ends_with("Command timed out after 3s and was killed."),
         "{err}"
     );
-    assert_eq!(processes_of(NOBODY), Vec::<i32>::new());
+    assert_eq!(processes_with(&m), Vec::<i32>::new());
     let (outcome, _, code) = podhost_tool(
         "bash",
         &args,

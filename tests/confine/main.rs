@@ -16,20 +16,24 @@
 mod support;
 
 mod degraded;
+mod fallback;
 mod limits;
+mod namespaces;
 mod network;
 mod paths;
 mod process;
+mod sessions;
 
 use std::ffi::OsString;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use podhost::exec::Confinement;
-use podhost::exec::confine::Settings;
+use podhost::exec::cgroup::CgroupLimits;
+use podhost::exec::confine::{Settings, UidRange};
+use podhost::exec::{Confinement, ExecSettings, ResourceLimits};
 use podhost::floor::workspace::Workspace;
-use podhost::tools::{CallContext, ToolName, ToolOutcome, Toolbox};
+use podhost::tools::{CallContext, ToolName, ToolOutcome, Toolbox, ToolboxBuilder};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -116,6 +120,38 @@ impl Host {
         self.toolbox(self.confinement(&Settings::default()))
     }
 
+    /// Session a's toolbox isolated as on a root BYOH host (`podhost serve`): its commands in
+    /// namespaces where the kernel allows, each session its own uid from a pool, a cgroup, no
+    /// capabilities; `adjust` changes the settings first.
+    pub fn isolated(&self, adjust: impl FnOnce(&mut Settings)) -> Toolbox {
+        self.isolated_session(&self.ws, &self.tmp, adjust)
+    }
+
+    /// Like [`isolated`](Self::isolated), for the workspace `ws` with the temporary directory
+    /// `tmp` (another session of this host).
+    pub fn isolated_session(
+        &self,
+        ws: &Path,
+        tmp: &Path,
+        adjust: impl FnOnce(&mut Settings),
+    ) -> Toolbox {
+        let mut settings = isolated_settings();
+        adjust(&mut settings);
+        let exec = ExecSettings {
+            shell: None,
+            limits: ResourceLimits::default(),
+            confine: settings,
+        };
+        let builder = ToolboxBuilder::new(&exec, supervisor_bin().to_path_buf()).confine(|c| {
+            c.hide_contents(&self.harness)
+                .hide_contents(&self.join)
+                .hide(&self.data)
+                .allow_read(&self.harness.join("egress-ca.pem"))
+        });
+        let ws = Workspace::new(ws, Some(Path::new("/workspace"))).unwrap();
+        builder.build(ws, Some(tmp))
+    }
+
     /// `podhost tool` arguments for session a with this host's policy (the CA-bundle exception
     /// is the pod front's and has no flag).
     pub fn tool_args(&self) -> Vec<OsString> {
@@ -164,6 +200,79 @@ impl Host {
         }
         std::fs::set_permissions(&self.tmp, std::fs::Permissions::from_mode(0o777)).unwrap();
     }
+}
+
+/// Settings of a root BYOH host for tests: isolated, with a uid pool of its own (so that tests
+/// running at once never share a uid) and small cgroup limits.
+pub fn isolated_settings() -> Settings {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT_POOL: AtomicU32 = AtomicU32::new(0);
+    let first = 430_000 + 100 * NEXT_POOL.fetch_add(1, Ordering::Relaxed);
+    Settings {
+        isolate: true,
+        helper: Some(supervisor_bin().to_path_buf()),
+        uid_pool: nix::unistd::geteuid().is_root().then_some(UidRange {
+            first,
+            last: first + 99,
+        }),
+        cgroup: CgroupLimits {
+            pids: Some(256),
+            memory_bytes: Some(512 << 20),
+            cpu_weight: Some(100),
+        },
+        ..Settings::default()
+    }
+}
+
+/// Whether this machine runs commands in namespaces (root, or user namespaces allowed); tests
+/// that need them say so and check the fallback otherwise.
+pub fn has_namespaces() -> bool {
+    let ns = podhost::exec::session::probe_host(supervisor_bin()).namespaces;
+    if !ns.any() {
+        eprintln!("this machine allows no namespaces: checking the Landlock-only level instead");
+    }
+    ns.any()
+}
+
+/// Processes whose command line holds `marker` (a command's own processes, found by a marker
+/// only they carry).
+pub fn processes_with(marker: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // A zombie is dead already; it only waits for its parent to reap it.
+            let zombie = stat
+                .rsplit_once(") ")
+                .is_some_and(|(_, r)| r.starts_with('Z'));
+            (!zombie
+                && cmdline
+                    .split(|&b| b == 0)
+                    .any(|a| a.windows(marker.len()).any(|w| w == marker.as_bytes())))
+            .then_some(pid)
+        })
+        .collect()
+}
+
+/// A directory outside every path a session's view covers (the system's temporary directories
+/// are covered on a BYOH host, and the test host lives in one): for files "elsewhere on the
+/// system" that commands may see but must not change.
+pub fn elsewhere() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
+}
+
+/// A marker unique to this test run and `what`.
+pub fn marker(what: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{what}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// Runs one tool, failing the test after 30 s or on a harness fault.

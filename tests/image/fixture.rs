@@ -528,6 +528,34 @@ impl Container {
         }
     }
 
+    /// How podhost's commands are isolated, as the confinement level it logged at start-up
+    /// says: `(namespaces, PID namespace)` — `("off" | "none", false)` for Landlock alone,
+    /// `("root" | "userns", true)` or `("userns-noproc", false)` for isolated sessions. In an
+    /// isolated session hidden paths are empty mounts (`ENOENT`) and each command runs under
+    /// the session's holder; with Landlock alone they are refused (`EACCES`) and commands run
+    /// under their supervisor only.
+    pub async fn namespaces(&self) -> (String, bool) {
+        let logs = self.logs().await;
+        let line = logs
+            .lines()
+            .find(|l| l.contains("commands and file tools are confined"))
+            .unwrap_or_else(|| panic!("no confinement level in the logs:\n{logs}"));
+        let namespaces = line
+            .split(", namespaces ")
+            .nth(1)
+            .and_then(|rest| rest.split([' ', ',']).next())
+            .unwrap_or("off")
+            .to_owned();
+        let pid = line.contains("with a PID namespace");
+        println!("the pod's commands: namespaces {namespaces}, PID namespace {pid}");
+        (namespaces, pid)
+    }
+
+    /// Whether commands run in isolated sessions (see [`Container::namespaces`]).
+    pub async fn isolated(&self) -> bool {
+        !matches!(self.namespaces().await.0.as_str(), "off" | "none")
+    }
+
     /// The container's output so far (stdout and stderr).
     pub async fn logs(&self) -> String {
         let out = self

@@ -122,18 +122,41 @@ async fn sigterm_while_a_command_runs_releases_the_run_kills_the_command_and_exi
     };
 
     // The command runs under its supervisor: seen from the host, before the signal.
+    // Alone, under its supervisor; in an isolated session, under the session's holder (its
+    // outer process, the session's init and the command's supervisor), whose PID namespace,
+    // when there is one, hides the rest from the container's.
     let before = pod_processes(init);
-    assert_eq!(
-        shape(&before),
-        [
-            (true, "/usr/local/bin/podhost pod"),
-            (false, "/usr/local/bin/podhost pod"),
-            (false, "/usr/local/bin/podhost-exec __exec"),
-            (false, &*format!("/bin/bash -c {SLEEPER}")),
-            (false, "sleep 300"),
-        ]
-    );
-    assert_eq!(before.last(), Some(&(sleep_pid, "sleep 300".to_owned())));
+    let command = format!("/bin/bash -c {SLEEPER}");
+    let pod_side = [
+        (true, "/usr/local/bin/podhost pod"),
+        (false, "/usr/local/bin/podhost pod"),
+    ];
+    let session = "/usr/local/bin/podhost-exec __session";
+    let expected: Vec<(bool, &str)> = match pod.container.namespaces().await {
+        (ns, _) if ns == "off" || ns == "none" => pod_side
+            .into_iter()
+            .chain([
+                (false, "/usr/local/bin/podhost-exec __exec"),
+                (false, &*command),
+                (false, "sleep 300"),
+            ])
+            .collect(),
+        (_, false) => pod_side
+            .into_iter()
+            .chain([
+                (false, session),
+                (false, session),
+                (false, session),
+                (false, &*command),
+                (false, "sleep 300"),
+            ])
+            .collect(),
+        (_, true) => pod_side.into_iter().chain([(false, session)]).collect(),
+    };
+    assert_eq!(shape(&before), expected);
+    if expected.last() == Some(&(false, "sleep 300")) {
+        assert_eq!(before.last(), Some(&(sleep_pid, "sleep 300".to_owned())));
+    }
 
     // What is left in the container as core receives the release, while podhost waits for
     // core's answer to it (so the pod is certainly still up).
@@ -153,12 +176,16 @@ async fn sigterm_while_a_command_runs_releases_the_run_kills_the_command_and_exi
         )
     );
     let at_release = at_release.lock().unwrap().clone().unwrap();
+    // Nothing of the command is left; an isolated session's holder (its outer process and its
+    // init) stays for the pod's next command, and ends with podhost.
+    let holder: &[(bool, &str)] = match pod.container.namespaces().await {
+        (ns, _) if ns == "off" || ns == "none" => &[],
+        (_, false) => &[(false, session), (false, session)],
+        (_, true) => &[(false, session)],
+    };
     assert_eq!(
         shape(&at_release),
-        [
-            (true, "/usr/local/bin/podhost pod"),
-            (false, "/usr/local/bin/podhost pod")
-        ],
+        pod_side.iter().chain(holder).copied().collect::<Vec<_>>(),
         "the command's processes outlived the run: {at_release:#?}"
     );
 
@@ -232,6 +259,12 @@ async fn a_turns_command_sees_no_run_token_host_token_or_join_token() {
     let (method, output) = wait_end(&t.core, "run-1").await;
     assert_eq!(method, "turn.completed", "{output}");
 
+    // The join file is an empty mount in an isolated session, refused by Landlock otherwise.
+    let join_refusal = if t.pod.container.isolated().await {
+        "No such file or directory"
+    } else {
+        "Permission denied"
+    };
     // podhost's pid in the container, seen from the host.
     let processes = pod_processes(t.pod.container.host_pid().await);
     let podhost = processes
@@ -279,7 +312,7 @@ async fn a_turns_command_sees_no_run_token_host_token_or_join_token() {
                 "stderr": format!(
                     "cat: /proc/1/environ: Permission denied\n\
                      cat: /proc/{podhost}/environ: Permission denied\n\
-                     cat: {JOIN_FILE}: Permission denied\n"
+                     cat: {JOIN_FILE}: {join_refusal}\n"
                 ),
             }}})
         )

@@ -59,10 +59,21 @@ async fn health_says_whether_the_pod_is_connected() {
     );
 }
 
-/// The confinement level a pod on this machine reports: the default policy's, with podhost
-/// non-dumpable (this test process is not).
+/// The confinement level a pod on this machine reports: what a pod's settings give here
+/// (isolated; commands as root, as these tests ask), with podhost non-dumpable (this test process
+/// is not).
 fn pod_confinement() -> serde_json::Value {
-    let mut level = serde_json::to_value(podhost::exec::Confinement::default().level()).unwrap();
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        exec: podhost::config::ExecArgs,
+    }
+    let args = Wrap::parse_from(["podhost", "--command-user", "root"]);
+    let mut exec = args.exec.isolated_settings(podhost::config::Sessions::One);
+    exec.confine.helper = Some(crate::support::supervisor_bin().to_path_buf());
+    let mut level =
+        serde_json::to_value(podhost::exec::Confinement::new(&exec.confine).level()).unwrap();
     level["non_dumpable"] = json!(true);
     level
 }

@@ -27,21 +27,32 @@ async fn started(path: std::path::PathBuf) -> i32 {
         .unwrap()
 }
 
-fn gone(pid: i32) -> bool {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) == Err(nix::errno::Errno::ESRCH)
+/// Whether no process runs `sleep <length>` any more. A command runs in its session's PID
+/// namespace, where the pid it reports means nothing on the host, so each test's sleep carries
+/// a length of its own as its marker.
+fn gone(length: &str) -> bool {
+    let wanted = format!("sleep\0{length}\0");
+    !std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        let zombie = std::fs::read_to_string(e.path().join("stat"))
+            .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')));
+        !zombie && std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == wanted.as_bytes())
+    })
 }
 
-const SLEEPER: &str = "sleep 300 & echo $! > started.fifo; wait";
+/// A command that sleeps `length` seconds in the background and says it started.
+fn sleeper(length: &str) -> String {
+    format!("sleep {length} & echo $! > started.fifo; wait")
+}
 
 #[tokio::test]
 async fn cancel_mid_sleep_kills_the_command_and_fails_cancelled() {
     let s = setup(CoreOptions::default()).await;
     let pipe = fifo(&s);
-    let call = fake_gates::tool_call("c1", "bash", json!({"command": SLEEPER}));
+    let call = fake_gates::tool_call("c1", "bash", json!({"command": sleeper("300.1")}));
     s.gates.script([call.clone()]);
     s.core
         .grant_turn("run-1", TOKEN, turn_start(json!("Sleep.")));
-    let pid = started(pipe).await;
+    started(pipe).await;
     s.core.send_msg(
         s.conn,
         "cancel",
@@ -62,7 +73,7 @@ async fn cancel_mid_sleep_kills_the_command_and_fails_cancelled() {
             })
         )
     );
-    assert!(gone(pid), "the command's sleep {pid} outlived the cancel");
+    assert!(gone("300.1"), "the command's sleep outlived the cancel");
     let methods = s.core.run_methods(s.conn, "run-1");
     assert_eq!(
         methods,
@@ -113,11 +124,11 @@ async fn a_run_lost_mid_command_is_released_without_an_output() {
     s.gates.script([fake_gates::tool_call(
         "c1",
         "bash",
-        json!({"command": SLEEPER}),
+        json!({"command": sleeper("300.2")}),
     )]);
     s.core
         .grant_turn("run-1", TOKEN, turn_start(json!("Sleep.")));
-    let pid = started(pipe).await;
+    started(pipe).await;
     s.core.renew_reply("run-1", json!({"ok": false}));
     assert_eq!(
         wait_end(&s.core, "run-1").await,
@@ -126,7 +137,7 @@ async fn a_run_lost_mid_command_is_released_without_an_output() {
             json!({"runId": "run-1", "reason": "ownership.lost"})
         )
     );
-    assert!(gone(pid), "the command's sleep {pid} outlived the run");
+    assert!(gone("300.2"), "the command's sleep outlived the run");
     let methods = s.core.run_methods(s.conn, "run-1");
     assert_eq!(
         methods,

@@ -58,6 +58,10 @@ pub fn pod_env(core: &FakeCore, dirs: &PodDirs) -> Vec<(String, String)> {
         ("PODHOST_POD_BACKOFF_CAP_MS", "300".to_owned()),
         ("PODHOST_POD_JOIN_RETRY_MS", "300".to_owned()),
         ("PODHOST_POD_SHUTDOWN_DEADLINE_MS", "3000".to_owned()),
+        // The tests make files in the workspace as root and read what commands make: commands
+        // run as root too (asked for; still isolated, without capabilities). Commands of a root
+        // pod run as nobody by default (tests/confine covers that).
+        ("PODHOST_COMMAND_USER", "root".to_owned()),
         ("RUST_LOG", "info".to_owned()),
     ]
     .into_iter()
@@ -102,6 +106,7 @@ pub fn start_in_process(
             "PODHOST_POD_CONCURRENCY" => "--concurrency",
             "PODHOST_POD_SILENCE_TIMEOUT_MS" => "--silence-timeout-ms",
             "PODHOST_POD_RENEW_INTERVAL_MS" => "--renew-interval-ms",
+            "PODHOST_COMMAND_USER" => "--command-user",
             _ => return None,
         })
     };

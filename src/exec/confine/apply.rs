@@ -2,8 +2,10 @@
 //! ([`Prepared::new`]: the Landlock ruleset opened, the seccomp filter compiled), applied in the
 //! child with plain system calls only ([`Prepared::switch_user`], [`Prepared::restrict`]).
 //!
-//! Invariants: nothing in the child allocates or takes a lock; a root command sheds every
-//! capability but [`ROOT_KEEPS`] before its `exec`.
+//! Invariants: nothing in the child allocates or takes a lock; a command asked to hold no
+//! capabilities ([`Confine::no_capabilities`], every command on a pod or BYOH host) execs with
+//! all five sets empty and the securebits locked, whatever its uid; otherwise a root command
+//! sheds every capability but [`ROOT_KEEPS`] before its `exec`.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -119,6 +121,92 @@ pub struct Prepared {
     /// The highest capability number, when the command will run as root and must shed
     /// capabilities (`None`: it does not run as root).
     root_caps_up_to: Option<u32>,
+    /// The highest capability number, when the command must hold none at all (and whether this
+    /// process may change the bounding set and securebits: it holds `CAP_SETPCAP`).
+    drop_all: Option<(u32, bool)>,
+}
+
+const CAP_SETPCAP: u32 = 8;
+const SECBIT_NOROOT: u64 = 1 << 0;
+const SECBIT_NOROOT_LOCKED: u64 = 1 << 1;
+const SECBIT_NO_SETUID_FIXUP: u64 = 1 << 2;
+const SECBIT_NO_SETUID_FIXUP_LOCKED: u64 = 1 << 3;
+const SECBIT_KEEP_CAPS_LOCKED: u64 = 1 << 5;
+const SECBIT_NO_CAP_AMBIENT_RAISE: u64 = 1 << 6;
+const SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED: u64 = 1 << 7;
+
+/// The kernel's version-3 capability header and two 32-bit words per set.
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const CAP_V3: u32 = 0x2008_0522;
+
+/// The calling thread's capability sets.
+#[allow(unsafe_code)]
+fn capget() -> io::Result<[CapData; 2]> {
+    let mut header = CapHeader {
+        version: CAP_V3,
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: capget fills two `CapData` words for a version-3 header; both are live.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_capget,
+            &mut header as *mut CapHeader,
+            data.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(data)
+}
+
+/// Sets the calling thread's capability sets.
+#[allow(unsafe_code)]
+fn capset(data: &[CapData; 2]) -> io::Result<()> {
+    let mut header = CapHeader {
+        version: CAP_V3,
+        pid: 0,
+    };
+    // SAFETY: capset reads the header and two `CapData` words; both are live.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_capset,
+            &mut header as *mut CapHeader,
+            data.as_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Empties the calling thread's effective, permitted and inheritable sets (a file tool's
+/// thread, or a command just before its `exec`). Async-signal-safe.
+pub(super) fn drop_thread_capabilities() -> io::Result<()> {
+    capset(&[CapData::default(); 2])
+}
+
+/// The highest capability number of this kernel.
+fn cap_last_cap() -> u32 {
+    fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(63)
 }
 
 impl Prepared {
@@ -133,24 +221,76 @@ impl Prepared {
         } else {
             None
         };
-        let root_caps_up_to = (nix::unistd::geteuid().is_root() && c.user.is_none()).then(|| {
-            fs::read_to_string("/proc/sys/kernel/cap_last_cap")
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-                .unwrap_or(63)
+        let root = nix::unistd::geteuid().is_root();
+        let root_caps_up_to = (root && c.user.is_none() && !c.no_capabilities).then(cap_last_cap);
+        let drop_all = c.no_capabilities.then(|| {
+            let setpcap = capget().is_ok_and(|d| d[0].effective & (1 << CAP_SETPCAP) != 0);
+            (cap_last_cap(), setpcap)
         });
         Ok(Prepared {
             ruleset,
             filter,
             user: c.user,
             root_caps_up_to,
+            drop_all,
         })
     }
 
-    /// Drops to the command user: supplementary groups cleared, then gid, then uid. Runs in the
-    /// forked child, before anything that a credential change resets (the parent-death signal).
+    /// Empties the bounding and ambient sets and locks the securebits so that no `exec` (of a
+    /// setuid-root binary, or as uid 0) can give capabilities back. Needs `CAP_SETPCAP`, so it
+    /// runs before the uid changes; without it (a non-root podhost outside a user namespace) the
+    /// process holds no capabilities to lose, and `no_new_privs` keeps file capabilities and
+    /// setuid bits from adding any. Async-signal-safe.
+    #[allow(unsafe_code)]
+    fn drop_bounding(&self, last: u32, setpcap: bool) -> io::Result<()> {
+        // SAFETY: a plain prctl on integers.
+        unsafe {
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+                0,
+                0,
+                0,
+            );
+        }
+        if !setpcap {
+            return Ok(());
+        }
+        for cap in 0..=last {
+            // SAFETY: a plain prctl on integers. EINVAL (a capability this kernel lacks) is fine.
+            let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+            if rc != 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        // Staying uid 0 (asked for): a later setuid must not bring capabilities back either.
+        let stay_root = if self.user.is_none() {
+            SECBIT_NO_SETUID_FIXUP | SECBIT_NO_SETUID_FIXUP_LOCKED
+        } else {
+            0
+        };
+        let bits = SECBIT_NOROOT
+            | SECBIT_NOROOT_LOCKED
+            | SECBIT_KEEP_CAPS_LOCKED
+            | SECBIT_NO_CAP_AMBIENT_RAISE
+            | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED
+            | stay_root;
+        // SAFETY: a plain prctl on integers.
+        if unsafe { libc::prctl(libc::PR_SET_SECUREBITS, bits as libc::c_ulong, 0, 0, 0) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Drops to the command user: supplementary groups cleared, then gid, then uid (and, for a
+    /// command that must hold no capabilities, the bounding set and securebits first). Runs in
+    /// the forked child, before anything that a credential change resets (the parent-death
+    /// signal).
     #[allow(unsafe_code)]
     pub fn switch_user(&self) -> io::Result<()> {
+        if let Some((last, setpcap)) = self.drop_all {
+            self.drop_bounding(last, setpcap)?;
+        }
         let Some(user) = self.user else {
             return Ok(());
         };
@@ -190,39 +330,7 @@ impl Prepared {
                 0,
             );
         }
-        // The kernel's version-3 header and two 32-bit words per set.
-        #[repr(C)]
-        struct Header {
-            version: u32,
-            pid: i32,
-        }
-        #[repr(C)]
-        #[derive(Clone, Copy)]
-        struct Data {
-            effective: u32,
-            permitted: u32,
-            inheritable: u32,
-        }
-        let mut header = Header {
-            version: 0x2008_0522,
-            pid: 0,
-        };
-        let mut data = [Data {
-            effective: 0,
-            permitted: 0,
-            inheritable: 0,
-        }; 2];
-        // SAFETY: capget fills two `Data` words for a version-3 header; both are live.
-        if unsafe {
-            libc::syscall(
-                libc::SYS_capget,
-                &mut header as *mut Header,
-                data.as_mut_ptr(),
-            )
-        } != 0
-        {
-            return Err(io::Error::last_os_error());
-        }
+        let mut data = capget()?;
         let mut mask = [0u32; 2];
         for cap in ROOT_KEEPS {
             mask[(cap / 32) as usize] |= 1 << (cap % 32);
@@ -230,13 +338,7 @@ impl Prepared {
         for (d, m) in data.iter_mut().zip(mask) {
             d.inheritable &= m;
         }
-        // SAFETY: as above; capset reads the header and two `Data` words.
-        if unsafe { libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()) }
-            != 0
-        {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        capset(&data)
     }
 
     /// Sheds root's capabilities (see [`ROOT_KEEPS`]), then enforces the Landlock ruleset, then
@@ -245,6 +347,9 @@ impl Prepared {
     pub fn restrict(&self) -> io::Result<()> {
         if let Some(last) = self.root_caps_up_to {
             Self::shed_root_capabilities(last)?;
+        }
+        if self.drop_all.is_some() {
+            drop_thread_capabilities()?;
         }
         if let Some(fd) = &self.ruleset {
             // SAFETY: a plain system call on a descriptor this process owns.

@@ -46,9 +46,32 @@
 //! command does not get anyway, and a confined command cannot ptrace it (Landlock forbids
 //! tracing a process outside the sandbox).
 //!
+//! # Isolation on a pod or BYOH host
+//!
+//! A front that serves others (`podhost pod`, `podhost serve`; [`Settings::isolate`]) asks for
+//! more, each part reported in [`Level`]:
+//!
+//! * **A session's namespaces** (`exec::session`): where the kernel allows (podhost is root, or
+//!   unprivileged user namespaces are allowed; found by trying, at start-up), a workspace's
+//!   commands run in mount, IPC and PID namespaces of their own with a view of the file system
+//!   in which the system is read-only (so `chmod`, `chown` and `utime` outside the workspace
+//!   fail with `EROFS`), podhost's state and every other session are empty mounts, `/dev` holds
+//!   only `null zero full random urandom tty pts shm`, `/run` and `/var/run` (host sockets) are
+//!   empty, and `/proc` shows the session's own processes only. Landlock stays on top.
+//! * **Where namespaces are refused** (most Kubernetes seccomp profiles): Landlock alone, with
+//!   `/dev` limited to the same device nodes; and since Landlock cannot stop `chmod`, podhost
+//!   checks the modes of its own state at each use and puts them back (`state`).
+//! * **No root, no capabilities**: commands never run as root unless asked
+//!   (`PODHOST_COMMAND_USER=root`); a root podhost runs them as an unprivileged user — on a BYOH
+//!   host one uid per session from `PODHOST_UID_POOL` (`users`) — and the file tools take that
+//!   uid as their file-system identity. Every capability set of a command is empty.
+//! * **Limits that bind root**: a cgroup per session (`exec::cgroup`) where one can be made.
+//!
 //! Layout: this file holds the policy and its reporting; `rules` turns a policy into Landlock
 //! rules and rulesets; `apply` applies them (and the network filter, and the command user) in a
-//! command's process; `harden` hardens podhost's own process.
+//! command's process; `harden` hardens podhost's own process; `level` reports the level in
+//! force; `isolation` finds what a pod or BYOH host can isolate with, and the view of a
+//! session; `users` assigns pool uids; `state` guards the modes of podhost's state.
 //!
 //! Invariants:
 //! * Confinement never silently weakens: a ruleset that cannot be built or enforced fails the
@@ -59,24 +82,33 @@
 //!   paths: a symlink planted next to a hidden path cannot carry a grant onto it.
 //!
 //! Non-goals: hiding paths the kernel reaches by another name (a bind mount, a hard link made
-//! before podhost started); per-command cgroups (limits are `setrlimit`, see `limits`).
+//! before podhost started) from Landlock alone; isolating local use (`podhost tool`, `run`,
+//! `mcp`), whose commands run as the person who started podhost.
 
 mod apply;
 mod harden;
+mod isolation;
+mod level;
 mod rules;
+pub mod state;
+pub mod users;
 
 pub use apply::{Prepared, ROOT_KEEPS, network_filter};
 pub use harden::{Hardened, harden_process, is_non_dumpable, take_secret_env};
+pub use isolation::Isolation;
+pub use level::{Level, report_startup, reported};
 pub use rules::{Grant, Rule, expand, restrict_thread, ruleset};
+pub use state::Guard;
+pub use users::{UidPool, UidRange};
 
 use std::fs;
 use std::path::{Component, Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use landlock::RulesetStatus;
-use serde::Serialize;
 
-use super::protocol::{CommandUser, Confine, Landlock};
+use super::cgroup::CgroupLimits;
+use super::protocol::{CommandUser, Confine, Landlock, View};
 use crate::floor::workspace::Workspace;
 
 /// The newest Landlock ABI whose features podhost uses: file rights of ABI 5 (device ioctls),
@@ -127,9 +159,29 @@ pub enum ConfineError {
     User { spec: String, message: String },
 }
 
+/// The bytes of a session's private `/dev/shm`.
+const SHM_BYTES: u64 = 64 << 20;
+
 /// The settings confinement is built from (the configuration's `PODHOST_CONFINE*` values).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
+    /// Isolate sessions (a pod or BYOH host): namespaces where the kernel allows, no
+    /// capabilities, no root, cgroup limits, a limited `/dev` (see the module doc). Local use
+    /// leaves it off.
+    pub isolate: bool,
+    /// Use namespaces when isolating (`PODHOST_NAMESPACES`, default on; off forces the
+    /// Landlock-only level).
+    pub namespaces: bool,
+    /// The helper binary the namespace probe runs (`podhost-exec`); `None`: beside podhost.
+    pub helper: Option<PathBuf>,
+    /// A root podhost on a BYOH host: the uids sessions' commands run as, one each.
+    pub uid_pool: Option<UidRange>,
+    /// Commands run as root because the configuration asked (`PODHOST_COMMAND_USER=root`).
+    pub root_asked: bool,
+    /// The limits of a session's cgroup.
+    pub cgroup: CgroupLimits,
+    /// A BYOH session's disk quota, in bytes.
+    pub disk_quota: Option<u64>,
     /// Use Landlock when the kernel has it (`PODHOST_CONFINE`, default on).
     pub enabled: bool,
     /// Refuse to start without Landlock (`PODHOST_REQUIRE_CONFINEMENT`).
@@ -149,6 +201,13 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
+            isolate: false,
+            namespaces: true,
+            helper: None,
+            uid_pool: None,
+            root_asked: false,
+            cgroup: CgroupLimits::default(),
+            disk_quota: None,
             enabled: true,
             require: false,
             deny_network: false,
@@ -158,100 +217,6 @@ impl Default for Settings {
             abi_max: None,
         }
     }
-}
-
-/// The confinement level in force: logged at start-up, reported by `/health` and `/healthz`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Level {
-    /// The Landlock ABI commands and file tools are confined with; 0 for none (off, or the
-    /// kernel has no Landlock).
-    pub landlock_abi: u8,
-    /// The Landlock ABI the kernel offers (0: none).
-    pub kernel_landlock_abi: u8,
-    /// Commands cannot signal (or connect to abstract sockets of) processes outside their
-    /// sandbox: Landlock scoping, ABI ≥ 6.
-    pub scoped_signals: bool,
-    /// Commands can open no socket but `AF_UNIX`.
-    pub network_filter: bool,
-    /// podhost is non-dumpable: its memory and environment are closed to same-user processes.
-    pub non_dumpable: bool,
-    /// Commands start with `no_new_privs` (always).
-    pub no_new_privs: bool,
-    /// The uid commands run as, when podhost drops them to another user.
-    pub command_uid: Option<u32>,
-}
-
-impl Level {
-    /// Whether commands are confined by Landlock.
-    pub fn is_confined(&self) -> bool {
-        self.landlock_abi > 0
-    }
-
-    /// One line for logs.
-    pub fn summary(&self) -> String {
-        let landlock = if self.landlock_abi > 0 {
-            format!(
-                "Landlock ABI {} (kernel {})",
-                self.landlock_abi, self.kernel_landlock_abi
-            )
-        } else if self.kernel_landlock_abi > 0 {
-            format!(
-                "no Landlock (off; kernel offers ABI {})",
-                self.kernel_landlock_abi
-            )
-        } else {
-            "no Landlock (the kernel has none)".to_owned()
-        };
-        let on = |b: bool| if b { "on" } else { "off" };
-        format!(
-            "{landlock}, signal scoping {}, network filter {}, non-dumpable {}, \
-             no_new_privs {}, command user {}",
-            on(self.scoped_signals),
-            on(self.network_filter),
-            on(self.non_dumpable),
-            on(self.no_new_privs),
-            self.command_uid
-                .map_or_else(|| "podhost's own".to_owned(), |u| format!("uid {u}"))
-        )
-    }
-}
-
-/// The level this process reported at start-up ([`report_startup`]).
-static REPORTED: OnceLock<Level> = OnceLock::new();
-
-/// Logs the confinement level of a front starting up, remembers it for the health endpoints, and
-/// refuses (`Err`) when `require` is set and commands would not be confined. A missing Landlock
-/// is always a warning; a confined start is logged at `info` when `loud` (long-running fronts),
-/// else at `debug` (one-shot `podhost tool`).
-pub fn report_startup(
-    confinement: &Confinement,
-    require: bool,
-    loud: bool,
-) -> Result<Level, ConfineError> {
-    let level = confinement.level();
-    let _ = REPORTED.set(level.clone());
-    confinement.check_required(require)?;
-    if !level.is_confined() {
-        tracing::warn!(
-            confinement = %level.summary(),
-            "commands and file tools are NOT confined: they can read everything podhost's user \
-             can (set PODHOST_REQUIRE_CONFINEMENT to refuse to start instead)"
-        );
-    } else if loud {
-        tracing::info!(confinement = %level.summary(), "commands and file tools are confined");
-    } else {
-        tracing::debug!(confinement = %level.summary(), "commands and file tools are confined");
-    }
-    Ok(level)
-}
-
-/// The level reported at start-up; before that (tests that build fronts in-process), the
-/// default policy's.
-pub fn reported() -> Level {
-    REPORTED
-        .get()
-        .cloned()
-        .unwrap_or_else(|| Confinement::default().level())
 }
 
 /// The Landlock ABI of the running kernel (0 without Landlock), asked once.
@@ -276,8 +241,12 @@ pub fn kernel_abi() -> u8 {
 
 /// A front's confinement policy. Cheap to clone; build it once, then [`hide`](Self::hide) the
 /// front's own state.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Confinement {
+    /// Set on a pod or BYOH host (see [`Settings::isolate`]).
+    isolation: Option<Arc<Isolation>>,
+    /// podhost's own state, whose modes are checked at each use.
+    guards: Vec<Guard>,
     /// The Landlock ABI to use; 0 for none.
     abi: u8,
     kernel_abi: u8,
@@ -310,7 +279,12 @@ impl Confinement {
         if !settings.enabled {
             abi = 0;
         }
+        let isolation = settings
+            .isolate
+            .then(|| Arc::new(Isolation::find(settings)));
         let mut c = Confinement {
+            isolation,
+            guards: Vec::new(),
             abi,
             kernel_abi,
             deny_network: settings.deny_network,
@@ -375,6 +349,33 @@ impl Confinement {
         self
     }
 
+    /// Checks (and repairs) the mode of podhost's state at `guard.path` at each use.
+    pub fn guard(mut self, guard: Guard) -> Self {
+        self.guards.push(guard);
+        self
+    }
+
+    /// The state whose modes are checked at each use.
+    pub fn guards(&self) -> &[Guard] {
+        &self.guards
+    }
+
+    /// Commands of this policy run as `user` (a session's uid from the pool).
+    pub fn command_user(mut self, user: CommandUser) -> Self {
+        self.user = Some(user);
+        self
+    }
+
+    /// How sessions are isolated (`None` in local use).
+    pub fn isolation(&self) -> Option<&Arc<Isolation>> {
+        self.isolation.as_ref()
+    }
+
+    /// Whether commands run in a session's namespaces.
+    pub fn uses_namespaces(&self) -> bool {
+        self.isolation.as_ref().is_some_and(|i| i.namespaces.any())
+    }
+
     pub fn deny_network(mut self, deny: bool) -> Self {
         self.deny_network = deny;
         self
@@ -390,19 +391,6 @@ impl Confinement {
 
     pub fn user(&self) -> Option<CommandUser> {
         self.user
-    }
-
-    /// The level this policy gives, with the process's own state (non-dumpable) read now.
-    pub fn level(&self) -> Level {
-        Level {
-            landlock_abi: self.abi,
-            kernel_landlock_abi: self.kernel_abi,
-            scoped_signals: self.abi >= 6,
-            network_filter: self.deny_network,
-            non_dumpable: is_non_dumpable(),
-            no_new_privs: true,
-            command_uid: self.user.map(|u| u.uid),
-        }
     }
 
     /// Errors when `require` is set and commands would not be confined by Landlock.
@@ -441,14 +429,18 @@ impl Confinement {
             }
             l
         });
+        let no_capabilities = self.isolation.is_some();
         WorkspaceRules {
             command: Confine {
                 landlock,
                 deny_network: self.deny_network,
-                user: self.user,
+                user: self.user.filter(|u| u.uid != 0),
+                no_capabilities,
+                cgroup_procs: Vec::new(),
             },
             files,
             tmp: self.tmp.clone(),
+            view: self.uses_namespaces().then(|| self.view(ws)),
         }
     }
 
@@ -461,6 +453,12 @@ impl Confinement {
             names_visible: self.names_visible.clone(),
             scoped: self.abi >= 6,
         };
+        if self.isolation.is_some() && !self.uses_namespaces() {
+            // No view with a minimal /dev: Landlock opens only the listed nodes (no disk, no
+            // loop device), whose names stay listable.
+            push_unique(&mut l.hidden, Path::new("/dev"));
+            push_unique(&mut l.names_visible, Path::new("/dev"));
+        }
         for p in &self.readable {
             push_unique(&mut l.read, p);
         }
@@ -499,23 +497,33 @@ pub struct WorkspaceRules {
     pub files: Option<Landlock>,
     /// The commands' private temporary directory (`TMPDIR`), if the policy gives one.
     pub tmp: Option<PathBuf>,
+    /// The view a session holder builds, when commands run in namespaces.
+    pub view: Option<View>,
 }
 
 impl WorkspaceRules {
     /// Whether a file tool call needs a thread of its own ([`confine_thread`]).
     pub fn confines_files(&self) -> bool {
-        self.files.is_some() || self.command.user.is_some()
+        self.files.is_some() || self.command.user.is_some() || self.command.no_capabilities
     }
 }
 
 /// Confines the calling thread (a fresh one, which dies with the call) for a file tool: as the
 /// command user's file-system identity when there is one (so files it writes belong to that user
-/// and permissions are checked as that user, like a command's), then to the Landlock rules.
+/// and permissions are checked as that user, like a command's), without capabilities when
+/// commands hold none (the thread's own sets: the rest of podhost keeps its), then to the
+/// Landlock rules.
 pub fn confine_thread(rules: &WorkspaceRules) -> Result<(), ConfineError> {
     if let Some(user) = rules.command.user {
         apply::become_user_on_thread(user).map_err(|e| ConfineError::User {
             spec: format!("{}:{}", user.uid, user.gid),
             message: format!("could not take its file-system identity: {e}"),
+        })?;
+    }
+    if rules.command.no_capabilities {
+        apply::drop_thread_capabilities().map_err(|e| ConfineError::User {
+            spec: "capabilities".to_owned(),
+            message: format!("could not drop the thread's capabilities: {e}"),
         })?;
     }
     match &rules.files {

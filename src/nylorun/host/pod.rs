@@ -242,6 +242,7 @@ fn pod_toolbox(config: &PodConfig, supervisor: PathBuf) -> Result<Toolbox, PodEr
             c.hide_contents(&config.harness_root)
                 .hide_contents(&config.join_file)
                 .allow_read(&config.harness_root.join(crate::exec::egress::BUNDLE_FILE))
+                .guard(crate::exec::confine::Guard::owned_dir(&config.harness_root))
                 .deny_network(false)
         });
     Ok(builder.build(ws, None))

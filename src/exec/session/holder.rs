@@ -1,0 +1,251 @@
+//! The session holder, `podhost-exec __session`: builds a session's namespaces and view once,
+//! then starts each of the session's commands inside them.
+//!
+//! ```text
+//! podhost ──spawn──► O (podhost-exec __session; its own session)
+//!   │  stdin: the session socket (SOCK_SEQPACKET)        │ [unshare(USER) + id maps]
+//!   │                                                     └─clone(NEWNS|NEWIPC[|NEWPID])─► H
+//!   │                                                           H = pid 1: builds the view,
+//!   │  per command: "c" + [control socket, stdout, stderr] ──►  forks S per message
+//!   │                                                           S = the command's supervisor
+//!   └◄── S's pidfd, first thing on the control socket             (see `supervise`)
+//! ```
+//!
+//! * **O** (the outer process, podhost's child) joins the session's cgroups, makes the user
+//!   namespace when podhost is not root (and maps its own uid and gid into it), and clones H
+//!   into fresh mount, IPC and (usually) PID namespaces. Then it only waits: when H ends it
+//!   exits with H's status; when podhost dies (its parent-death signal) or sends SIGTERM, it
+//!   SIGKILLs H. O is exec'ed, hence dumpable again (podhost is not), which the user namespace's
+//!   id maps need.
+//! * **H** (pid 1 of the session) builds the view (`view`), answers `ok` (or `error …`) on the
+//!   socket, ignores SIGCHLD (the kernel reaps its children and every orphan of the session),
+//!   and forks one supervisor per message. It dies with O (parent-death SIGKILL), and with it
+//!   every process of the session: the kernel kills a PID namespace whose init ends. It ends by
+//!   itself when podhost closes the socket.
+//! * **S** (one per command) puts the three descriptors it was sent in place (control socket on
+//!   stdin, the output pipes on stdout and stderr) and runs the ordinary supervisor, inside the
+//!   view: its Landlock ruleset is built from inside, its `/proc` walk sees the session's PID
+//!   namespace, the command's orphans come back to it (a child subreaper in the same PID
+//!   namespace). Its first message on the control socket is its own pidfd, so podhost can
+//!   signal it (timeout, cancellation) although it is not podhost's child.
+//!
+//! Invariants:
+//! * H and S are forked from single-threaded processes, so they may run any code.
+//! * A holder that cannot build the view says why on the socket and runs no command.
+//! * Nothing of the session outlives podhost: podhost → O (parent-death SIGTERM) → H
+//!   (parent-death SIGKILL) → every process in its PID namespace.
+//!
+//! Non-goals: choosing what the view holds (podhost decides, see `Confinement::for_workspace`).
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::process::ExitCode;
+
+use nix::sys::signal::{SigSet, Signal};
+
+use super::view;
+use crate::exec::protocol::SessionRequest;
+use crate::exec::sys::{self, StepError};
+
+/// `argv[1]` that makes the supervisor binary a session holder.
+pub const SESSION_ARG: &str = "__session";
+
+/// The largest session request the holder reads.
+const MAX_SESSION_REQUEST: usize = 1 << 20;
+
+/// The message podhost sends for each command (with three descriptors).
+pub const LAUNCH: &[u8] = b"c";
+/// The holder's answers once it has tried to build the view.
+pub const READY: &[u8] = b"ok";
+pub const FAILED_PREFIX: &str = "error ";
+
+/// Exit code of a holder that could not even report.
+const EXIT_BROKEN: u8 = 125;
+
+/// The holder's `main` (O): see the module doc.
+pub fn main() -> ExitCode {
+    sys::close_from(3);
+    // Its own session: if O dies first, H and what is left are not in podhost's session, so
+    // podhost's reaper kills and reaps them.
+    let _ = nix::unistd::setsid();
+    let waited = waited_signals();
+    if waited.thread_block().is_err() || sys::set_parent_death_signal(libc::SIGTERM).is_err() {
+        return ExitCode::from(EXIT_BROKEN);
+    }
+    let sock = 0;
+    let req = match read_request(sock) {
+        Ok(req) => req,
+        Err(e) => {
+            report(sock, &format!("bad session request: {e}"));
+            return ExitCode::from(EXIT_BROKEN);
+        }
+    };
+    if u32::try_from(nix::unistd::getppid().as_raw()).ok() != Some(req.parent) {
+        return ExitCode::from(EXIT_BROKEN);
+    }
+    match start(&req, sock) {
+        // `_life` stays open while O waits: H sees it close when O dies.
+        Ok((h, _life)) => ExitCode::from(wait_for(h, &waited)),
+        Err(e) => {
+            report(sock, &e.to_string());
+            ExitCode::from(EXIT_BROKEN)
+        }
+    }
+}
+
+/// What O waits for: its child's end, and the signals that mean "stop the session".
+fn waited_signals() -> SigSet {
+    let mut set = SigSet::empty();
+    for sig in [
+        Signal::SIGCHLD,
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+    ] {
+        set.add(sig);
+    }
+    set
+}
+
+fn read_request(sock: i32) -> Result<SessionRequest, String> {
+    let mut buf = vec![0u8; MAX_SESSION_REQUEST];
+    let (n, _) = sys::recv_with_fds(sock, &mut buf).map_err(|e| e.to_string())?;
+    if n == 0 {
+        return Err("none arrived".to_owned());
+    }
+    serde_json::from_slice(&buf[..n]).map_err(|e| e.to_string())
+}
+
+fn report(sock: i32, message: &str) {
+    let line = format!("{FAILED_PREFIX}{message}");
+    let _ = sys::send_with_fds(sock, line.as_bytes(), &[]);
+}
+
+/// Joins the cgroups, makes the namespaces and clones H; returns H's pid (in O's namespace) and
+/// O's end of the pipe that tells H when O is gone.
+fn start(req: &SessionRequest, sock: i32) -> Result<(libc::pid_t, OwnedFd), StepError> {
+    for procs in &req.cgroup_procs {
+        std::fs::write(procs, "0").map_err(|e| {
+            StepError::new(
+                format!("join the cgroup {}", procs.display()),
+                e.raw_os_error().unwrap_or(libc::EIO),
+            )
+        })?;
+    }
+    let prepared = view::prepare(&req.view, req.pid_namespace, req.userns.is_some())?;
+    let (life_r, life_w) =
+        sys::pipe().map_err(|e| StepError::new("pipe", e.raw_os_error().unwrap_or(libc::EIO)))?;
+    if let Some(ids) = req.userns {
+        sys::unshare("make a user namespace", libc::CLONE_NEWUSER)?;
+        let write = |file: &str, text: String| {
+            std::fs::write(format!("/proc/self/{file}"), text).map_err(|e| {
+                StepError::new(
+                    format!("write /proc/self/{file}"),
+                    e.raw_os_error().unwrap_or(libc::EIO),
+                )
+            })
+        };
+        write("uid_map", format!("{0} {0} 1\n", ids.uid))?;
+        write("setgroups", "deny".to_owned())?;
+        write("gid_map", format!("{0} {0} 1\n", ids.gid))?;
+    }
+    let mut flags = libc::CLONE_NEWNS | libc::CLONE_NEWIPC;
+    if req.pid_namespace {
+        flags |= libc::CLONE_NEWPID;
+    }
+    let h = sys::fork_with("make the session's namespaces", flags)?;
+    if h == 0 {
+        drop(life_w);
+        holder(sock, &prepared, life_r);
+    }
+    drop(life_r);
+    // H alone holds the session socket now: when H is gone, podhost's sends fail at once.
+    if let Ok(null) = std::fs::File::open("/dev/null") {
+        let _ = sys::dup2("stdin", null.as_raw_fd(), sock);
+    }
+    Ok((h, life_w))
+}
+
+/// O's loop: exits with H's status when H ends; SIGKILLs H when told to stop.
+fn wait_for(h: libc::pid_t, waited: &SigSet) -> u8 {
+    loop {
+        match sys::wait(h, libc::WNOHANG) {
+            Ok((pid, status)) if pid == h => {
+                return if libc::WIFEXITED(status) {
+                    libc::WEXITSTATUS(status) as u8
+                } else {
+                    EXIT_BROKEN
+                };
+            }
+            Ok(_) => {}
+            Err(_) => return EXIT_BROKEN,
+        }
+        match waited.wait() {
+            Ok(Signal::SIGCHLD) => {}
+            Ok(_) | Err(_) => {
+                sys::kill_now(h);
+                let _ = sys::wait(h, 0);
+                return EXIT_BROKEN;
+            }
+        }
+    }
+}
+
+/// H: builds the view, says so, and starts a supervisor per message. Never returns.
+fn holder(sock: i32, prepared: &view::Prepared, life: OwnedFd) -> ! {
+    if sys::set_parent_death_signal(libc::SIGKILL).is_err() || parent_gone(&life) {
+        sys::exit_now(i32::from(EXIT_BROKEN));
+    }
+    if let Err(e) = prepared.build() {
+        report(sock, &format!("could not build the command view: {e}"));
+        sys::exit_now(i32::from(EXIT_BROKEN));
+    }
+    sys::set_signal_ignored(libc::SIGCHLD, true);
+    if sys::send_with_fds(sock, READY, &[]).is_err() {
+        sys::exit_now(0);
+    }
+    let mut buf = [0u8; 16];
+    loop {
+        let (n, fds) = match sys::recv_with_fds(sock, &mut buf) {
+            Ok(got) => got,
+            Err(_) => sys::exit_now(i32::from(EXIT_BROKEN)),
+        };
+        if n == 0 {
+            // podhost closed the session: the kernel ends every process in it with us.
+            sys::exit_now(0);
+        }
+        let Ok([ctl, out, err]) = <[OwnedFd; 3]>::try_from(fds) else {
+            continue;
+        };
+        if &buf[..n] != LAUNCH {
+            continue;
+        }
+        // The command's descriptors go with the forked supervisor; a failed fork drops them, and
+        // podhost sees the control socket close without a pidfd.
+        if let Ok(0) = sys::fork_with("fork a supervisor", 0) {
+            drop(life);
+            supervisor(sock, ctl, out, err)
+        }
+    }
+}
+
+/// Whether O has already died (its end of the life pipe is closed; it never writes).
+fn parent_gone(life: &OwnedFd) -> bool {
+    sys::poll_now(life.as_raw_fd(), libc::POLLIN) & (libc::POLLHUP | libc::POLLERR | libc::POLLIN)
+        != 0
+}
+
+/// S: the command's supervisor, forked inside the session. Never returns.
+fn supervisor(sock: i32, ctl: OwnedFd, out: OwnedFd, err: OwnedFd) -> ! {
+    sys::set_signal_ignored(libc::SIGCHLD, false);
+    let _ = sock;
+    let placed = sys::dup2("control socket", ctl.as_raw_fd(), 0)
+        .and_then(|()| sys::dup2("stdout", out.as_raw_fd(), 1))
+        .and_then(|()| sys::dup2("stderr", err.as_raw_fd(), 2));
+    if placed.is_err() {
+        sys::exit_now(i32::from(EXIT_BROKEN));
+    }
+    drop((ctl, out, err));
+    sys::close_from(3);
+    sys::exit_now(crate::exec::supervise::forked())
+}

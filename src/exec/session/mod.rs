@@ -1,0 +1,298 @@
+//! Sessions: the namespaces and view of the file system a workspace's commands share, made once
+//! by a holder process and kept while the workspace's toolbox lives.
+//!
+//! Owns: podhost's side of a holder — starting it ([`Session::start`]), handing it each command
+//! ([`Session::launch`]), restarting it when it died ([`SessionSlot`]) and killing it with the
+//! toolbox — and the level probe ([`probe_host`]). The holder itself is [`holder`]; the view it
+//! builds, [`view`].
+//!
+//! Why a holder and not a namespace per command: a fresh mount + PID namespace with its view
+//! costs about 0.75 ms (1 ms in a user namespace) per command, past the bash tool's overhead
+//! goal; made once per session and forked into, it costs nothing per command, and the holder
+//! forking the supervisor also saves the supervisor's `exec` (see `benches/tools/bash.rs`).
+//!
+//! Invariants:
+//! * A session's processes never outlive its toolbox or podhost (see [`holder`]).
+//! * A holder that died (its session's memory limit, say) is started again for the next
+//!   command; a command never silently runs outside the view it was meant for.
+//! * The holder is spawned from an async worker thread (its parent-death signal is tied to the
+//!   spawning thread, and blocking-pool threads exit when idle).
+//!
+//! Non-goals: what the view holds (`Confinement::for_workspace`), the command's own supervision
+//! (`supervise`, unchanged inside a session).
+
+pub mod holder;
+pub mod probe;
+pub mod view;
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+use tokio::process::{Child, Command};
+
+pub use probe::{Namespaces, Probe};
+
+use super::protocol::SessionRequest;
+use super::{ExecError, reaper, sys};
+
+/// How long a holder may take to build its view.
+const START_BOUND: Duration = Duration::from_secs(10);
+
+/// The level this host allows, asked once per process of the helper binary `helper`
+/// (`podhost-exec`, see [`probe`]). A helper that cannot be run counts as "no namespaces", with
+/// the reason.
+pub fn probe_host(helper: &Path) -> Probe {
+    static PROBE: OnceLock<Probe> = OnceLock::new();
+    PROBE
+        .get_or_init(|| {
+            let none = |why: String| Probe {
+                namespaces: Namespaces::None,
+                refused: vec![why],
+            };
+            let out = std::process::Command::new(helper)
+                .arg(probe::PROBE_ARG)
+                .env_clear()
+                .stdin(Stdio::null())
+                .stderr(Stdio::null())
+                .output();
+            match out {
+                Ok(out) if out.status.success() => serde_json::from_slice(&out.stdout)
+                    .unwrap_or_else(|e| none(format!("the probe's answer: {e}"))),
+                Ok(out) => none(format!("the probe ended with {}", out.status)),
+                Err(e) => none(format!("could not run {}: {e}", helper.display())),
+            }
+        })
+        .clone()
+}
+
+/// A running holder: its socket and its process.
+#[derive(Debug)]
+pub struct Session {
+    sock: AsyncFd<OwnedFd>,
+    holder: Option<Child>,
+    pid: i32,
+    /// The holder's pidfd: readable once it has exited (its namespaces are then going away,
+    /// even if the socket has not hung up yet).
+    pidfd: Option<OwnedFd>,
+}
+
+impl Session {
+    /// Starts a holder (the `supervisor` binary, as `__session`) for `req` and waits until it has
+    /// built the view, or says why it could not.
+    pub async fn start(supervisor: &Path, req: &SessionRequest) -> Result<Session, ExecError> {
+        let (ours, theirs) = sys::seqpacket_pair()?;
+        let request = serde_json::to_vec(req).map_err(io::Error::other)?;
+        // Queued before the holder exists, so it reads it at once.
+        sys::send_with_fds(ours.as_raw_fd(), &request, &[])?;
+        set_nonblocking(&ours)?;
+        let mut cmd = Command::new(supervisor);
+        cmd.arg(holder::SESSION_ARG)
+            .env_clear()
+            .stdin(Stdio::from(theirs))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = reaper::spawn_registered(|| cmd.spawn(), Child::id).map_err(|source| {
+            ExecError::Spawn {
+                path: supervisor.to_path_buf(),
+                source,
+            }
+        })?;
+        drop(cmd);
+        let pid = child.id().map_or(0, |p| p as i32);
+        let mut session = Session {
+            sock: sys::async_fd(ours, Interest::READABLE | Interest::WRITABLE)?,
+            holder: Some(child),
+            pid,
+            pidfd: sys::pidfd_open(pid).ok(),
+        };
+        let mut answer = [0u8; 4096];
+        let got = tokio::time::timeout(START_BOUND, session.recv(&mut answer)).await;
+        let n = match got {
+            Ok(Ok(n)) => n,
+            Ok(Err(e)) => return Err(ExecError::Io(e)),
+            Err(_) => {
+                return Err(ExecError::Session {
+                    message: format!("it did not build the view within {START_BOUND:?}"),
+                });
+            }
+        };
+        let answer = &answer[..n];
+        if answer == holder::READY {
+            return Ok(session);
+        }
+        let message = match std::str::from_utf8(answer) {
+            Ok(text) if text.starts_with(holder::FAILED_PREFIX) => {
+                text[holder::FAILED_PREFIX.len()..].to_owned()
+            }
+            _ if n == 0 => {
+                let status = match session.holder.as_mut() {
+                    Some(c) => c.wait().await.map(|s| s.to_string()).unwrap_or_default(),
+                    None => String::new(),
+                };
+                format!("it ended ({status}) before building the view")
+            }
+            _ => "it answered something else than ready".to_owned(),
+        };
+        Err(ExecError::Session { message })
+    }
+
+    async fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            let mut guard = self.sock.readable().await?;
+            match guard.try_io(|fd| sys::recv_with_fds(fd.as_raw_fd(), buf)) {
+                Ok(got) => return got.map(|(n, _)| n),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    /// Hands the holder one command: its control socket and output pipes. An error means the
+    /// holder is gone.
+    pub async fn launch(&self, fds: [&OwnedFd; 3]) -> io::Result<()> {
+        let raw = fds.map(AsRawFd::as_raw_fd);
+        loop {
+            let mut guard = self.sock.writable().await?;
+            match guard.try_io(|fd| sys::send_with_fds(fd.as_raw_fd(), holder::LAUNCH, &raw)) {
+                Ok(sent) => return sent,
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    /// Whether the holder has exited or hung up (its session is gone, or going).
+    fn is_gone(&self) -> bool {
+        let exited = self
+            .pidfd
+            .as_ref()
+            .is_some_and(|fd| sys::poll_now(fd.as_raw_fd(), libc::POLLIN) != 0);
+        let events = sys::poll_now(self.sock.as_raw_fd(), 0);
+        exited || events & (libc::POLLHUP | libc::POLLERR) != 0
+    }
+}
+
+impl Drop for Session {
+    /// The toolbox is gone: so is the session, and with it every process in it.
+    fn drop(&mut self) {
+        let Some(mut child) = self.holder.take() else {
+            return;
+        };
+        let _ = child.start_kill();
+        let pid = self.pid;
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    let _ = child.wait().await;
+                    reaper::deregister(pid);
+                });
+            }
+            Err(_) => reaper::deregister(pid),
+        }
+    }
+}
+
+/// A workspace's session, started at its first command and again if its holder died.
+#[derive(Debug)]
+pub struct SessionSlot {
+    supervisor: PathBuf,
+    request: SessionRequest,
+    current: tokio::sync::Mutex<Option<Arc<Session>>>,
+}
+
+impl SessionSlot {
+    pub fn new(supervisor: PathBuf, request: SessionRequest) -> Self {
+        SessionSlot {
+            supervisor,
+            request,
+            current: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The pid of the running holder (podhost's child), if one runs: for diagnostics and tests.
+    pub fn holder_pid(&self) -> Option<i32> {
+        let current = self.current.try_lock().ok()?;
+        current.as_ref().filter(|s| !s.is_gone()).map(|s| s.pid)
+    }
+
+    /// Forgets `session` when its holder is gone (the next launch starts a new one); whether it
+    /// was.
+    pub async fn discard_if_gone(&self, session: &Arc<Session>) -> bool {
+        if !session.is_gone() {
+            return false;
+        }
+        let mut current = self.current.lock().await;
+        if current.as_ref().is_some_and(|s| Arc::ptr_eq(s, session)) {
+            *current = None;
+        }
+        true
+    }
+
+    /// Hands the command's descriptors to the session's holder, starting (or restarting) it;
+    /// the session it went to.
+    pub async fn launch(&self, fds: [&OwnedFd; 3]) -> Result<Arc<Session>, ExecError> {
+        for attempt in 0..2 {
+            let session = {
+                let mut current = self.current.lock().await;
+                match current.as_ref() {
+                    Some(s) if !s.is_gone() => s.clone(),
+                    _ => {
+                        let started =
+                            Arc::new(Session::start(&self.supervisor, &self.request).await?);
+                        *current = Some(started.clone());
+                        started
+                    }
+                }
+            };
+            match session.launch(fds).await {
+                Ok(()) => return Ok(session),
+                Err(e) if attempt == 0 => {
+                    tracing::warn!(error = %e, "the session holder is gone; starting it again");
+                    let mut current = self.current.lock().await;
+                    if current.as_ref().is_some_and(|s| Arc::ptr_eq(s, &session)) {
+                        *current = None;
+                    }
+                }
+                Err(e) => return Err(ExecError::Io(e)),
+            }
+        }
+        Err(ExecError::Session {
+            message: "it could not be started".to_owned(),
+        })
+    }
+}
+
+fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
+    let flags = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFL)?;
+    let flags = nix::fcntl::OFlag::from_bits_retain(flags) | nix::fcntl::OFlag::O_NONBLOCK;
+    nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFL(flags))?;
+    Ok(())
+}
+
+/// Receives a forked supervisor's pidfd, its first message on the control socket; `None` when
+/// the socket closed first (the supervisor never started).
+pub(super) async fn recv_pidfd(ctl: &tokio::net::UnixStream) -> io::Result<Option<OwnedFd>> {
+    let mut mark = [0u8; 1];
+    loop {
+        ctl.readable().await?;
+        match ctl.try_io(Interest::READABLE, || {
+            sys::recv_with_fds(ctl.as_raw_fd(), &mut mark)
+        }) {
+            Ok((0, _)) => return Ok(None),
+            Ok((_, mut fds)) if &mark[..] == super::supervise::PIDFD_MARK => {
+                return Ok(fds.pop());
+            }
+            Ok(_) => {
+                return Err(io::Error::other(
+                    "the supervisor's first message was not its pidfd",
+                ));
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}

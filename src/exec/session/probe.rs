@@ -1,0 +1,237 @@
+//! What this host lets podhost build, found by trying (never guessed from versions):
+//! `podhost-exec __probe` makes the namespaces and mounts a session holder needs in throw-away
+//! children and prints the strongest level that worked, as one JSON line.
+//!
+//! It runs in the exec'ed helper because podhost itself is non-dumpable, and a non-dumpable
+//! process (and every child it forks) cannot write the id maps of a user namespace: the probe
+//! must try from the same kind of process the holder is.
+//!
+//! Levels, strongest first: mount + PID namespaces made as real root (`root`); the same inside
+//! an unprivileged user namespace (`userns`); a user and mount namespace where a fresh `/proc`
+//! is refused (Kubernetes' masked `/proc` paths), so no PID namespace (`userns-noproc`); none.
+
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::process::ExitCode;
+
+use serde::{Deserialize, Serialize};
+
+use crate::exec::sys::{self, StepError};
+
+/// `argv[1]` that makes the supervisor binary print the probe.
+pub const PROBE_ARG: &str = "__probe";
+
+/// The namespaces podhost can give commands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Namespaces {
+    /// Mount, PID and IPC namespaces made by podhost as root.
+    Root,
+    /// The same inside an unprivileged user namespace.
+    Userns,
+    /// A user, mount and IPC namespace, without a PID namespace (a fresh `/proc` is refused).
+    UsernsNoproc,
+    /// None: Landlock alone.
+    None,
+}
+
+impl Namespaces {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Namespaces::Root => "root",
+            Namespaces::Userns => "userns",
+            Namespaces::UsernsNoproc => "userns-noproc",
+            Namespaces::None => "none",
+        }
+    }
+
+    pub fn any(self) -> bool {
+        self != Namespaces::None
+    }
+
+    pub fn pid_namespace(self) -> bool {
+        matches!(self, Namespaces::Root | Namespaces::Userns)
+    }
+
+    pub fn user_namespace(self) -> bool {
+        matches!(self, Namespaces::Userns | Namespaces::UsernsNoproc)
+    }
+}
+
+/// What the probe found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Probe {
+    pub namespaces: Namespaces,
+    /// Why each stronger level was refused, in words.
+    pub refused: Vec<String>,
+}
+
+/// The probe's `main`: prints one JSON line.
+pub fn main() -> ExitCode {
+    sys::close_from(3);
+    let probe = run();
+    match serde_json::to_string(&probe) {
+        Ok(line) => {
+            println!("{line}");
+            ExitCode::SUCCESS
+        }
+        Err(_) => ExitCode::FAILURE,
+    }
+}
+
+/// Tries each level, strongest first.
+pub fn run() -> Probe {
+    let mut refused = Vec::new();
+    if nix::unistd::geteuid().is_root() {
+        match attempt(false, true) {
+            Ok(()) => {
+                return Probe {
+                    namespaces: Namespaces::Root,
+                    refused,
+                };
+            }
+            Err(e) => refused.push(format!("namespaces as root: {e}")),
+        }
+    }
+    match attempt(true, true) {
+        Ok(()) => {
+            return Probe {
+                namespaces: Namespaces::Userns,
+                refused,
+            };
+        }
+        Err(e) => refused.push(format!("a user namespace: {e}")),
+    }
+    match attempt(true, false) {
+        Ok(()) => Probe {
+            namespaces: Namespaces::UsernsNoproc,
+            refused,
+        },
+        Err(e) => {
+            refused.push(format!("a user namespace without /proc: {e}"));
+            Probe {
+                namespaces: Namespaces::None,
+                refused,
+            }
+        }
+    }
+}
+
+/// Makes the namespaces in a child and, in a grandchild inside them, the mounts a view needs;
+/// the first step that fails, in words.
+fn attempt(userns: bool, pid: bool) -> Result<(), String> {
+    let (rd, wr) = sys::pipe().map_err(|e| format!("pipe: {e}"))?;
+    let uid = nix::unistd::geteuid().as_raw();
+    let gid = nix::unistd::getegid().as_raw();
+    let child = sys::fork_with("fork", 0).map_err(|e| e.to_string())?;
+    if child == 0 {
+        drop(rd);
+        let code = match in_namespaces(userns, pid, uid, gid) {
+            Ok(()) => 0,
+            Err(e) => {
+                let _ = sys::write_all(wr.as_raw_fd(), e.to_string().as_bytes());
+                1
+            }
+        };
+        sys::exit_now(code);
+    }
+    drop(wr);
+    let mut why = String::new();
+    let _ = std::fs::File::from(rd).read_to_string(&mut why);
+    let status = sys::wait(child, 0).map(|(_, s)| s).unwrap_or(-1);
+    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+        Ok(())
+    } else if why.is_empty() {
+        Err("the probe died".to_owned())
+    } else {
+        Err(why)
+    }
+}
+
+fn in_namespaces(userns: bool, pid: bool, uid: u32, gid: u32) -> Result<(), String> {
+    if userns {
+        sys::unshare("unshare(CLONE_NEWUSER)", libc::CLONE_NEWUSER).map_err(|e| e.to_string())?;
+        let write = |file: &str, text: String| {
+            std::fs::write(Path::new("/proc/self").join(file), text).map_err(|e| {
+                StepError::new(
+                    format!("write /proc/self/{file}"),
+                    e.raw_os_error().unwrap_or(libc::EIO),
+                )
+            })
+        };
+        write("uid_map", format!("{uid} {uid} 1\n")).map_err(|e| e.to_string())?;
+        write("setgroups", "deny".to_owned()).map_err(|e| e.to_string())?;
+        write("gid_map", format!("{gid} {gid} 1\n")).map_err(|e| e.to_string())?;
+    }
+    let mut flags = libc::CLONE_NEWNS | libc::CLONE_NEWIPC;
+    if pid {
+        flags |= libc::CLONE_NEWPID;
+    }
+    let (rd, wr) = sys::pipe().map_err(|e| format!("pipe: {e}"))?;
+    let inner =
+        sys::fork_with("clone(CLONE_NEWNS|CLONE_NEWPID)", flags).map_err(|e| e.to_string())?;
+    if inner == 0 {
+        drop(rd);
+        let code = match mounts(pid) {
+            Ok(()) => 0,
+            Err(e) => {
+                let _ = sys::write_all(wr.as_raw_fd(), e.to_string().as_bytes());
+                1
+            }
+        };
+        sys::exit_now(code);
+    }
+    drop(wr);
+    let mut why = String::new();
+    let _ = std::fs::File::from(rd).read_to_string(&mut why);
+    let status = sys::wait(inner, 0).map(|(_, s)| s).unwrap_or(-1);
+    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+        Ok(())
+    } else if why.is_empty() {
+        Err("the namespaced child died".to_owned())
+    } else {
+        Err(why)
+    }
+}
+
+/// The mounts of a view, in miniature: private propagation, a detached copy of a tree, the
+/// whole root read-only, a tmpfs, and a fresh `/proc`.
+fn mounts(pid: bool) -> Result<(), StepError> {
+    sys::mount(
+        "make / private",
+        None,
+        c"/",
+        None,
+        libc::MS_REC | libc::MS_PRIVATE,
+        None,
+    )?;
+    let tree = sys::open_tree("open_tree", c"/etc", true)?;
+    sys::mount_setattr(
+        "mount_setattr(/, read-only)",
+        c"/",
+        true,
+        sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+    )?;
+    sys::mount(
+        "mount tmpfs",
+        Some(c"tmpfs"),
+        c"/dev",
+        Some(c"tmpfs"),
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        Some(c"size=64k"),
+    )?;
+    drop(tree);
+    if pid {
+        sys::mount(
+            "mount /proc",
+            Some(c"proc"),
+            c"/proc",
+            Some(c"proc"),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            None,
+        )?;
+    }
+    Ok(())
+}

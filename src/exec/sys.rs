@@ -1,0 +1,525 @@
+//! Raw system calls for namespaces, mounts, pidfds and descriptor passing: thin wrappers, each
+//! an `unsafe` block with its `// SAFETY:` note, each error naming the step that failed.
+//!
+//! Owns: nothing but the calls. Used by the session holder (`session::holder`, which builds a
+//! command's view of the file system in fresh namespaces), the view (`session::view`), the
+//! level probe (`session::probe`) and podhost's side of a session (`session`).
+//!
+//! Invariants: every function is one or a few system calls on values the caller owns; none
+//! takes a lock (they may run in a child forked from a single-threaded process, where that would
+//! be safe anyway, or in podhost itself).
+//!
+//! Non-goals: portability beyond Linux; a general-purpose API.
+#![allow(unsafe_code)]
+
+use std::ffi::{CStr, CString};
+use std::fmt;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// A system call that failed, with the step it was for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepError {
+    pub step: String,
+    pub errno: i32,
+}
+
+impl StepError {
+    pub fn new(step: impl Into<String>, errno: i32) -> Self {
+        StepError {
+            step: step.into(),
+            errno,
+        }
+    }
+
+    /// The error of the last failed call.
+    pub fn last(step: impl Into<String>) -> Self {
+        StepError::new(step, errno())
+    }
+}
+
+impl fmt::Display for StepError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {}",
+            self.step,
+            io::Error::from_raw_os_error(self.errno)
+        )
+    }
+}
+
+impl std::error::Error for StepError {}
+
+pub type Res<T> = Result<T, StepError>;
+
+/// `errno` of the last failed call.
+pub fn errno() -> i32 {
+    io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+fn check(step: &str, rc: libc::c_long) -> Res<libc::c_long> {
+    if rc < 0 {
+        Err(StepError::last(step))
+    } else {
+        Ok(rc)
+    }
+}
+
+/// `path` as a C string; a path holding NUL cannot name a file.
+pub fn cpath(path: &Path) -> Res<CString> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+        StepError::new(
+            format!("{}: a path holding NUL", path.display()),
+            libc::EINVAL,
+        )
+    })
+}
+
+// ---- mounts ---------------------------------------------------------------------------------
+
+pub const OPEN_TREE_CLONE: u32 = 1;
+pub const AT_RECURSIVE: u32 = 0x8000;
+const MOVE_MOUNT_F_EMPTY_PATH: u32 = 0x4;
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+
+/// The kernel's `struct mount_attr`.
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// mount(2).
+pub fn mount(
+    step: &str,
+    src: Option<&CStr>,
+    target: &CStr,
+    fstype: Option<&CStr>,
+    flags: libc::c_ulong,
+    data: Option<&CStr>,
+) -> Res<()> {
+    let p = |c: Option<&CStr>| c.map_or(std::ptr::null(), CStr::as_ptr);
+    // SAFETY: every pointer is null or a live NUL-terminated string; the kernel only reads them.
+    let rc = unsafe {
+        libc::mount(
+            p(src),
+            target.as_ptr(),
+            p(fstype),
+            flags,
+            p(data).cast::<libc::c_void>(),
+        )
+    };
+    check(step, rc.into()).map(drop)
+}
+
+/// open_tree(2) with `OPEN_TREE_CLONE` (and `AT_RECURSIVE`): a detached copy of the tree at
+/// `path`, to attach elsewhere with [`move_mount`] — taken before anything covers the path.
+pub fn open_tree(step: &str, path: &CStr, recursive: bool) -> Res<OwnedFd> {
+    let flags = OPEN_TREE_CLONE | if recursive { AT_RECURSIVE } else { 0 } | libc::O_CLOEXEC as u32;
+    // SAFETY: `path` is a live C string; the call returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, path.as_ptr(), flags) };
+    // SAFETY: a descriptor the kernel just gave us, owned by nothing else.
+    check(step, fd).map(|fd| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// move_mount(2) of a detached tree onto `target`.
+pub fn move_mount(step: &str, tree: &OwnedFd, target: &CStr) -> Res<()> {
+    // SAFETY: live strings and a descriptor we own; the kernel only reads them.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    check(step, rc).map(drop)
+}
+
+/// mount_setattr(2): adds `set` to the per-mount flags of the mount at `path` (and of every
+/// mount beneath it when `recursive`). It never touches the superblock (unlike a remount
+/// without `MS_BIND`, which would change the host's file system) and only adds flags, so a
+/// flag locked in a user namespace is never dropped.
+pub fn mount_setattr(step: &str, path: &CStr, recursive: bool, set: u64) -> Res<()> {
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    let flags = if recursive { AT_RECURSIVE } else { 0 };
+    // SAFETY: a live string and a `mount_attr` of the size passed; the kernel only reads them.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            flags,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    check(step, rc).map(drop)
+}
+
+/// mkdir(2); an existing entry is fine.
+pub fn mkdir(step: &str, path: &CStr, mode: libc::mode_t) -> Res<()> {
+    // SAFETY: a live C string.
+    let rc = unsafe { libc::mkdir(path.as_ptr(), mode) };
+    if rc != 0 && errno() != libc::EEXIST {
+        return Err(StepError::last(step));
+    }
+    Ok(())
+}
+
+/// Creates an empty file (a mount point for a file); an existing one is fine.
+pub fn mkfile(step: &str, path: &CStr) -> Res<()> {
+    // SAFETY: a live C string; the mode argument is required with O_CREAT.
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
+            0o444 as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(StepError::last(step));
+    }
+    // SAFETY: a descriptor we just opened.
+    unsafe { libc::close(fd) };
+    Ok(())
+}
+
+/// symlink(2).
+pub fn symlink(step: &str, target: &CStr, link: &CStr) -> Res<()> {
+    // SAFETY: live C strings.
+    check(
+        step,
+        unsafe { libc::symlink(target.as_ptr(), link.as_ptr()) }.into(),
+    )
+    .map(drop)
+}
+
+/// A character device node, mode 0666 whatever the umask.
+pub fn mknod_char(step: &str, path: &CStr, major: u32, minor: u32) -> Res<()> {
+    // SAFETY: a live C string and plain integers.
+    let rc = unsafe {
+        libc::mknod(
+            path.as_ptr(),
+            libc::S_IFCHR | 0o666,
+            libc::makedev(major, minor),
+        )
+    };
+    check(step, rc.into())?;
+    // SAFETY: a live C string.
+    check(step, unsafe { libc::chmod(path.as_ptr(), 0o666) }.into()).map(drop)
+}
+
+/// chdir(2).
+pub fn chdir(step: &str, path: &CStr) -> Res<()> {
+    // SAFETY: a live C string.
+    check(step, unsafe { libc::chdir(path.as_ptr()) }.into()).map(drop)
+}
+
+// ---- processes and namespaces ---------------------------------------------------------------
+
+/// fork(2) as a raw `clone` with namespace flags: 0 in the child, the child's pid in the parent.
+/// Only for a single-threaded caller: no `atfork` handlers run.
+pub fn fork_with(step: &str, flags: libc::c_int) -> Res<libc::pid_t> {
+    // SAFETY: clone without CLONE_VM and with a null stack duplicates the process as fork does;
+    // the caller is single-threaded, so the child's copy of the heap and locks is consistent.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (flags | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+    check(step, rc).map(|pid| pid as libc::pid_t)
+}
+
+/// unshare(2).
+pub fn unshare(step: &str, flags: libc::c_int) -> Res<()> {
+    // SAFETY: a plain system call on integers.
+    check(step, unsafe { libc::unshare(flags) }.into()).map(drop)
+}
+
+/// Asks for `signal` when the parent dies.
+pub fn set_parent_death_signal(signal: libc::c_int) -> Res<()> {
+    // SAFETY: a plain prctl on integers.
+    let rc = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, signal as libc::c_ulong, 0, 0, 0) };
+    check("PR_SET_PDEATHSIG", rc.into()).map(drop)
+}
+
+/// Sets `signal`'s disposition to ignored (`ignore`) or the default.
+pub fn set_signal_ignored(signal: libc::c_int, ignore: bool) {
+    let handler = if ignore { libc::SIG_IGN } else { libc::SIG_DFL };
+    // SAFETY: installing SIG_IGN or SIG_DFL runs no code of ours.
+    unsafe { libc::signal(signal, handler) };
+}
+
+/// Closes every descriptor from `first` up.
+pub fn close_from(first: RawFd) {
+    // SAFETY: close_range only closes descriptors; the caller owns none of them any more.
+    unsafe {
+        libc::syscall(libc::SYS_close_range, first as u32, u32::MAX, 0u32);
+    }
+}
+
+/// dup2(2).
+pub fn dup2(step: &str, from: RawFd, to: RawFd) -> Res<()> {
+    // SAFETY: a plain system call on descriptors; `to` is replaced by design.
+    check(step, unsafe { libc::dup2(from, to) }.into()).map(drop)
+}
+
+/// waitpid(2), retrying on EINTR: (pid, raw status).
+pub fn wait(pid: libc::pid_t, flags: libc::c_int) -> Res<(libc::pid_t, libc::c_int)> {
+    loop {
+        let mut status = 0;
+        // SAFETY: `status` is writable.
+        let rc = unsafe { libc::waitpid(pid, &mut status, flags) };
+        if rc < 0 && errno() == libc::EINTR {
+            continue;
+        }
+        return check("waitpid", rc.into()).map(|p| (p as libc::pid_t, status));
+    }
+}
+
+/// SIGKILL to `pid`.
+pub fn kill_now(pid: libc::pid_t) {
+    // SAFETY: a plain system call on integers.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+}
+
+/// Ends the process at once (no destructors, no atexit handlers: right for a forked child).
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and runs nothing of the process's own.
+    unsafe { libc::_exit(code) }
+}
+
+// ---- pidfds -----------------------------------------------------------------------------------
+
+/// pidfd_open(2).
+pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: a plain system call on integers; it returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor the kernel just gave us.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// pidfd_send_signal(2); whether the signal was sent.
+pub fn pidfd_send_signal(fd: &OwnedFd, signal: libc::c_int) -> bool {
+    // SAFETY: a valid pidfd, a signal number and a null siginfo ("as kill(2) would").
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            fd.as_raw_fd(),
+            signal,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    rc == 0
+}
+
+/// The pid, in this process's PID namespace, of the process a pidfd refers to (from
+/// `/proc/self/fdinfo`); `None` once it has been reaped, or if it is not visible here.
+pub fn pidfd_pid(fd: &OwnedFd) -> Option<i32> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).ok()?;
+    let pid: i32 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("Pid:"))?
+        .trim()
+        .parse()
+        .ok()?;
+    (pid > 0).then_some(pid)
+}
+
+/// Registers `fd` with the tokio reactor for `interest`.
+pub fn async_fd(
+    fd: OwnedFd,
+    interest: tokio::io::Interest,
+) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
+    // SAFETY: an OwnedFd's `as_raw_fd` always returns the one descriptor it owns, which stays
+    // open (and the same file description) until the AsyncFd, which owns it, drops it.
+    Ok(unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, interest) }?)
+}
+
+// ---- descriptor passing -----------------------------------------------------------------------
+
+/// The most descriptors one message carries.
+pub const MAX_FDS: usize = 4;
+
+/// Sends `data` with `fds` (`SCM_RIGHTS`) on a Unix socket.
+pub fn send_with_fds(sock: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    if fds.len() > MAX_FDS {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    let mut control = [0u64; 8];
+    // SAFETY: an all-zero msghdr is valid (no name, no buffers).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        let bytes = std::mem::size_of_val(fds);
+        // SAFETY: CMSG_SPACE only computes a size.
+        let space = unsafe { libc::CMSG_SPACE(bytes as u32) } as usize;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: `control` (64 bytes, 8-aligned) holds one header and up to MAX_FDS
+        // descriptors, so the first header and its data lie inside it.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(bytes as u32) as usize;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr(),
+                libc::CMSG_DATA(c).cast::<RawFd>(),
+                fds.len(),
+            );
+        }
+    }
+    loop {
+        // SAFETY: `msg` points at live buffers for the whole call.
+        let rc = unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) };
+        if rc >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Receives one message into `buf` and up to [`MAX_FDS`] descriptors (close-on-exec). `Ok((0,
+/// []))` is the end of the stream.
+pub fn recv_with_fds(sock: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut control = [0u64; 8];
+    // SAFETY: an all-zero msghdr is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control);
+    let n = loop {
+        // SAFETY: `msg` points at live, writable buffers of the sizes it states.
+        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n as usize;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    let mut fds = Vec::new();
+    // SAFETY: walking the control messages the kernel wrote into `control`, within the length it
+    // reported; each SCM_RIGHTS payload is an array of descriptors now owned by this process.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
+                    / std::mem::size_of::<RawFd>();
+                let data = libc::CMSG_DATA(c).cast::<RawFd>();
+                for i in 0..count {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(io::Error::other(
+            "a message carried more descriptors than expected",
+        ));
+    }
+    Ok((n, fds))
+}
+
+/// A pipe, both ends close-on-exec: (read, write).
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` is writable storage for two descriptors.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: two descriptors the kernel just gave us.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// A `SOCK_SEQPACKET` Unix socket pair, close-on-exec.
+pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` is writable storage for two descriptors.
+    let rc = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: two descriptors the kernel just gave us.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Writes all of `buf` to `fd` (a pipe or socket), giving up on an error.
+pub fn write_all(fd: RawFd, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: `buf` is live for the call; the kernel only reads it.
+        let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        buf = &buf[n as usize..];
+    }
+    Ok(())
+}
+
+/// The events pending on `fd` now (`poll` with a zero timeout); 0 for none.
+pub fn poll_now(fd: RawFd, events: libc::c_short) -> libc::c_short {
+    let mut pfd = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd and a zero timeout.
+    let rc = unsafe { libc::poll(&mut pfd, 1, 0) };
+    if rc > 0 { pfd.revents } else { 0 }
+}
