@@ -114,8 +114,12 @@ async fn home_is_readable_and_writable_only_where_allowed() {
     std::fs::create_dir_all(&home).unwrap();
     std::fs::create_dir_all(&ws).unwrap();
     std::fs::write(home.join(".gitconfig"), "[user]\n\tname = From Home\n").unwrap();
+    // Commands may write the system's temporary directory, and this checkout (hence HOME here)
+    // may be under it: a private one keeps HOME outside everything writable.
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
     let with_home = |cmd: &mut tokio::process::Command| {
-        cmd.env("HOME", &home);
+        cmd.env("HOME", &home).env("PODHOST_TMP_DIR", &tmp);
     };
     let read = bash(&ws, "git config --global user.name", with_home).await;
     assert_eq!(read["stdout"], "From Home\n");
@@ -138,7 +142,10 @@ async fn home_is_readable_and_writable_only_where_allowed() {
         &ws,
         "git config --global core.editor vi && git config --global core.editor",
         |cmd| {
-            cmd.env("HOME", &home).arg("--allow-write").arg(&home);
+            cmd.env("HOME", &home)
+                .env("PODHOST_TMP_DIR", &tmp)
+                .arg("--allow-write")
+                .arg(&home);
         },
     )
     .await;
