@@ -260,8 +260,33 @@ pub fn processes_with(marker: &str) -> Vec<i32> {
 /// A directory outside every path a session's view covers (the system's temporary directories
 /// are covered on a BYOH host, and the test host lives in one): for files "elsewhere on the
 /// system" that commands may see but must not change.
+///
+/// The build's own temporary directory, unless the checkout itself is under a temporary
+/// directory (a clone in /tmp): then `/var/lib/podhost-tests` (world-traversable, so an
+/// unprivileged podhost reaches it too), or a directory in HOME when that cannot be made.
 pub fn elsewhere() -> tempfile::TempDir {
-    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
+    let covered = ["/tmp", "/var/tmp", "/dev/shm", "/run"];
+    let under_a_temporary_directory = |p: &std::path::Path| {
+        let p = std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        covered.iter().any(|c| p.starts_with(c))
+    };
+    let target = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    if !under_a_temporary_directory(target) {
+        return tempfile::tempdir_in(target).unwrap();
+    }
+    let shared = std::path::Path::new("/var/lib/podhost-tests");
+    if std::fs::create_dir_all(shared).is_ok()
+        && std::fs::set_permissions(shared, std::fs::Permissions::from_mode(0o755)).is_ok()
+    {
+        return tempfile::tempdir_in(shared).unwrap();
+    }
+    let home = std::path::PathBuf::from(std::env::var_os("HOME").unwrap()).join(".podhost-tests");
+    std::fs::create_dir_all(&home).unwrap();
+    assert!(
+        !under_a_temporary_directory(&home),
+        "no directory outside the temporary ones for files elsewhere on the system"
+    );
+    tempfile::tempdir_in(home).unwrap()
 }
 
 /// A marker unique to this test run and `what`.

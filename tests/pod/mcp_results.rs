@@ -197,8 +197,8 @@ async fn an_image_is_stored_and_shown_only_to_a_model_that_reads_images() {
     assert_eq!(
         note[1],
         json!({"type": "text", "text": format!(
-            "[Attached file everything__get-tiny-image-part1.png (image/png): artifact {artifact2} \
-             version 1. This model cannot read image files; call read_artifact with artifactId \
+            "[Attached file everything__get-tiny-image-part1.png (image/png). This model cannot \
+             read image files, so it is not shown here. Call read_artifact with artifactId \
              \"{artifact2}\" to read it.]")})
     );
 }
