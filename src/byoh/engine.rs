@@ -1,14 +1,22 @@
 //! The BYOH endpoint's shared state: the [`Engine`] the routes call and the turn tasks share.
 //!
-//! Owns: the store, the model client and the settings; the in-memory table of live turns (their
-//! cancellation token and the latest API key); the permits that bound the turns running; and
-//! the per-invocation lock that makes a submission's check-and-insert atomic against its
-//! concurrent duplicates.
+//! Owns: the store, the model client and the settings; this replica's identity and lease terms;
+//! the in-memory table of the turns this replica runs (their cancellation token, the fence of
+//! their lease, the latest API key); the permits that bound the turns running here; and the
+//! per-invocation lock that makes a submission's check-and-insert atomic against its concurrent
+//! duplicates in this process (across replicas, the store's keys and row locks do it).
 //!
-//! Non-goals: what a route means (`invocation`), running a turn (`runner`).
+//! Invariants:
+//! * A [`Live`] entry exists only for a turn this replica claimed; its fence goes with every
+//!   write the turn makes, and it is dropped when the turn's task ends.
+//! * A turn whose lease was lost is marked so before its token is cancelled, so its task writes
+//!   nothing and releases nothing.
+//!
+//! Non-goals: what a route means (`invocation`), running a turn and keeping leases (`runner`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -16,7 +24,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::store::Store;
+use super::store::{Fence, LeaseTerms, Store};
 use crate::chat::client::ModelClient;
 use crate::chat::message::ApiKey;
 use crate::tools::ToolboxBuilder;
@@ -34,6 +42,8 @@ pub struct EngineConfig {
     pub orphan_grace: Duration,
     /// How long `cancel` waits for the turn to stop before answering.
     pub cancel_wait: Duration,
+    /// How long a claim on a turn holds unless renewed; renewed every third of it.
+    pub lease: Duration,
     /// Model calls one submission may make.
     pub max_steps: u32,
     /// Each session's toolbox: commands and file tools reach nothing of the data directory (the
@@ -46,6 +56,10 @@ pub struct EngineConfig {
 #[derive(Debug)]
 pub struct Live {
     pub cancel: CancellationToken,
+    /// This replica's claim on the turn.
+    pub fence: Fence,
+    /// Set (before `cancel`) when the lease was lost: the task then writes nothing more.
+    lost: AtomicBool,
     /// The latest key a submission brought.
     key: Mutex<Option<ApiKey>>,
     /// Set to `true` when the task has stopped.
@@ -58,6 +72,16 @@ impl Live {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// Stops the turn because its lease is no longer this replica's.
+    pub(super) fn lose(&self) {
+        self.lost.store(true, Ordering::SeqCst);
+        self.cancel.cancel();
+    }
+
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
     }
 
     pub(super) fn set_key(&self, key: Option<ApiKey>) {
@@ -76,6 +100,8 @@ pub struct Engine {
 pub(super) struct Inner {
     pub store: Store,
     pub client: ModelClient,
+    /// This replica's name in the store and how long its claims hold.
+    pub terms: LeaseTerms,
     pub config: EngineConfig,
     pub live: Mutex<HashMap<String, Arc<Live>>>,
     pub permits: Arc<Semaphore>,
@@ -130,10 +156,13 @@ impl Inner {
             .cloned()
     }
 
-    /// Registers a live turn; call with the invocation's lock held.
-    pub(super) fn register(&self, id: &str, key: Option<ApiKey>) -> Arc<Live> {
+    /// Registers a turn this replica claimed under `fence`; call with the invocation's lock
+    /// held.
+    pub(super) fn register(&self, id: &str, key: Option<ApiKey>, fence: Fence) -> Arc<Live> {
         let live = Arc::new(Live {
             cancel: self.root.child_token(),
+            fence,
+            lost: AtomicBool::new(false),
             key: Mutex::new(key),
             done: watch::Sender::new(false),
         });
@@ -144,15 +173,24 @@ impl Inner {
         live
     }
 
-    pub(super) fn unregister(&self, id: &str) {
-        let removed = self
-            .live
+    /// Drops the entry of `live`'s task (not a newer claim's that replaced it).
+    pub(super) fn unregister(&self, id: &str, live: &Arc<Live>) {
+        let mut map = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        if map.get(id).is_some_and(|l| Arc::ptr_eq(l, live)) {
+            map.remove(id);
+        }
+        drop(map);
+        live.done.send_replace(true);
+    }
+
+    /// The turns this replica runs, with their fences.
+    pub(super) fn held(&self) -> Vec<(String, Arc<Live>)> {
+        self.live
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .remove(id);
-        if let Some(live) = removed {
-            live.done.send_replace(true);
-        }
+            .iter()
+            .map(|(id, l)| (id.clone(), l.clone()))
+            .collect()
     }
 
     pub(super) fn running(&self) -> usize {
@@ -160,13 +198,44 @@ impl Inner {
     }
 }
 
+/// A name for this replica in the store, unique per process: the host's name (a Kubernetes
+/// pod's name), the pid and a random tail.
+pub fn replica_name() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "podhost".to_owned());
+    let tail = uuid::Uuid::new_v4().simple().to_string();
+    format!("{host}-{}-{}", std::process::id(), &tail[..8])
+}
+
 impl Engine {
+    /// This replica's name in the store.
+    pub fn replica(&self) -> &str {
+        &self.inner.terms.owner
+    }
+
     pub fn new(store: Store, client: ModelClient, config: EngineConfig) -> Self {
         let permits = Arc::new(Semaphore::new(config.max_running));
+        // An SQLite store is this process's alone (its data directory is locked): no other
+        // replica can take a turn over, so its claims do not run out while it lives (a busy
+        // writer queue must not cost a turn its lease); the next start ends them.
+        let ttl = if store.is_shared() {
+            config.lease
+        } else {
+            Duration::from_secs(100 * 365 * 86_400)
+        };
+        let terms = LeaseTerms {
+            owner: replica_name().into(),
+            ttl_ms: ttl.as_millis() as i64,
+        };
         Engine {
             inner: Arc::new(Inner {
                 store,
                 client,
+                terms,
                 config,
                 live: Mutex::new(HashMap::new()),
                 permits,

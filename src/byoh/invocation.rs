@@ -7,7 +7,12 @@
 //! Invariants:
 //! * Submissions are deduplicated on `invocation_id` alone: a retried start or resume answers
 //!   the current status and is applied once, also when it arrives while the first is still in
-//!   flight (both hold the invocation's lock).
+//!   flight — in this process both hold the invocation's lock; across replicas the store decides
+//!   (a unique key, a row locked for update).
+//! * Any replica answers every route from the store; a turn runs on the replica that claimed it.
+//! * A retried submission that brings a key for a turn whose replica died (its lease ran out)
+//!   claims the turn and runs it here; while the lease still runs it waits, at most one lease
+//!   period, to tell a live owner (which renews it) from a dead one.
 //! * A refused submission (busy, invalid) stores nothing.
 //! * A status only moves along the protocol's graph, through the store's conditional updates:
 //!   a turn that ends as a cancellation lands cannot overwrite `cancelled`.
@@ -16,9 +21,10 @@
 //! Non-goals: HTTP (see `server`), running the turn itself (see `runner`).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::OwnedSemaphorePermit;
+use tracing::info;
 
 use super::engine::{Engine, Live};
 use super::protocol::{CancelRequest, SessionAction, Status, SubmitRequest};
@@ -83,34 +89,29 @@ impl Engine {
             SessionAction::Start => {
                 if let Some(row) = existing {
                     check_session(&row, &req.session_id)?;
-                    return Ok(self.adopt(row, key));
+                    return self.adopt(row, key).await;
                 }
                 let permit = self.permit()?;
-                let row = InvocationRow {
-                    invocation_id: id.clone(),
-                    session_id: req.session_id.clone(),
-                    status: Status::Queued,
-                    error: None,
-                    connection: req.model_connection.stored(),
-                    needs_key: key.is_some(),
-                    output_start: req.input_messages.len(),
-                    pending: Vec::new(),
-                    last_resume: Vec::new(),
-                    finished_ms: None,
-                    swept: false,
-                };
+                let mut row =
+                    InvocationRow::new(&id, &req.session_id, req.model_connection.stored());
+                row.needs_key = key.is_some();
+                row.output_start = req.input_messages.len();
                 match self
                     .inner
                     .store
-                    .insert_start(row.clone(), req.input_messages)
+                    .insert_start(row.clone(), req.input_messages, &self.inner.terms)
                     .await?
                 {
-                    StartOutcome::Inserted => {
-                        let live = self.inner.register(&id, key);
+                    StartOutcome::Inserted(fence) => {
+                        let live = self.inner.register(&id, key, fence);
                         self.spawn(id, live, Some(permit));
                         Ok(row)
                     }
-                    StartOutcome::Exists(row) => Ok(self.adopt(row, key)),
+                    StartOutcome::Exists(row) => {
+                        check_session(&row, &req.session_id)?;
+                        drop(permit);
+                        self.adopt(*row, key).await
+                    }
                     StartOutcome::SessionTaken(other) => Err(ByohError::Invalid(format!(
                         "session {:?} already holds invocation {other:?}; a session has one \
                          invocation",
@@ -138,15 +139,19 @@ impl Engine {
                         req.input_messages,
                         req.model_connection.stored(),
                         key.is_some(),
+                        &self.inner.terms,
                     )
                     .await?;
                 match outcome {
-                    ResumeOutcome::Applied(row) => {
-                        let live = self.inner.register(&id, key);
+                    ResumeOutcome::Applied(row, fence) => {
+                        let live = self.inner.register(&id, key, fence);
                         self.spawn(id, live, permit);
                         Ok(row)
                     }
-                    ResumeOutcome::Duplicate(row) => Ok(self.adopt(row, key)),
+                    ResumeOutcome::Duplicate(row) => {
+                        drop(permit);
+                        self.adopt(row, key).await
+                    }
                     ResumeOutcome::Mismatch(msg) => Err(ByohError::Invalid(msg)),
                     ResumeOutcome::NotWaiting(row) => Err(ByohError::Invalid(format!(
                         "invocation {id:?} is {}, not waiting for input; a resume answers the \
@@ -159,33 +164,85 @@ impl Engine {
         }
     }
 
-    /// A retried submission of an existing invocation: its key replaces the old one; a turn a
-    /// restart interrupted is taken up again when it can now call the model. Call with the
-    /// invocation's lock held.
-    fn adopt(&self, row: InvocationRow, key: Option<ApiKey>) -> InvocationRow {
-        if let Some(live) = self.inner.live(&row.invocation_id) {
+    /// A retried submission of an existing invocation: its key replaces the old one of a turn
+    /// this replica runs; a turn whose replica stopped (restart, crash, lost lease) is claimed
+    /// and taken up here when it can now call the model. Call with the invocation's lock held.
+    async fn adopt(
+        &self,
+        row: InvocationRow,
+        key: Option<ApiKey>,
+    ) -> Result<InvocationRow, ByohError> {
+        let id = row.invocation_id.clone();
+        if let Some(live) = self.inner.live(&id) {
             live.set_key(key);
-            return row;
+            return Ok(row);
         }
-        let orphan = matches!(row.status, Status::Queued | Status::Running);
-        if orphan && (key.is_some() || !row.needs_key) {
-            let live = self.inner.register(&row.invocation_id, key);
-            let permit = self.inner.permits.clone().try_acquire_owned().ok();
-            self.spawn(row.invocation_id.clone(), live, permit);
+        if !row.is_open() || (row.needs_key && key.is_none()) {
+            return Ok(row);
         }
-        row
+        let Some(orphan) = self.orphaned(row).await? else {
+            // Its owner is alive (it renewed the lease) or the turn moved on: answer as it is.
+            return self
+                .inner
+                .store
+                .get(&id)
+                .await?
+                .ok_or_else(|| not_found(&id));
+        };
+        match self
+            .inner
+            .store
+            .claim(&id, orphan.epoch, &self.inner.terms)
+            .await?
+        {
+            Some((row, fence)) => {
+                info!(invocation_id = %id, epoch = fence.epoch, "taking up a turn whose replica stopped");
+                let live = self.inner.register(&id, key, fence);
+                let permit = self.inner.permits.clone().try_acquire_owned().ok();
+                self.spawn(id, live, permit);
+                Ok(row)
+            }
+            // Another replica claimed it first.
+            None => Ok(self.inner.store.get(&id).await?.unwrap_or(orphan)),
+        }
+    }
+
+    /// The row once its lease ran out (`None` when its owner shows it is alive by renewing the
+    /// lease, or the turn moved on), waiting at most one lease period.
+    async fn orphaned(&self, mut row: InvocationRow) -> Result<Option<InvocationRow>, ByohError> {
+        let id = row.invocation_id.clone();
+        let deadline = Instant::now() + self.inner.config.lease + Duration::from_secs(1);
+        let every = (self.inner.config.lease / 20).max(Duration::from_millis(50));
+        loop {
+            if row.is_orphan() {
+                return Ok(Some(row));
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(every).await;
+            let Some(now) = self.inner.store.get(&id).await? else {
+                return Err(not_found(&id));
+            };
+            let renewed = now.lease_left_ms > row.lease_left_ms;
+            if !now.is_open() || now.epoch != row.epoch || renewed {
+                return Ok(None);
+            }
+            row = now;
+        }
     }
 
     pub(super) fn spawn(&self, id: String, live: Arc<Live>, permit: Option<OwnedSemaphorePermit>) {
         let inner = self.inner.clone();
         self.inner.tracker.spawn(async move {
             super::runner::drive(&inner, &id, &live).await;
-            inner.unregister(&id);
+            inner.unregister(&id, &live);
             drop(permit);
         });
     }
 
-    /// `get_status`: answered from memory while the status has not changed.
+    /// `get_status`: from the store (its read connections, which never wait behind writes), on
+    /// any replica.
     pub async fn status(&self, id: &str) -> Result<StatusRow, ByohError> {
         self.inner
             .store
@@ -227,7 +284,8 @@ impl Engine {
     }
 
     /// `cancel`: any non-terminal status becomes `cancelled`; the turn's tool process group is
-    /// killed and its model call aborted. Waits a little for the turn to stop.
+    /// killed and its model call aborted — here, or on the replica that owns the turn, which
+    /// hears of it through the store. Waits a little for a turn of this replica to stop.
     pub async fn cancel(&self, req: CancelRequest) -> Result<InvocationRow, ByohError> {
         let id = req.invocation_id.as_str();
         let row = self.row(id).await?;
@@ -239,7 +297,7 @@ impl Engine {
         let (_, after) = self
             .inner
             .store
-            .transition(id, OPEN, Status::Cancelled, None, Vec::new())
+            .transition(id, OPEN, Status::Cancelled, None, Vec::new(), None)
             .await?;
         if let Some(live) = self.inner.live(id) {
             live.cancel.cancel();

@@ -6,8 +6,9 @@
 //! * [`server`]: axum routes, authentication, limits, the error → status mapping.
 //! * [`engine`]: the state the routes and the turn tasks share (live turns, permits, locks).
 //! * [`invocation`]: what each route means: idempotency, backpressure, cancellation.
-//! * [`runner`]: turn tasks, recovery after a restart, the retention sweeper.
-//! * [`store`]: the durable SQLite store.
+//! * [`runner`]: turn tasks under leases, taking up turns whose replica stopped, the retention
+//!   sweeper.
+//! * [`store`]: the durable store, SQLite (one replica) or PostgreSQL (several).
 //!
 //! Trust boundary: callers of the endpoint are authenticated by a bearer credential (or the
 //! endpoint listens on loopback only). Model API keys stay in memory, are scrubbed from every
@@ -25,7 +26,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use engine::{Engine, EngineConfig};
-use store::Store;
+use store::{Store, StoreSpec};
 use tracing::{info, warn};
 
 use crate::chat::client::{ModelClient, RetryPolicy};
@@ -39,8 +40,13 @@ use crate::tools::ToolboxBuilder;
 pub struct ServeConfig {
     /// The address to listen on (`host:port`); without a credential only a loopback address.
     pub listen: String,
-    /// The data directory: the session store and one workspace per session.
+    /// The data directory: one workspace per session, and the SQLite store unless `store` names
+    /// PostgreSQL. Replicas of a PostgreSQL store share it (storage every replica mounts).
     pub data: PathBuf,
+    /// `--store`: a PostgreSQL URL, or `None` for SQLite in the data directory.
+    pub store: Option<Secret>,
+    /// How long a replica's claim on a turn holds unless renewed.
+    pub lease: Duration,
     /// The credential callers send as `Authorization: Bearer …`.
     pub token: Option<Secret>,
     /// A file holding the credential, read at start (and hidden from commands).
@@ -154,7 +160,10 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
         what: "could not find podhost's own executable".into(),
         source,
     })?;
-    let store = Store::open(&args.data.join("podhost.sqlite"))?;
+    let spec = StoreSpec::parse(args.store.as_ref().map(Secret::expose), &args.data)
+        .map_err(ServeError::Config)?;
+    let store = Store::open(&spec).await?;
+    let store_engine = store.engine();
     let client = ModelClient::new(RetryPolicy {
         attempts: args.model_attempts,
         ..RetryPolicy::default()
@@ -168,6 +177,7 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
             retention: args.retention,
             orphan_grace: args.orphan_grace,
             cancel_wait: Duration::from_secs(5),
+            lease: args.lease,
             max_steps: args.max_steps,
             tools: tools(&args, supervisor),
         },
@@ -189,6 +199,9 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
     info!(
         addr = %local,
         data = %args.data.display(),
+        store = %spec,
+        engine = store_engine,
+        replica = %engine.replica(),
         max_running = args.max_running,
         "podhost serve listening on http://{local}"
     );

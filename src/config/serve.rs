@@ -15,9 +15,20 @@ pub struct ServeArgs {
     /// The address to listen on. Without a credential only a loopback address is allowed.
     #[arg(long, env = "PODHOST_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: String,
-    /// The data directory: the session store and one workspace per session.
+    /// The data directory: one workspace per session, and the SQLite store unless --store names
+    /// PostgreSQL. Replicas sharing a PostgreSQL store mount the same directory.
     #[arg(long, env = "PODHOST_DATA", default_value = "./podhost-data")]
     pub data: PathBuf,
+    /// The session store: a PostgreSQL URL (postgres://user:password@host:5432/db) for several
+    /// replicas; unset, SQLite in the data directory (one replica).
+    #[arg(long, env = "PODHOST_STORE", hide_env_values = true)]
+    pub store: Option<Secret>,
+    /// With a PostgreSQL store: seconds a replica's claim on a running turn holds unless renewed
+    /// (it renews every third of it); a replica that stops is noticed this long after, and its
+    /// turns are taken over.
+    #[arg(long, env = "PODHOST_LEASE_SECS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(2..=20))]
+    pub lease_secs: u64,
     /// The credential callers send as `Authorization: Bearer …` (prefer the environment or a
     /// file: a flag shows in the process list).
     #[arg(long, env = "PODHOST_TOKEN", hide_env_values = true)]
@@ -54,6 +65,8 @@ impl ServeArgs {
         ServeConfig {
             listen: self.listen.clone(),
             data: self.data.clone(),
+            store: self.store.clone(),
+            lease: Duration::from_secs(self.lease_secs),
             token: self.token.clone(),
             token_file: self.token_file.clone(),
             max_running: self.max_running as usize,

@@ -4,6 +4,8 @@
 
 #[path = "../support/openai_fake.rs"]
 mod openai_fake;
+#[path = "../support/pg.rs"]
+mod pg;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -13,5 +15,6 @@ mod durability;
 mod failures;
 mod idempotency;
 mod local;
+mod replicas;
 mod routes;
 mod turns;
