@@ -37,7 +37,9 @@ const CALLS: usize = 400;
 const ROUNDS: usize = 5;
 /// Turns per throughput run, and the client's submissions in flight.
 const TURNS: usize = 600;
-const IN_FLIGHT: usize = 48;
+const IN_FLIGHT: usize = 96;
+/// How often the client polls a turn's status.
+const POLL: Duration = Duration::from_millis(100);
 /// Each replica's CPU share in the throughput runs (of one core).
 const CPU_SHARE: f64 = 0.5;
 
@@ -275,7 +277,7 @@ async fn throughput(label: &str, replicas: &[Replica], fake: &FakeModel) {
                     Some("queued" | "running") => {}
                     other => panic!("{id}: {other:?}"),
                 }
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                tokio::time::sleep(POLL).await;
             }
         }));
     }
@@ -345,7 +347,7 @@ async fn main() {
     let one = [start_replica(
         &dir.path().join("sqlite"),
         None,
-        64,
+        128,
         Some((CPU_SHARE, 0)),
     )];
     throughput("sqlite×1", &one, &fast).await;
@@ -354,7 +356,7 @@ async fn main() {
     let one = [start_replica(
         &dir.path().join("pg1"),
         Some(&url),
-        64,
+        128,
         Some((CPU_SHARE, 1)),
     )];
     throughput("postgres×1", &one, &fast).await;
@@ -365,7 +367,7 @@ async fn main() {
             start_replica(
                 &dir.path().join("pg3"),
                 Some(&url),
-                64,
+                128,
                 Some((CPU_SHARE, 2 + n)),
             )
         })

@@ -225,9 +225,10 @@ async fn a_dead_replicas_turns_are_taken_over_or_failed_after_the_grace() {
         |id: &str, task: &str, key: &str| start(&format!("s-{id}"), id, task, &url, Some(key));
     rs[0].submit(body("retried", "retried", "k1")).await;
     rs[0].submit(body("abandoned", "abandoned", "k1")).await;
+    rs[0].submit(body("cancelled", "cancelled", "k1")).await;
     rs[1].submit(body("b", "b", "k1")).await;
     rs[2].submit(body("c", "c", "k1")).await;
-    fake.wait_requests(4, T).await;
+    fake.wait_requests(5, T).await;
     // kill -9 the first replica.
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(rs[0].child.id() as i32),
@@ -244,14 +245,22 @@ async fn a_dead_replicas_turns_are_taken_over_or_failed_after_the_grace() {
             .to_owned();
         Reply::Text(format!("finished {task}"))
     });
+    // A cancel of a turn whose owner is dead is terminal at once, through any replica.
+    assert_eq!(
+        rs[2].cancel("s-cancelled", "cancelled").await,
+        (
+            StatusCode::OK,
+            status_obj("s-cancelled", "cancelled", "cancelled")
+        )
+    );
     let (code, answer) = rs[1].submit(body("retried", "retried", "k2")).await;
     assert_eq!(code, StatusCode::ACCEPTED, "{answer}");
-    rs[2].wait_status("retried", "completed", T).await;
+    rs[2].wait_status("retried", "completed", T * 2).await;
     assert_eq!(
         rs[2].collect("retried").await.1["messages"],
         json!([{"role": "assistant", "content": "finished retried"}])
     );
-    let failed = rs[1].wait_status("abandoned", "failed", T).await;
+    let failed = rs[1].wait_status("abandoned", "failed", T * 2).await;
     assert_eq!(
         failed["error"]["message"],
         "the podhost replica running this turn stopped (a restart, a crash, or a lost lease). The model API key is never stored, so the turn could not go on, and no retried submission brought a fresh key within 2 s."
@@ -271,6 +280,11 @@ async fn a_dead_replicas_turns_are_taken_over_or_failed_after_the_grace() {
     };
     assert_eq!(calls("retried"), ["Bearer k1", "Bearer k2"]);
     assert_eq!(calls("abandoned"), ["Bearer k1"]);
+    assert_eq!(calls("cancelled"), ["Bearer k1"]);
+    assert_eq!(
+        rs[1].status("cancelled").await.1,
+        status_obj("s-cancelled", "cancelled", "cancelled")
+    );
     assert_eq!(calls("b"), ["Bearer k1"]);
     assert_eq!(calls("c"), ["Bearer k1"]);
 }
@@ -299,7 +313,7 @@ async fn a_replica_paused_past_its_lease_writes_nothing_and_kills_its_commands()
     nix::sys::signal::kill(paused, nix::sys::signal::Signal::SIGSTOP).unwrap();
     // Past the lease, the other replica takes the turn up from its durable transcript: the
     // interrupted call is answered as such, never run again, and the model is asked on.
-    rs[1].wait_status("i", "completed", T).await;
+    rs[1].wait_status("i", "completed", T * 2).await;
     assert!(
         process_with(&marker),
         "the paused replica's command still runs while it is stopped"

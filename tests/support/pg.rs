@@ -219,6 +219,28 @@ impl TestPg {
     }
 }
 
+impl TestPg {
+    /// Every row of the store's tables in database `url`, as text (to look for what must
+    /// never be stored).
+    pub async fn dump(url: &str) -> String {
+        let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        let driver = tokio::spawn(conn);
+        let mut out = String::new();
+        for table in ["invocations", "messages", "session_uids"] {
+            let sql = format!("SELECT t::text FROM {table} t");
+            for row in client.query(&sql, &[]).await.expect("dump") {
+                out.push_str(row.get::<_, &str>(0));
+                out.push('\n');
+            }
+        }
+        drop(client);
+        let _ = driver.await;
+        out
+    }
+}
+
 /// Stops the clusters of earlier test processes whose watchdog died with them.
 fn stop_leftovers() {
     let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
