@@ -37,6 +37,15 @@ const CALLS: usize = 400;
 const ROUNDS: usize = 5;
 /// Turns per throughput run, and the client's submissions in flight.
 const TURNS: usize = 600;
+/// `BYOH_SCALE_QUICK=1` divides the counts by ten: a check that the benchmark runs, not a
+/// measurement.
+fn scaled(n: usize) -> usize {
+    if std::env::var_os("BYOH_SCALE_QUICK").is_some() {
+        n / 10
+    } else {
+        n
+    }
+}
 const IN_FLIGHT: usize = 96;
 /// How often the client polls a turn's status.
 const POLL: Duration = Duration::from_millis(100);
@@ -173,7 +182,7 @@ async fn reads_under_writes(label: &str, store: Option<String>, fake: &FakeModel
     let replica = start_replica(
         &dir.path().join("data"),
         store.as_deref(),
-        ACTIVE + 16,
+        scaled(ACTIVE) + 16,
         None,
     );
     let http = reqwest::Client::builder()
@@ -181,7 +190,9 @@ async fn reads_under_writes(label: &str, store: Option<String>, fake: &FakeModel
         .build()
         .unwrap();
     let base = fake.base_url();
-    let ids: Vec<String> = (0..ACTIVE).map(|n| format!("{label}-a{n}")).collect();
+    let ids: Vec<String> = (0..scaled(ACTIVE))
+        .map(|n| format!("{label}-a{n}"))
+        .collect();
     for chunk in ids.chunks(50) {
         let calls: Vec<_> = chunk
             .iter()
@@ -213,13 +224,13 @@ async fn reads_under_writes(label: &str, store: Option<String>, fake: &FakeModel
     let mut status = Vec::new();
     let mut health = Vec::new();
     for round in 0..ROUNDS {
-        for i in 0..CALLS {
+        for i in 0..scaled(CALLS) {
             health.push(
                 timed_get(&http, &format!("{}/healthz", replica.url))
                     .await
                     .0,
             );
-            let id = &ids[(round * CALLS + i * 7919) % ids.len()];
+            let id = &ids[(round * scaled(CALLS) + i * 7919) % ids.len()];
             status.push(
                 timed_get(
                     &http,
@@ -259,7 +270,7 @@ async fn throughput(label: &str, replicas: &[Replica], fake: &FakeModel) {
     let gate = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
     let t = Instant::now();
     let mut tasks = Vec::new();
-    for n in 0..TURNS {
+    for n in 0..scaled(TURNS) {
         let id = format!("{label}-t{n}");
         let (http, gate, base) = (http.clone(), gate.clone(), base.clone());
         let submit_url = urls[n % urls.len()].clone();
@@ -289,9 +300,10 @@ async fn throughput(label: &str, replicas: &[Replica], fake: &FakeModel) {
     lat.sort();
     let quota = replicas.iter().filter(|r| r.cgroup.is_some()).count();
     println!(
-        "  {label:<12} {:7.1} turns/s ({TURNS} turns in {:5.2} s; {} replica(s), {quota} under a \
+        "  {label:<12} {:7.1} turns/s ({} turns in {:5.2} s; {} replica(s), {quota} under a \
          {CPU_SHARE}-core quota) | get_status under load p50 {:6.2} ms p99 {:6.2} ms",
-        TURNS as f64 / elapsed.as_secs_f64(),
+        scaled(TURNS) as f64 / elapsed.as_secs_f64(),
+        scaled(TURNS),
         elapsed.as_secs_f64(),
         replicas.len(),
         ms(percentile(&lat, 0.5)),
@@ -332,7 +344,9 @@ async fn main() {
         }
     });
     println!(
-        "reads under writes: {ACTIVE} active sessions on one replica, {ROUNDS}×{CALLS} calls of each"
+        "reads under writes: {} active sessions on one replica, {ROUNDS}×{} calls of each",
+        scaled(ACTIVE),
+        scaled(CALLS)
     );
     reads_under_writes("sqlite", None, &fake).await;
     reads_under_writes("postgres", Some(pg.fresh_db()), &fake).await;

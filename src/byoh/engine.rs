@@ -24,7 +24,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::store::{Fence, LeaseTerms, Store};
+use super::store::{Fence, LeaseTerms, StatusRow, Store};
 use crate::chat::client::ModelClient;
 use crate::chat::message::ApiKey;
 use crate::tools::ToolboxBuilder;
@@ -60,6 +60,10 @@ pub struct Live {
     pub fence: Fence,
     /// Set (before `cancel`) when the lease was lost: the task then writes nothing more.
     lost: AtomicBool,
+    /// The status `get_status` answers from memory: set only while the turn runs here and
+    /// nothing but this task changes it; cleared before anything else may (the task's own end
+    /// write, a cancellation, a lost lease), so that it never answers older than the store.
+    status: Mutex<Option<StatusRow>>,
     /// The latest key a submission brought.
     key: Mutex<Option<ApiKey>>,
     /// Set to `true` when the task has stopped.
@@ -76,8 +80,27 @@ impl Live {
 
     /// Stops the turn because its lease is no longer this replica's.
     pub(super) fn lose(&self) {
+        self.remember(None);
         self.lost.store(true, Ordering::SeqCst);
         self.cancel.cancel();
+    }
+
+    /// Stops the turn because it was cancelled (the store holds `cancelled` already).
+    pub(super) fn stop_cancelled(&self) {
+        self.remember(None);
+        self.cancel.cancel();
+    }
+
+    /// The status to answer from memory, if any.
+    pub fn remembered(&self) -> Option<StatusRow> {
+        self.status
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(super) fn remember(&self, status: Option<StatusRow>) {
+        *self.status.lock().unwrap_or_else(PoisonError::into_inner) = status;
     }
 
     pub fn is_lost(&self) -> bool {
@@ -163,6 +186,7 @@ impl Inner {
             cancel: self.root.child_token(),
             fence,
             lost: AtomicBool::new(false),
+            status: Mutex::new(None),
             key: Mutex::new(key),
             done: watch::Sender::new(false),
         });

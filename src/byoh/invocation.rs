@@ -9,7 +9,9 @@
 //!   the current status and is applied once, also when it arrives while the first is still in
 //!   flight — in this process both hold the invocation's lock; across replicas the store decides
 //!   (a unique key, a row locked for update).
-//! * Any replica answers every route from the store; a turn runs on the replica that claimed it.
+//! * Any replica answers every route from the store (the replica running a turn answers its
+//!   `get_status` from memory while nothing but the turn itself may change it); a turn runs on
+//!   the replica that claimed it.
 //! * A retried submission that brings a key for a turn whose replica died (its lease ran out)
 //!   claims the turn and runs it here; while the lease still runs it waits, at most one lease
 //!   period, to tell a live owner (which renews it) from a dead one.
@@ -241,9 +243,12 @@ impl Engine {
         });
     }
 
-    /// `get_status`: from the store (its read connections, which never wait behind writes), on
-    /// any replica.
+    /// `get_status`: from memory for a turn running here (its owner), else from the store (its
+    /// read connections, which never wait behind writes), on any replica.
     pub async fn status(&self, id: &str) -> Result<StatusRow, ByohError> {
+        if let Some(status) = self.inner.live(id).and_then(|l| l.remembered()) {
+            return Ok(status);
+        }
         self.inner
             .store
             .status(id)
@@ -300,7 +305,7 @@ impl Engine {
             .transition(id, OPEN, Status::Cancelled, None, Vec::new(), None)
             .await?;
         if let Some(live) = self.inner.live(id) {
-            live.cancel.cancel();
+            live.stop_cancelled();
             let mut done = live.done.subscribe();
             let _ =
                 tokio::time::timeout(self.inner.config.cancel_wait, done.wait_for(|d| *d)).await;

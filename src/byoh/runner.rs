@@ -114,7 +114,10 @@ pub(super) async fn drive(inner: &Inner, id: &str, live: &Arc<Live>) {
         return;
     };
     info!(invocation_id = id, status = %Status::Running, "turn started");
+    live.remember(Some(row.status_row()));
     let end = run_turn(inner, id, live, &row.session_id, row.connection.clone()).await;
+    // The task's own end write comes next: from here on the store answers.
+    live.remember(None);
     let (to, error, pending) = match end {
         Ok(Some(TurnEnd::Completed { .. })) => (Status::Completed, None, vec![]),
         Ok(Some(TurnEnd::InputRequired { calls })) => (
@@ -210,6 +213,7 @@ async fn run_turn(
             }));
         }
         Tail::InputRequired(ids) => {
+            live.remember(None);
             store
                 .transition(
                     id,
@@ -295,7 +299,7 @@ impl Engine {
                     };
                     if let Some(live) = engine.live(&id) {
                         info!(invocation_id = %id, "cancelled through another replica");
-                        live.cancel.cancel();
+                        live.stop_cancelled();
                     }
                 }
             });
@@ -437,7 +441,7 @@ async fn lose_unless_ended(inner: &Inner, id: &str, live: &Arc<Live>) {
     match row.status {
         Status::Cancelled => {
             info!(invocation_id = %id, "cancelled through another replica");
-            live.cancel.cancel();
+            live.stop_cancelled();
         }
         s if s.is_terminal() || s == Status::InputRequired => {
             // Ended by this turn's own task (which is finishing), or by another claim.
