@@ -219,10 +219,18 @@ async fn reads_under_writes(label: &str, store: Option<String>, fake: &FakeModel
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
+    // On PostgreSQL, a second replica that runs none of these turns answers from the store.
+    let other = store
+        .as_deref()
+        .map(|url| start_replica(&dir.path().join("data"), Some(url), 16, None));
+    if let Some(o) = &other {
+        timed_get(&http, &format!("{}/healthz", o.url)).await;
+    }
     let writes_before = fake.requests().len();
     let t = Instant::now();
     let mut status = Vec::new();
     let mut health = Vec::new();
+    let mut elsewhere = Vec::new();
     for round in 0..ROUNDS {
         for i in 0..scaled(CALLS) {
             health.push(
@@ -239,12 +247,20 @@ async fn reads_under_writes(label: &str, store: Option<String>, fake: &FakeModel
                 .await
                 .0,
             );
+            if let Some(o) = &other {
+                elsewhere.push(
+                    timed_get(&http, &format!("{}/get_status?invocation_id={id}", o.url))
+                        .await
+                        .0,
+                );
+            }
         }
     }
     let steps = fake.requests().len() - writes_before;
     let elapsed = t.elapsed();
     status.sort();
     health.sort();
+    elsewhere.sort();
     let (s50, s99) = (percentile(&status, 0.5), percentile(&status, 0.99));
     let (h50, h99) = (percentile(&health, 0.5), percentile(&health, 0.99));
     println!(
@@ -257,6 +273,16 @@ async fn reads_under_writes(label: &str, store: Option<String>, fake: &FakeModel
         ms(s99) / ms(h99),
         steps as f64 / elapsed.as_secs_f64()
     );
+    if !elsewhere.is_empty() {
+        let (e50, e99) = (percentile(&elsewhere, 0.5), percentile(&elsewhere, 0.99));
+        println!(
+            "  {label:<10} get_status from another replica (the store's pool) p50 {:6.2} ms \
+             p99 {:6.2} ms | p99 ratio to the owner's /healthz {:4.2}×",
+            ms(e50),
+            ms(e99),
+            ms(e99) / ms(h99),
+        );
+    }
 }
 
 /// Turns per second across `replicas`, and get_status latency under that load.
@@ -325,7 +351,7 @@ async fn main() {
             l.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
         );
     };
-    println!("byoh_scale benchmark (release build)");
+    println!("byoh_scale benchmark");
     load("at the start");
 
     // Reads under writes: every turn keeps stepping (a 300 ms model call, then a glob) while
