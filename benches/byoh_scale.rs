@@ -226,7 +226,7 @@ async fn reads_under_writes(label: &str, store: Option<String>, fake: &FakeModel
     if let Some(o) = &other {
         timed_get(&http, &format!("{}/healthz", o.url)).await;
     }
-    let writes_before = fake.requests().len();
+    let writes_before = fake.count();
     let t = Instant::now();
     let mut status = Vec::new();
     let mut health = Vec::new();
@@ -256,7 +256,7 @@ async fn reads_under_writes(label: &str, store: Option<String>, fake: &FakeModel
             }
         }
     }
-    let steps = fake.requests().len() - writes_before;
+    let steps = fake.count() - writes_before;
     let elapsed = t.elapsed();
     status.sort();
     health.sort();
@@ -358,6 +358,7 @@ async fn main() {
     // the rounds run; afterwards the turns are let finish.
     let stepping = Arc::new(AtomicBool::new(true));
     let fake = FakeModel::start("fake-model", Some("k")).await;
+    fake.forget_requests();
     let on = stepping.clone();
     fake.respond_with(move |_| {
         if on.load(Ordering::SeqCst) {
@@ -381,6 +382,7 @@ async fn main() {
 
     // Throughput with a fast model.
     let fast = FakeModel::start("fake-model", Some("k")).await;
+    fast.forget_requests();
     fast.respond_with(|_| Reply::text("done"));
     println!("turns per second, each replica held to {CPU_SHARE} of a core:");
     let dir = tempfile::tempdir().unwrap();

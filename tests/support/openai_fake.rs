@@ -85,6 +85,8 @@ struct Shared {
     release: Notify,
     in_flight: AtomicUsize,
     in_flight_tx: watch::Sender<usize>,
+    /// Whether requests are recorded (they are always counted).
+    keep: std::sync::atomic::AtomicBool,
 }
 
 /// The running fake. Stops when dropped.
@@ -122,6 +124,7 @@ impl FakeModel {
             release: Notify::new(),
             in_flight: AtomicUsize::new(0),
             in_flight_tx: watch::Sender::new(0),
+            keep: std::sync::atomic::AtomicBool::new(true),
         });
         let app = Router::new()
             .route("/v1/chat/completions", post(complete))
@@ -157,6 +160,17 @@ impl FakeModel {
     /// Lets every hanging request answer.
     pub fn release(&self) {
         self.shared.release.notify_waiters();
+    }
+
+    /// Stops recording requests (a long benchmark's bodies would fill the memory); they are
+    /// still counted.
+    pub fn forget_requests(&self) {
+        self.shared.keep.store(false, Ordering::SeqCst);
+    }
+
+    /// How many requests arrived.
+    pub fn count(&self) -> usize {
+        *self.shared.count.borrow()
     }
 
     pub fn requests(&self) -> Vec<Recorded> {
@@ -274,15 +288,17 @@ async fn complete(
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    s.requests.lock().unwrap().push(Recorded {
-        authorization: authorization.clone(),
-        headers: headers
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or_default().to_owned()))
-            .collect(),
-        body: body.clone(),
-        at: Instant::now(),
-    });
+    if s.keep.load(Ordering::SeqCst) {
+        s.requests.lock().unwrap().push(Recorded {
+            authorization: authorization.clone(),
+            headers: headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or_default().to_owned()))
+                .collect(),
+            body: body.clone(),
+            at: Instant::now(),
+        });
+    }
     s.count.send_modify(|c| *c += 1);
 
     let keys = s.keys.lock().unwrap().clone();
