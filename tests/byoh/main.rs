@@ -17,4 +17,5 @@ mod idempotency;
 mod local;
 mod replicas;
 mod routes;
+mod store_config;
 mod turns;
