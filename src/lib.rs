@@ -9,7 +9,8 @@
 //!   WebSocket, leases runs, journals every effect, serves core's `workspace.*` requests.
 //! * **Oumi BYOH endpoint** (`podhost serve`, [`byoh`]): four HTTP routes over a durable store,
 //!   calling an OpenAI-compatible model.
-//! * **Local** (`podhost tool`, `podhost run`): one tool, or one agent task, from a shell.
+//! * **Local** (`podhost tool`, `podhost run`, `podhost mcp`, [`local`]): one tool, one agent
+//!   task, or the tools served to an MCP client, for the person at the keyboard.
 //! * **Probe** (`podhost health`, [`probe`]): asks a running pod host's loopback health endpoint,
 //!   for a Kubernetes exec probe.
 //!
@@ -21,6 +22,10 @@
 //!   an outcome, never `Err`.
 //! * [`exec`] is the only place that starts processes (process groups, capture, timeouts, limits,
 //!   environment, confinement). All `unsafe` lives there.
+//! * [`floor`] is under everything and imports nothing of podhost: workspace paths, codes,
+//!   text — and the two things every layer shares without importing upward: the one metrics
+//!   registry ([`floor::metrics`], where `exec`, `tools`, `chat` and the fronts record with
+//!   one-line calls) and the one TLS client configuration ([`floor::tls`]).
 //!
 //! # Who owns what
 //!
@@ -30,9 +35,11 @@
 //!
 //! # Trust boundary
 //!
-//! Commands run by the tools are untrusted. They get a clean environment (no tokens, no
-//! `NYLORUN_*`), start in their own session under a supervisor that kills their whole tree, and
-//! never see the host token, join token, run tokens or model API keys.
+//! Commands run by the tools are untrusted. In a pod and on the BYOH endpoint they get a clean
+//! environment (no tokens, no `NYLORUN_*`); in local use they get the user's own, minus every
+//! variable that looks like a credential. They start in their own session under a supervisor
+//! that kills their whole tree, and never see the host token, join token, run tokens or model
+//! API keys.
 //! They and the file tools run under Landlock ([`exec::confine`]): the system read-only, their
 //! workspace writable, podhost's state and other sessions' workspaces out of reach; podhost
 //! itself is non-dumpable, so its memory and environment are closed to them.

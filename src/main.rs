@@ -4,10 +4,13 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::Parser;
-use podhost::config::{Cli, Command, HealthArgs};
+use podhost::byoh::ServeConfig;
+use podhost::config::{self, Cli, Command, HealthArgs};
 use podhost::exec;
 use podhost::floor::codes::exit;
+use podhost::floor::text::error_chain;
+use podhost::local::{McpConfig, RunConfig, ToolConfig};
+use podhost::nylorun::host::pod::PodConfig;
 use tokio_util::sync::CancellationToken;
 
 fn main() -> ExitCode {
@@ -19,7 +22,20 @@ fn main() -> ExitCode {
     if std::env::args_os().nth(1).as_deref() == Some(std::ffi::OsStr::new(exec::SUPERVISOR_ARG)) {
         return exec::supervise::main();
     }
-    let cli = Cli::parse();
+    let cli = match Cli::parse_args(std::env::args_os().collect()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    // The configuration is checked before anything is logged: an error in it is the only thing
+    // printed, naming the flag or variable it came from.
+    let front = match Front::check(cli.command) {
+        Ok(Front::Done(code)) => return ExitCode::from(code as u8),
+        Ok(front) => front,
+        Err((command, e)) => {
+            eprintln!("podhost {command}: {e}");
+            return ExitCode::from(exit::USAGE as u8);
+        }
+    };
     // The configuration has been read: from here on, secrets live only in podhost's memory,
     // which no process of the same user may read. Before any thread starts.
     let hardened = exec::confine::harden_process();
@@ -29,16 +45,22 @@ fn main() -> ExitCode {
             "could not make podhost non-dumpable: same-user processes can read its memory"
         );
     }
+    if front.is_long_running() {
+        tracing::info!(
+            version = env!("CARGO_PKG_VERSION"),
+            revision = env!("BUILD_GIT_REVISION"),
+            "podhost {}",
+            config::VERSION
+        );
+    }
     // One-shot fronts report their confinement now; long-running ones once their configuration
     // is valid (a configuration error stays the only thing they print).
-    if let Some(exec) = cli.command.exec_args()
-        && !cli.command.is_long_running()
-        && !confinement_ok(&exec.settings(), false)
+    if let Some(exec) = front.exec()
+        && !front.is_long_running()
+        && !confinement_ok(exec, false)
     {
         return ExitCode::from(exit::FAILURE as u8);
     }
-    // reqwest and tungstenite are built without a default rustls provider: one, here, for all.
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -49,14 +71,79 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::FAILURE as u8);
         }
     };
-    let code = match runtime.block_on(dispatch(cli)) {
+    let code = match runtime.block_on(dispatch(front)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("podhost: {e:#}");
+            eprintln!("podhost: {}", error_chain(e.as_ref()));
             exit::FAILURE
         }
     };
     ExitCode::from(code as u8)
+}
+
+/// A front with its configuration checked.
+enum Front {
+    Tool(ToolConfig),
+    Serve(ServeConfig),
+    Run(RunConfig),
+    Mcp(McpConfig),
+    Pod(Box<PodConfig>),
+    Health(HealthArgs),
+    /// A command that already ran (completions, man pages), with its exit code.
+    Done(i32),
+}
+
+impl Front {
+    /// The front's configuration, or the command's name and what is wrong with it.
+    fn check(command: Command) -> Result<Front, (&'static str, Box<dyn std::error::Error>)> {
+        Ok(match command {
+            Command::Tool(args) => Front::Tool(args.config()),
+            Command::Serve(args) => Front::Serve(args.config().map_err(|e| ("serve", e.into()))?),
+            Command::Run(args) => Front::Run(
+                args.config(|name| std::env::var(name).ok())
+                    .map_err(|e| ("run", e.into()))?,
+            ),
+            Command::Mcp(args) => Front::Mcp(args.config()),
+            Command::Pod(args) => {
+                Front::Pod(Box::new(args.validate().map_err(|e| ("pod", e.into()))?))
+            }
+            Command::Health(args) => Front::Health(args),
+            Command::Completions(args) => {
+                config::completions(args.shell, &mut std::io::stdout());
+                Front::Done(exit::OK)
+            }
+            Command::Man(args) => match config::man_pages(&args.dir) {
+                Ok(pages) => {
+                    for page in pages {
+                        println!("{}", page.display());
+                    }
+                    Front::Done(exit::OK)
+                }
+                Err(e) => {
+                    eprintln!("podhost man: {}: {e}", args.dir.display());
+                    Front::Done(exit::FAILURE)
+                }
+            },
+        })
+    }
+
+    /// How this front runs commands (each front that runs tools answers).
+    fn exec(&self) -> Option<&exec::ExecSettings> {
+        match self {
+            Front::Tool(c) => Some(&c.exec),
+            Front::Serve(c) => Some(&c.exec),
+            Front::Run(c) => Some(&c.exec),
+            Front::Mcp(c) => Some(&c.exec),
+            Front::Pod(c) => Some(&c.exec),
+            Front::Health(_) | Front::Done(_) => None,
+        }
+    }
+
+    /// Whether this front runs for long (and so reports its confinement at `info`). `podhost
+    /// mcp` runs for long, but as a client's child: its start-up stays quiet.
+    fn is_long_running(&self) -> bool {
+        matches!(self, Front::Serve(_) | Front::Pod(_))
+    }
 }
 
 /// Logs the confinement commands will get (a warning when there is none); false when
@@ -66,45 +153,114 @@ fn confinement_ok(exec: &exec::ExecSettings, loud: bool) -> bool {
     match exec::confine::report_startup(&confinement, exec.confine.require, loud) {
         Ok(_) => true,
         Err(e) => {
-            eprintln!("podhost: {e}");
+            eprintln!("podhost: {}", error_chain(&e));
             false
         }
     }
 }
 
+/// Logs to stderr: JSON lines with every field at the top level when `PODHOST_LOG_FORMAT=json`
+/// (pods), text otherwise; filtered by `RUST_LOG` (default `info`). A filter or format that
+/// cannot be used is warned about, once logging runs, and the default used instead.
 fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // JSON lines in pods (`PODHOST_LOG_FORMAT=json`), text elsewhere.
+    let mut warnings = Vec::new();
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(spec) if !spec.trim().is_empty() => tracing_subscriber::EnvFilter::try_new(&spec)
+            .unwrap_or_else(|e| {
+                warnings.push(format!(
+                    "RUST_LOG {spec:?} is not a valid log filter ({e}); logging at info"
+                ));
+                tracing_subscriber::EnvFilter::new("info,rmcp=warn")
+            }),
+        // rmcp reports every session at `info`; podhost says what matters itself.
+        _ => tracing_subscriber::EnvFilter::new("info,rmcp=warn"),
+    };
+    let json = match std::env::var("PODHOST_LOG_FORMAT") {
+        Ok(f) if f == "json" => true,
+        Ok(f) if f.is_empty() || f == "text" => false,
+        Ok(f) => {
+            warnings.push(format!(
+                "PODHOST_LOG_FORMAT {f:?} is neither json nor text; writing text"
+            ));
+            false
+        }
+        Err(_) => false,
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(!json && std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
-    if std::env::var("PODHOST_LOG_FORMAT").is_ok_and(|f| f == "json") {
-        builder.json().init();
+    if json {
+        builder.json().flatten_event(true).init();
     } else {
         builder.init();
     }
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
 }
 
-async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
+async fn dispatch(front: Front) -> anyhow::Result<i32> {
     // Orphans of commands whose supervisor died re-parent to podhost, which kills and reaps them.
     if let Err(e) = exec::reaper::start() {
         tracing::warn!("could not become a child subreaper: {e}");
     }
-    match cli.command {
-        Command::Tool(args) => Ok(local("tool", podhost::local::tool(args.config()).await)),
-        Command::Serve(args) => {
-            let config = args.config();
+    match front {
+        Front::Tool(config) => {
+            let stop = on_signals()?;
+            Ok(local(
+                "tool",
+                podhost::local::tool::tool(config, stop).await,
+            ))
+        }
+        Front::Serve(config) => {
             if !confinement_ok(&config.exec, true) {
                 return Ok(exit::FAILURE);
             }
-            Ok(podhost::byoh::serve(config).await?)
+            match podhost::byoh::serve(config).await {
+                Ok(code) => Ok(code),
+                Err(e) => {
+                    eprintln!("podhost serve: {}", error_chain(&e));
+                    Ok(exit::FAILURE)
+                }
+            }
         }
-        Command::Run(args) => Ok(local("run", podhost::local::run(args.config()).await)),
-        Command::Pod(args) => pod(&args).await,
-        Command::Health(args) => Ok(health(&args)),
+        Front::Run(config) => {
+            let stop = on_signals()?;
+            Ok(local("run", podhost::local::run::run(config, stop).await))
+        }
+        Front::Mcp(config) => {
+            let stop = on_signals()?;
+            Ok(local("mcp", podhost::local::mcp::mcp(config, stop).await))
+        }
+        Front::Pod(config) => pod(*config).await,
+        Front::Health(args) => Ok(health(&args)),
+        Front::Done(code) => Ok(code),
     }
+}
+
+/// Stops a local command on SIGINT or SIGTERM (its command's process tree killed, exit 130 or
+/// 143); a second signal exits at once.
+fn on_signals() -> anyhow::Result<podhost::local::Stop> {
+    use podhost::local::{Stop, StopSignal};
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut int = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+    let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+    let stop = Stop::new();
+    let on_signal = stop.clone();
+    tokio::spawn(async move {
+        loop {
+            let which = tokio::select! {
+                Some(()) = int.recv() => StopSignal::Interrupt,
+                Some(()) = term.recv() => StopSignal::Terminate,
+                else => return,
+            };
+            if !on_signal.stop(which) {
+                std::process::exit(which.exit_code());
+            }
+        }
+    });
+    Ok(stop)
 }
 
 /// The exit code of a local command: 2 for bad input or configuration (nothing ran), 1 for a
@@ -120,22 +276,6 @@ fn local(command: &str, result: Result<i32, podhost::local::LocalError>) -> i32 
             }
         }
     }
-}
-
-/// An error and each of its causes, once, joined by `: `.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let more = cause.to_string();
-        // A variant that shows its source in its own text must not print it twice.
-        if !text.ends_with(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 /// `podhost health`: exit 0 when the pod host answers `connected: true` (with `--live`: when it
@@ -175,16 +315,10 @@ fn health(args: &HealthArgs) -> i32 {
     }
 }
 
-/// `podhost pod`: exit 0 after a clean shutdown (SIGTERM/SIGINT), 2 on bad configuration.
-async fn pod(args: &podhost::config::PodArgs) -> anyhow::Result<i32> {
+/// `podhost pod`: exit 0 after a clean shutdown (SIGTERM/SIGINT), 2 on a setting that cannot
+/// be used (a CA file), 1 when podhost itself fails.
+async fn pod(config: PodConfig) -> anyhow::Result<i32> {
     use tokio::signal::unix::{SignalKind, signal};
-    let config = match args.validate() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("podhost pod: {e}");
-            return Ok(exit::USAGE);
-        }
-    };
     if !confinement_ok(&config.exec, true) {
         return Ok(exit::FAILURE);
     }
@@ -201,6 +335,15 @@ async fn pod(args: &podhost::config::PodArgs) -> anyhow::Result<i32> {
         on_signal.cancel();
     });
     let handler = podhost::nylorun::host::pod::Handler::Turns;
-    podhost::nylorun::host::pod::serve(config, supervisor, handler, shutdown).await?;
-    Ok(exit::OK)
+    match podhost::nylorun::host::pod::serve(config, supervisor, handler, shutdown).await {
+        Ok(()) => Ok(exit::OK),
+        Err(e) => {
+            eprintln!("podhost pod: {}", error_chain(&e));
+            Ok(if e.is_setting() {
+                exit::USAGE
+            } else {
+                exit::FAILURE
+            })
+        }
+    }
 }

@@ -30,7 +30,7 @@ const QUOTED_CHARS: usize = 200;
 pub struct Health {
     /// The HTTP status code.
     pub http_status: u16,
-    /// `status` of the body (`ok` while the process is up).
+    /// `status` of the body (`ok` while connected, `disconnected` otherwise).
     pub status: String,
     /// `service` of the body: who answered.
     pub service: String,

@@ -74,6 +74,7 @@ impl Engine {
 
     fn permit(&self) -> Result<OwnedSemaphorePermit, ByohError> {
         self.inner.permits.clone().try_acquire_owned().map_err(|_| {
+            crate::floor::metrics::busy_refusal();
             ByohError::Busy(format!(
                 "podhost is busy: {} turns are running, the most it runs at once; retry later",
                 self.inner.config.max_running

@@ -33,6 +33,7 @@ use crate::chat::client::{ModelClient, RetryPolicy};
 use crate::exec::ExecSettings;
 use crate::floor::codes::exit;
 use crate::floor::secret::Secret;
+use crate::floor::tls::{TlsSettings, client_config};
 use crate::tools::ToolboxBuilder;
 
 /// `podhost serve`'s configuration.
@@ -40,11 +41,15 @@ use crate::tools::ToolboxBuilder;
 pub struct ServeConfig {
     /// The address to listen on (`host:port`); without a credential only a loopback address.
     pub listen: String,
+    /// How errors name the listen address: `PODHOST_LISTEN` or `--listen`, as it was given.
+    pub listen_setting: String,
     /// The data directory: one workspace per session, and the SQLite store unless `store` names
     /// PostgreSQL. Replicas of a PostgreSQL store share it (storage every replica mounts).
     pub data: PathBuf,
     /// `--store`: a PostgreSQL URL, or `None` for SQLite in the data directory.
     pub store: Option<Secret>,
+    /// How errors name the store: `PODHOST_STORE` or `--store`, as it was given.
+    pub store_setting: String,
     /// How long a replica's claim on a turn holds unless renewed.
     pub lease: Duration,
     /// The credential callers send as `Authorization: Bearer …`.
@@ -61,6 +66,8 @@ pub struct ServeConfig {
     pub max_steps: u32,
     /// Attempts per model call.
     pub model_attempts: u32,
+    /// Which CA certificates to trust besides the system's, for the model endpoints.
+    pub tls: TlsSettings,
     pub exec: ExecSettings,
 }
 
@@ -106,8 +113,8 @@ fn credential(args: &ServeConfig) -> Result<Option<String>, ServeError> {
     Ok(token)
 }
 
-async fn resolve(listen: &str) -> Result<SocketAddr, ServeError> {
-    let bad = |why: String| ServeError::Config(format!("PODHOST_LISTEN {listen:?}: {why}"));
+async fn resolve(listen: &str, setting: &str) -> Result<SocketAddr, ServeError> {
+    let bad = |why: String| ServeError::Config(format!("{setting} {listen:?}: {why}"));
     let mut addrs = tokio::net::lookup_host(listen)
         .await
         .map_err(|e| bad(e.to_string()))?;
@@ -142,7 +149,8 @@ pub async fn serve(args: ServeConfig) -> Result<i32, ServeError> {
 
 async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
     let token = credential(&args)?;
-    let addr = resolve(&args.listen).await?;
+    let tls = client_config(&args.tls).map_err(|e| ServeError::Config(e.to_string()))?;
+    let addr = resolve(&args.listen, &args.listen_setting).await?;
     if token.is_none() && !addr.ip().is_loopback() {
         return Err(ServeError::Config(format!(
             "refusing to listen on {addr} without a credential: set PODHOST_TOKEN or \
@@ -160,14 +168,21 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
         what: "could not find podhost's own executable".into(),
         source,
     })?;
-    let spec = StoreSpec::parse(args.store.as_ref().map(Secret::expose), &args.data)
-        .map_err(ServeError::Config)?;
+    let spec = StoreSpec::parse(
+        args.store.as_ref().map(Secret::expose),
+        &args.data,
+        &args.store_setting,
+    )
+    .map_err(ServeError::Config)?;
     let store = Store::open(&spec).await?;
     let store_engine = store.engine();
-    let client = ModelClient::new(RetryPolicy {
-        attempts: args.model_attempts,
-        ..RetryPolicy::default()
-    })?;
+    let client = ModelClient::new(
+        RetryPolicy {
+            attempts: args.model_attempts,
+            ..RetryPolicy::default()
+        },
+        tls,
+    )?;
     let engine = Engine::new(
         store,
         client,

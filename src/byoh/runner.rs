@@ -115,6 +115,7 @@ pub(super) async fn drive(inner: &Inner, id: &str, live: &Arc<Live>) {
     };
     info!(invocation_id = id, status = %Status::Running, "turn started");
     live.remember(Some(row.status_row()));
+    let _running = crate::floor::metrics::turn_running("byoh");
     let end = run_turn(inner, id, live, &row.session_id, row.connection.clone()).await;
     // The task's own end write comes next: from here on the store answers.
     live.remember(None);
@@ -129,6 +130,7 @@ pub(super) async fn drive(inner: &Inner, id: &str, live: &Arc<Live>) {
         // owns the turn now), or by shutdown (the status stays `running` and the lease ends,
         // for another replica or the next start to take up).
         _ if live.cancel.is_cancelled() => {
+            crate::floor::metrics::turn_ended("byoh", "cancelled");
             stopped(inner, id, live).await;
             return;
         }
@@ -146,6 +148,7 @@ pub(super) async fn drive(inner: &Inner, id: &str, live: &Arc<Live>) {
         Ok(None) => return,
         Err(e) => (Status::Failed, Some(e.to_string()), vec![]),
     };
+    crate::floor::metrics::turn_ended("byoh", to.as_str());
     match store
         .transition(id, RUNNING, to, error, pending, Some(fence))
         .await

@@ -2,8 +2,10 @@
 //! from errors to status codes, and request logs.
 //!
 //! Routes (at the root): `POST /submit`, `GET /get_status`, `GET /collect_output`,
-//! `POST /cancel`, and `GET /healthz`, `GET /openapi.yaml`. Every route needs
-//! `Authorization: Bearer <credential>` when a credential is configured.
+//! `POST /cancel`, and `GET /healthz`, `GET /openapi.yaml`. Every one of them needs
+//! `Authorization: Bearer <credential>` when a credential is configured. The kubelet's probes
+//! `GET /livez` and `GET /readyz` (up or not, nothing more) and `GET /metrics` (counts only)
+//! need none.
 //!
 //! Invariants:
 //! * Status codes are the protocol's: `202` for queued, running and input_required, `200` for
@@ -19,7 +21,7 @@
 //! Non-goals: what a submission means (see `invocation`).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -133,6 +135,7 @@ pub fn router(engine: Engine, token: Option<String>) -> Router {
         .route("/healthz", get(healthz))
         .route("/openapi.yaml", get(openapi))
         .layer(middleware::from_fn_with_state(app.clone(), authenticate))
+        .merge(open_routes())
         .layer(middleware::from_fn(log_request))
         .with_state(app)
 }
@@ -356,13 +359,73 @@ async fn collect_output(
     Ok(tagged(json(StatusCode::OK, &body), &id))
 }
 
+/// How long a probe waits for the store's write lock (a kubelet probe's own timeout is 1 s).
+const STORE_PROBE_WAIT: Duration = Duration::from_millis(500);
+
+/// The routes without authentication, added after the credential check so it does not cover
+/// them: the kubelet's probes (`/livez`, `/readyz`), which say nothing but up or not, and
+/// `/metrics`, which holds counts only (no id, no body, no key).
+fn open_routes() -> Router<App> {
+    Router::new()
+        .route("/livez", get(livez))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+}
+
+/// `GET /metrics`: every metric of the process, as OpenMetrics text.
+async fn metrics_text() -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(crate::floor::metrics::CONTENT_TYPE),
+        )],
+        crate::floor::metrics::encode(),
+    )
+        .into_response()
+}
+
+/// `GET /livez`: the process serves HTTP.
+async fn livez() -> Response {
+    json(StatusCode::OK, &serde_json::json!({"status": "ok"}))
+}
+
+/// `GET /readyz`: 200 while the store takes writes, 503 when it does not.
+async fn readyz(State(app): State<App>) -> Response {
+    match store_health(&app).await {
+        Ok(()) => json(StatusCode::OK, &serde_json::json!({"status": "ok"})),
+        Err(_) => json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &serde_json::json!({"status": "unavailable"}),
+        ),
+    }
+}
+
+/// Whether the store takes a write, within the probe's wait.
+async fn store_health(app: &App) -> Result<(), String> {
+    let check = app.engine.inner.store.check_writable(STORE_PROBE_WAIT);
+    match tokio::time::timeout(STORE_PROBE_WAIT * 2, check).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {:?}", STORE_PROBE_WAIT * 2)),
+    }
+}
+
 async fn healthz(State(app): State<App>) -> Response {
+    let store = match store_health(&app).await {
+        Ok(()) => serde_json::json!({"writable": true}),
+        Err(error) => serde_json::json!({"writable": false, "error": error}),
+    };
+    let writable = store["writable"] == true;
+    // 200 either way: these are the details; `/readyz` is the probe that says 503.
     json(
         StatusCode::OK,
         &serde_json::json!({
-            "status": "ok",
+            "status": if writable { "ok" } else { "degraded" },
             "protocol_version": PROTOCOL_VERSION,
+            "version": env!("CARGO_PKG_VERSION"),
+            "revision": env!("BUILD_GIT_REVISION"),
             "running": app.engine.running(),
+            "store": store,
             "confinement": crate::exec::confine::reported(),
         }),
     )

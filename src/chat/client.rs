@@ -1,32 +1,49 @@
 //! The OpenAI-compatible model client: `POST {base_url}/chat/completions`.
 //!
 //! Owns: the request body (model, transcript, tools, generation settings merged in as given),
-//! retries with backoff on `429`, `5xx` and transport errors (honouring `Retry-After` within a
-//! cap), lenient parsing of the answer into a [`Candidate`], and failure messages that name the
-//! cause.
+//! streaming or not ([`ModelClient::streaming`]), retries with backoff on `429`, `5xx`,
+//! transport errors and broken streams (honouring `Retry-After` within a cap), lenient parsing
+//! of the answer into a [`Candidate`], progress while an answer streams in, and failure messages
+//! that name the cause.
+//!
+//! Streaming asks for `stream: true` (with the usage in the last chunk) and reads server-sent
+//! events ([`super::stream`]): a long generation then shows progress and is bounded by the
+//! silence between chunks ([`RetryPolicy::stream_idle`]), not by one timeout for the whole
+//! answer. Either way the answer is read by what the server sent (`Content-Type`), so a server
+//! that streams when not asked, or ignores `stream`, still works.
 //!
 //! Invariants:
 //! * The API key goes only into the `Authorization` header. Every text this module returns is
 //!   scrubbed of it, so a server that echoes the key cannot leak it into a status or a log.
-//! * A cancelled token aborts the call at once, also mid-request and mid-backoff.
+//! * A cancelled token aborts the call at once, also mid-request, mid-stream and mid-backoff.
 //! * Attempts are bounded; the last failure is reported, not swallowed.
+//! * An answer, streamed or not, is at most [`RetryPolicy::max_answer_bytes`] on the wire.
 //!
-//! Non-goals: streaming, and choosing what to send (the turn builds the transcript).
+//! Non-goals: choosing what to send (the turn builds the transcript).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::message::{ApiKey, ChatMessage, ModelEndpoint};
+use super::stream::{Accumulated, SseParser};
 use crate::agent::model::{Block, Candidate, FinishReason, ToolCallBlock, Usage};
+use crate::floor::backoff::{Backoff, sleep_or_cancel};
+use crate::floor::metrics;
+use crate::floor::text::error_chain;
+
+/// The `endpoint` label of this client's model calls in the metrics.
+const ENDPOINT: metrics::Endpoint = "openai";
 
 /// How hard the client tries.
 #[derive(Clone, Debug)]
 pub struct RetryPolicy {
     /// Attempts in all (the first one included).
     pub attempts: u32,
-    /// The first backoff; it doubles per attempt up to `max_delay`.
+    /// The first backoff; it doubles per attempt up to `max_delay`, each pause drawn from the
+    /// upper half of its step (the pacing of [`Backoff`], shared with reconnects).
     pub base_delay: Duration,
     pub max_delay: Duration,
     /// The longest `Retry-After` honoured.
@@ -35,6 +52,8 @@ pub struct RetryPolicy {
     pub request_timeout: Duration,
     /// The largest answer body read; a larger one fails the call.
     pub max_answer_bytes: usize,
+    /// The longest silence between two chunks of a streamed answer.
+    pub stream_idle: Duration,
 }
 
 impl Default for RetryPolicy {
@@ -46,6 +65,7 @@ impl Default for RetryPolicy {
             retry_after_cap: Duration::from_secs(30),
             request_timeout: Duration::from_secs(600),
             max_answer_bytes: 64 << 20,
+            stream_idle: Duration::from_secs(300),
         }
     }
 }
@@ -65,6 +85,11 @@ pub enum ModelError {
 pub struct ModelClient {
     http: reqwest::Client,
     policy: RetryPolicy,
+    /// Ask for a streamed answer.
+    stream: bool,
+    /// Bytes of the answer received so far in the current attempt (text, reasoning, tool-call
+    /// arguments), for a front to show.
+    progress: Option<tokio::sync::watch::Sender<u64>>,
 }
 
 /// One attempt's result, before the retry decision.
@@ -80,14 +105,39 @@ enum Attempt {
 }
 
 impl ModelClient {
-    /// Needs a rustls crypto provider installed (the binary installs one in `main`).
-    pub fn new(policy: RetryPolicy) -> Result<Self, ModelError> {
+    /// `tls` is podhost's one client configuration ([`crate::floor::tls`]).
+    pub fn new(policy: RetryPolicy, tls: Arc<rustls::ClientConfig>) -> Result<Self, ModelError> {
+        // No overall timeout on the client: a streamed answer may take long, and is bounded by
+        // the silence between chunks instead; a plain answer gets `request_timeout` per request.
         let http = reqwest::Client::builder()
-            .timeout(policy.request_timeout)
+            .tls_backend_preconfigured(rustls::ClientConfig::clone(&tls))
             .connect_timeout(Duration::from_secs(30))
             .build()
             .map_err(|e| ModelError::Failed(format!("could not build the HTTP client: {e}")))?;
-        Ok(ModelClient { http, policy })
+        Ok(ModelClient {
+            http,
+            policy,
+            stream: false,
+            progress: None,
+        })
+    }
+
+    /// Asks for streamed answers (server-sent events) instead of one JSON body.
+    pub fn streaming(mut self, on: bool) -> Self {
+        self.stream = on;
+        self
+    }
+
+    /// Reports the bytes of the answer received so far on `tx` (0 when an attempt starts).
+    pub fn with_progress(mut self, tx: tokio::sync::watch::Sender<u64>) -> Self {
+        self.progress = Some(tx);
+        self
+    }
+
+    fn report(&self, received: u64) {
+        if let Some(tx) = &self.progress {
+            tx.send_replace(received);
+        }
     }
 
     /// The request body: the generation settings as given, then the fields podhost owns.
@@ -113,13 +163,48 @@ impl ModelClient {
         body: &Value,
         cancel: &CancellationToken,
     ) -> Result<Candidate, ModelError> {
+        let started = std::time::Instant::now();
+        let result = self.complete_with_retries(conn, key, body, cancel).await;
+        metrics::model_call(
+            ENDPOINT,
+            match &result {
+                Ok(_) => "ok",
+                Err(ModelError::Cancelled) => "cancelled",
+                Err(_) => "failed",
+            },
+            started.elapsed(),
+        );
+        result
+    }
+
+    async fn complete_with_retries(
+        &self,
+        conn: &ModelEndpoint,
+        key: Option<&ApiKey>,
+        body: &Value,
+        cancel: &CancellationToken,
+    ) -> Result<Candidate, ModelError> {
         let url = format!("{}/chat/completions", conn.base_url.trim_end_matches('/'));
+        let body = if self.stream {
+            let mut b = body.clone();
+            if let Value::Object(o) = &mut b {
+                o.insert("stream".into(), Value::Bool(true));
+                o.insert("stream_options".into(), json!({"include_usage": true}));
+            }
+            b
+        } else {
+            body.clone()
+        };
+        let body = serde_json::to_vec(&body)
+            .map_err(|e| ModelError::Failed(format!("could not encode the request: {e}")))?;
         let attempts = self.policy.attempts.max(1);
+        let mut backoff = Backoff::new(self.policy.base_delay, self.policy.max_delay);
         let mut last = (String::new(), String::new());
         for n in 1..=attempts {
+            self.report(0);
             let attempt = tokio::select! {
                 _ = cancel.cancelled() => return Err(ModelError::Cancelled),
-                a = self.attempt(&url, key, body) => a,
+                a = self.attempt(&url, key, &body) => a,
             };
             match attempt {
                 Attempt::Answer(v) => {
@@ -135,17 +220,13 @@ impl ModelClient {
                     if n == attempts {
                         break;
                     }
-                    let backoff = self
-                        .policy
-                        .base_delay
-                        .saturating_mul(1 << (n - 1).min(16))
-                        .min(self.policy.max_delay);
+                    metrics::model_retry(ENDPOINT);
+                    let pause = backoff.next_delay();
                     let delay = after
                         .map(|a| a.min(self.policy.retry_after_cap))
-                        .unwrap_or(backoff);
-                    tokio::select! {
-                        _ = cancel.cancelled() => return Err(ModelError::Cancelled),
-                        _ = tokio::time::sleep(delay) => {}
+                        .unwrap_or(pause);
+                    if !sleep_or_cancel(delay, cancel).await {
+                        return Err(ModelError::Cancelled);
                     }
                 }
             }
@@ -157,16 +238,36 @@ impl ModelClient {
         )))
     }
 
-    async fn attempt(&self, url: &str, key: Option<&ApiKey>, body: &Value) -> Attempt {
+    async fn attempt(&self, url: &str, key: Option<&ApiKey>, body: &[u8]) -> Attempt {
+        use reqwest::header;
         let mut req = self
             .http
             .post(url)
-            .header(reqwest::header::ACCEPT_ENCODING, "identity")
-            .json(body);
+            .header(header::ACCEPT_ENCODING, "identity")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body.to_vec());
+        req = if self.stream {
+            req.header(header::ACCEPT, "text/event-stream")
+        } else {
+            req.timeout(self.policy.request_timeout)
+        };
         if let Some(k) = key {
             req = req.bearer_auth(k.expose());
         }
-        let resp = match req.send().await {
+        let timed_out = || Attempt::Retry {
+            head: "The model endpoint timed out".to_owned(),
+            detail: format!(
+                "no answer within {} s",
+                self.policy.request_timeout.as_secs()
+            ),
+            after: None,
+        };
+        // Until the headers arrive, a streamed request has the plain request's time limit too.
+        let sent = match tokio::time::timeout(self.policy.request_timeout, req.send()).await {
+            Ok(sent) => sent,
+            Err(_) => return timed_out(),
+        };
+        let resp = match sent {
             Ok(r) => r,
             Err(e) => {
                 let kind = if e.is_timeout() {
@@ -182,7 +283,16 @@ impl ModelClient {
             }
         };
         let status = resp.status();
+        metrics::model_http_status(ENDPOINT, status.as_u16());
         let after = retry_after(resp.headers());
+        let event_stream = resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+        if status.is_success() && event_stream {
+            return self.read_stream(resp).await;
+        }
         let text = match self.read_capped(resp).await {
             Ok(Some(t)) => t,
             Ok(None) => {
@@ -224,6 +334,86 @@ impl ModelClient {
 }
 
 impl ModelClient {
+    /// Reads a streamed answer to its end, folding its chunks into one completion.
+    async fn read_stream(&self, mut resp: reqwest::Response) -> Attempt {
+        let mut parser = SseParser::default();
+        let mut acc = Accumulated::default();
+        let mut events = Vec::new();
+        let mut total = 0usize;
+        let mut done = false;
+        while !done {
+            let chunk = match tokio::time::timeout(self.policy.stream_idle, resp.chunk()).await {
+                Err(_) => {
+                    return Attempt::Retry {
+                        head: "The model endpoint's stream stalled".to_owned(),
+                        detail: format!("no data for {} s", self.policy.stream_idle.as_secs_f64()),
+                        after: None,
+                    };
+                }
+                Ok(Err(e)) => {
+                    return Attempt::Retry {
+                        head: "The model endpoint's stream broke off".to_owned(),
+                        detail: error_chain(&e),
+                        after: None,
+                    };
+                }
+                Ok(Ok(None)) => {
+                    parser.finish(&mut events);
+                    done = true;
+                    None
+                }
+                Ok(Ok(Some(bytes))) => Some(bytes),
+            };
+            if let Some(bytes) = chunk {
+                total += bytes.len();
+                if total > self.policy.max_answer_bytes {
+                    return Attempt::Fatal(format!(
+                        "The model endpoint's streamed answer is larger than {} bytes",
+                        self.policy.max_answer_bytes
+                    ));
+                }
+                parser.feed(&bytes, &mut events);
+            }
+            for event in events.drain(..) {
+                let data = event.data.trim();
+                if data == "[DONE]" {
+                    return Attempt::Answer(std::mem::take(&mut acc).into_completion());
+                }
+                let chunk: Value = match serde_json::from_str(data) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        return Attempt::Fatal(format!(
+                            "An event of the model endpoint's stream is not JSON ({e}): {}",
+                            snippet(data)
+                        ));
+                    }
+                };
+                if let Some(err) = chunk.get("error").filter(|e| !e.is_null()) {
+                    return Attempt::Fatal(format!(
+                        "The model endpoint reported an error in its stream: {}",
+                        snippet(&err.to_string())
+                    ));
+                }
+                if event.event.as_deref() == Some("error") {
+                    return Attempt::Fatal(format!(
+                        "The model endpoint reported an error in its stream: {}",
+                        snippet(data)
+                    ));
+                }
+                acc.add(&chunk);
+                self.report(acc.received);
+            }
+        }
+        if acc.finished() {
+            return Attempt::Answer(acc.into_completion());
+        }
+        Attempt::Retry {
+            head: "The model endpoint's stream ended early".to_owned(),
+            detail: "the stream closed before a finish reason or [DONE]".to_owned(),
+            after: None,
+        }
+    }
+
     /// The body as text, or `None` past `max_answer_bytes`.
     async fn read_capped(
         &self,
@@ -238,18 +428,6 @@ impl ModelClient {
         }
         Ok(Some(String::from_utf8_lossy(&buf).into_owned()))
     }
-}
-
-/// An error and its sources, one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        src = s.source();
-    }
-    out
 }
 
 /// The start of an error body, on one line.
@@ -357,7 +535,7 @@ pub fn parse_completion(v: &Value) -> Result<Candidate, String> {
 }
 
 /// `content` as a string, an array of text parts, or absent.
-fn content_text(c: Option<&Value>) -> String {
+pub(crate) fn content_text(c: Option<&Value>) -> String {
     match c {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(parts)) => parts
@@ -416,7 +594,6 @@ mod tests {
 
     #[tokio::test]
     async fn answers_past_the_cap_fail_the_call() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let app = axum::Router::new().route(
             "/v1/chat/completions",
             axum::routing::post(|| async { "x".repeat(2048) }),
@@ -424,10 +601,14 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await });
-        let client = ModelClient::new(RetryPolicy {
-            max_answer_bytes: 1024,
-            ..RetryPolicy::default()
-        })
+        let tls = crate::floor::tls::client_config(&Default::default()).unwrap();
+        let client = ModelClient::new(
+            RetryPolicy {
+                max_answer_bytes: 1024,
+                ..RetryPolicy::default()
+            },
+            tls,
+        )
         .unwrap();
         let conn = ModelEndpoint {
             base_url: format!("http://{addr}/v1"),
@@ -444,6 +625,112 @@ mod tests {
                 "The model endpoint's answer (HTTP 200) is larger than 1024 bytes".into()
             )
         );
+    }
+
+    /// A server streaming `chunks` (each after `pause`), then holding the stream open.
+    async fn streaming_server(chunks: Vec<String>, pause: Duration) -> ModelEndpoint {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let app = axum::Router::new().route(
+            "/v1/chat/completions",
+            axum::routing::post(move || {
+                let chunks = chunks.clone();
+                async move {
+                    let body = futures_util::stream::unfold(
+                        chunks.into_iter(),
+                        move |mut it| async move {
+                            match it.next() {
+                                Some(c) => {
+                                    tokio::time::sleep(pause).await;
+                                    Some((Ok::<_, std::convert::Infallible>(c), it))
+                                }
+                                None => {
+                                    std::future::pending::<()>().await;
+                                    None
+                                }
+                            }
+                        },
+                    );
+                    (
+                        [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+                        axum::body::Body::from_stream(body),
+                    )
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        ModelEndpoint {
+            base_url: format!("http://{addr}/v1"),
+            model: "m".into(),
+            generation_settings: Map::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_streamed_answer_past_the_cap_fails_the_call() {
+        let chunk = |t: &str| {
+            format!(
+                "data: {}\n\n",
+                json!({"choices": [{"index": 0, "delta": {"content": t}}]})
+            )
+        };
+        let conn = streaming_server(vec![chunk(&"x".repeat(600)); 3], Duration::ZERO).await;
+        let tls = crate::floor::tls::client_config(&Default::default()).unwrap();
+        let client = ModelClient::new(
+            RetryPolicy {
+                max_answer_bytes: 1024,
+                ..RetryPolicy::default()
+            },
+            tls,
+        )
+        .unwrap()
+        .streaming(true);
+        let err = client
+            .complete(&conn, None, &json!({}), &CancellationToken::new())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err,
+            ModelError::Failed(
+                "The model endpoint's streamed answer is larger than 1024 bytes".into()
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_silent_past_its_idle_limit_is_retried_then_fails() {
+        let first = format!(
+            "data: {}\n\n",
+            json!({"choices": [{"index": 0, "delta": {"content": "thinking"}}]})
+        );
+        let conn = streaming_server(vec![first], Duration::ZERO).await;
+        let (tx, rx) = tokio::sync::watch::channel(0);
+        let tls = crate::floor::tls::client_config(&Default::default()).unwrap();
+        let client = ModelClient::new(
+            RetryPolicy {
+                attempts: 2,
+                base_delay: Duration::from_millis(1),
+                stream_idle: Duration::from_millis(200),
+                ..RetryPolicy::default()
+            },
+            tls,
+        )
+        .unwrap()
+        .streaming(true)
+        .with_progress(tx);
+        let err = client
+            .complete(&conn, None, &json!({}), &CancellationToken::new())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err,
+            ModelError::Failed(
+                "The model endpoint's stream stalled after 2 attempts: no data for 0.2 s".into()
+            )
+        );
+        // What came before the silence was reported as progress.
+        assert_eq!(*rx.borrow(), 8);
     }
 
     #[test]

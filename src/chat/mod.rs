@@ -1,7 +1,8 @@
 //! Chat with an OpenAI-compatible model: what `podhost serve` and `podhost run` share.
 //!
 //! * [`message`]: chat messages in the OpenAI format, the model endpoint, the API key.
-//! * [`client`]: the model client (`POST {base_url}/chat/completions`, retries with backoff).
+//! * [`client`]: the model client (`POST {base_url}/chat/completions`, streamed or not, retries
+//!   with backoff); [`stream`]: server-sent events folded into one completion.
 //! * [`session`]: a chat session's side of the agent loop — the transcript, the six tools and
 //!   `ask_user` — behind a [`session::Front`] that keeps or prints each message.
 //!
@@ -10,3 +11,4 @@
 pub(crate) mod client;
 pub(crate) mod message;
 pub mod session;
+pub(crate) mod stream;

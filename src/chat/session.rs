@@ -199,6 +199,16 @@ impl<F: Front> ChatTurn<F> {
         }
     }
 
+    /// Appends `extra` to the system message (a workspace's `AGENTS.md`, the user's own
+    /// instructions), after a blank line.
+    pub fn with_instructions(mut self, extra: &str) -> Self {
+        if !extra.trim().is_empty() {
+            let base = self.system.content.take().unwrap_or_default();
+            self.system = ChatMessage::system(format!("{base}\n\n{}", extra.trim_end()));
+        }
+        self
+    }
+
     /// Ends the turn (as [`crate::agent::turn::TurnEnd::Yielded`]) before model call
     /// `max_steps + 1`.
     pub fn with_max_steps(mut self, max_steps: u32) -> Self {

@@ -1,34 +1,143 @@
-//! The local front's flags (`podhost tool`, `podhost run`), into a [`ToolConfig`] and a
-//! [`RunConfig`].
+//! The local front's flags (`podhost tool`, `podhost run`, `podhost mcp`), into a
+//! [`ToolConfig`], a [`RunConfig`] and an [`McpConfig`].
+//!
+//! `podhost run` follows the conventions of model clients: `OPENAI_BASE_URL` and
+//! `OPENAI_API_KEY` are used when no flag (or `PODHOST_*` variable) says otherwise, and the run
+//! says which was used. A base URL must name its scheme: `localhost:11434/v1` is a usage error
+//! (exit 2), never a request retried against a host named `localhost:11434`.
 
 use std::path::PathBuf;
 
-use clap::Args;
+use clap::builder::BoolishValueParser;
+use clap::{Args, ValueEnum};
+use serde_json::{Map, Value, json};
 
 use super::exec::ExecArgs;
-use crate::local::{RunConfig, ToolConfig};
+use super::origins::Origins;
+use super::tls::TlsArgs;
+use crate::chat::session::DEFAULT_MAX_STEPS;
+use crate::floor::secret::Secret;
+use crate::local::run::{ModelChoice, Task};
+use crate::local::{LocalEnv, McpConfig, RunConfig, ToolConfig};
+
+/// The base URL when neither a flag nor `OPENAI_BASE_URL` names one (the OpenAI clients' own).
+pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
+
+/// How commands of local use get their environment, and where else they may write.
+#[derive(Clone, Debug, Args)]
+pub struct LocalEnvArgs {
+    /// Pass this variable to commands although its name looks like a credential (repeat the
+    /// flag, or separate names with `,` in the environment). Commands get the rest of your
+    /// environment anyway.
+    #[arg(
+        long = "env",
+        value_name = "NAME",
+        env = "PODHOST_PASS_ENV",
+        value_delimiter = ','
+    )]
+    pub pass_env: Vec<String>,
+    /// Let commands and the file tools also write this directory (repeat the flag, or separate
+    /// paths with `:` in the environment). The workspace and the temporary directory are always
+    /// writable; the rest of the system, your home included, is read-only to them.
+    #[arg(
+        long = "allow-write",
+        value_name = "DIR",
+        env = "PODHOST_ALLOW_WRITE",
+        value_delimiter = ':'
+    )]
+    pub allow_write: Vec<PathBuf>,
+}
+
+impl LocalEnvArgs {
+    fn settings(&self) -> LocalEnv {
+        LocalEnv {
+            pass: self.pass_env.clone(),
+            allow_write: self.allow_write.clone(),
+        }
+    }
+}
+
+/// How hard a reasoning model thinks (`reasoning_effort`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ReasoningEffort {
+    None,
+    Minimal,
+    Low,
+    Medium,
+    High,
+    Xhigh,
+}
 
 /// `podhost run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The OpenAI-compatible base URL (requests go to `{base_url}/chat/completions`).
-    #[arg(long)]
-    pub base_url: String,
+    /// The task for the agent, or `-` to read it from stdin.
+    pub task: Option<String>,
+    /// The OpenAI-compatible base URL (requests go to `{base_url}/chat/completions`); default
+    /// `OPENAI_BASE_URL`, else `https://api.openai.com/v1`.
+    #[arg(long, env = "PODHOST_BASE_URL")]
+    pub base_url: Option<String>,
     /// The model name.
-    #[arg(long)]
-    pub model: String,
-    /// The environment variable that holds the API key, if the model needs one.
-    #[arg(long)]
+    #[arg(long, env = "PODHOST_MODEL")]
+    pub model: Option<String>,
+    /// The environment variable that holds the API key; default `OPENAI_API_KEY` when it is set.
+    #[arg(long, env = "PODHOST_API_KEY_ENV", value_name = "NAME")]
     pub api_key_env: Option<String>,
     /// The workspace directory.
-    #[arg(long, default_value = ".")]
+    #[arg(long, env = "PODHOST_WORKSPACE", default_value = ".")]
     pub workspace: PathBuf,
-    /// The task for the agent.
-    pub task: String,
+    /// Model calls the task may make before it is stopped (exit 4).
+    #[arg(long, env = "PODHOST_MAX_STEPS", default_value_t = DEFAULT_MAX_STEPS,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_steps: u32,
+    /// Instructions added to podhost's own (after the workspace's AGENTS.md).
+    #[arg(long, env = "PODHOST_SYSTEM", value_name = "TEXT")]
+    pub system: Option<String>,
+    /// Sampling temperature, passed to the model.
+    #[arg(long, env = "PODHOST_TEMPERATURE", value_parser = temperature)]
+    pub temperature: Option<f64>,
+    /// Most tokens of each answer (`max_tokens`), passed to the model.
+    #[arg(long, env = "PODHOST_MAX_TOKENS",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_tokens: Option<u32>,
+    /// How hard a reasoning model thinks (`reasoning_effort`), passed to the model.
+    #[arg(long, env = "PODHOST_REASONING_EFFORT", value_enum)]
+    pub reasoning_effort: Option<ReasoningEffort>,
+    /// Print JSON Lines events on stdout (schemas/run-events.v1.json) instead of text.
+    #[arg(long, env = "PODHOST_JSON", value_parser = BoolishValueParser::new())]
+    pub json: bool,
+    /// Also write the final answer to this file.
+    #[arg(
+        short = 'o',
+        long = "output",
+        value_name = "FILE",
+        env = "PODHOST_OUTPUT"
+    )]
+    pub output: Option<PathBuf>,
+    /// Ask for whole answers instead of streamed ones (server-sent events).
+    #[arg(long, env = "PODHOST_NO_STREAM", value_parser = BoolishValueParser::new())]
+    pub no_stream: bool,
+    #[command(flatten)]
+    pub env: LocalEnvArgs,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     #[command(flatten)]
     pub exec: ExecArgs,
+    /// Which settings were given as flags (filled in by `Cli::parse_args`).
+    #[arg(skip)]
+    pub origins: Origins,
 }
 
+fn temperature(s: &str) -> Result<f64, String> {
+    let t: f64 = s.parse().map_err(|_| format!("{s:?} is not a number"))?;
+    if (0.0..=2.0).contains(&t) {
+        Ok(t)
+    } else {
+        Err(format!("{t} is outside 0 to 2"))
+    }
+}
+
+/// `podhost tool`.
 #[derive(Debug, Args)]
 pub struct ToolArgs {
     /// The tool: bash, read, write, edit, grep or glob.
@@ -40,20 +149,120 @@ pub struct ToolArgs {
     #[arg(long, env = "PODHOST_WORKSPACE", default_value = ".")]
     pub workspace: PathBuf,
     #[command(flatten)]
+    pub env: LocalEnvArgs,
+    #[command(flatten)]
+    pub exec: ExecArgs,
+}
+
+/// `podhost mcp`.
+#[derive(Debug, Args)]
+pub struct McpArgs {
+    /// The workspace directory the tools work in.
+    #[arg(long, env = "PODHOST_WORKSPACE", default_value = ".")]
+    pub workspace: PathBuf,
+    /// Serve streamable HTTP on this address (`host:port`, path `/mcp`) instead of stdio.
+    /// Without a credential only a loopback address is allowed.
+    #[arg(long, env = "PODHOST_MCP_LISTEN", value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// The credential HTTP clients send as `Authorization: Bearer …` (prefer the environment
+    /// or a file: a flag shows in the process list).
+    #[arg(long, env = "PODHOST_TOKEN", hide_env_values = true)]
+    pub token: Option<Secret>,
+    /// A file holding the credential (surrounding whitespace ignored).
+    #[arg(long, env = "PODHOST_TOKEN_FILE", conflicts_with = "token")]
+    pub token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub env: LocalEnvArgs,
+    #[command(flatten)]
     pub exec: ExecArgs,
 }
 
 impl RunArgs {
-    /// The plain configuration; pure.
-    pub fn config(&self) -> RunConfig {
-        RunConfig {
-            base_url: self.base_url.clone(),
-            model: self.model.clone(),
-            api_key_env: self.api_key_env.clone(),
-            workspace: self.workspace.clone(),
-            task: self.task.clone(),
-            exec: self.exec.settings(),
+    /// The plain configuration, with `OPENAI_*` read through `var`; an error is a usage error.
+    pub fn config(&self, var: impl Fn(&str) -> Option<String>) -> Result<RunConfig, String> {
+        let set = |name: &str| var(name).filter(|v| !v.trim().is_empty());
+        let (base_url, base_url_from) = match (&self.base_url, set("OPENAI_BASE_URL")) {
+            (Some(u), _) => (u.clone(), "--base-url"),
+            (None, Some(u)) => (u, "OPENAI_BASE_URL"),
+            (None, None) => (DEFAULT_BASE_URL.to_owned(), "default"),
+        };
+        let base_url = check_base_url(base_url.trim(), base_url_from)?;
+        let model = self
+            .model
+            .clone()
+            .filter(|m| !m.trim().is_empty())
+            .ok_or("no model: pass --model NAME or set PODHOST_MODEL")?;
+        let api_key_env = match &self.api_key_env {
+            Some(name) if name.is_empty() => {
+                return Err("--api-key-env: the variable name is empty".into());
+            }
+            Some(name) => Some(name.clone()),
+            None => set("OPENAI_API_KEY").map(|_| "OPENAI_API_KEY".to_owned()),
+        };
+        let task = match self.task.as_deref() {
+            Some("-") => Task::Stdin,
+            Some(t) => Task::Text(t.to_owned()),
+            None => {
+                return Err("no task: give it as an argument, or `-` to read it from stdin".into());
+            }
+        };
+        let mut generation = Map::new();
+        if let Some(t) = self.temperature {
+            generation.insert("temperature".into(), json!(t));
         }
+        if let Some(n) = self.max_tokens {
+            generation.insert("max_tokens".into(), json!(n));
+        }
+        if let Some(e) = self.reasoning_effort {
+            let name = e
+                .to_possible_value()
+                .map(|v| v.get_name().to_owned())
+                .unwrap_or_default();
+            generation.insert("reasoning_effort".into(), Value::String(name));
+        }
+        Ok(RunConfig {
+            model: ModelChoice {
+                base_url,
+                base_url_from,
+                model,
+                api_key_env,
+                generation,
+                stream: !self.no_stream,
+            },
+            task,
+            workspace: self.workspace.clone(),
+            max_steps: self.max_steps,
+            system: self.system.clone(),
+            json: self.json,
+            output_file: self.output.clone(),
+            env: self.env.settings(),
+            tls: self.tls.settings(&self.origins),
+            exec: self.exec.settings(),
+        })
+    }
+}
+
+/// The base URL, checked: `http://` or `https://` and a host.
+fn check_base_url(url: &str, from: &str) -> Result<String, String> {
+    let name = if from == "default" {
+        "the base URL"
+    } else {
+        from
+    };
+    let parsed = reqwest::Url::parse(url);
+    match parsed {
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host_str().is_some() => {
+            Ok(url.to_owned())
+        }
+        Ok(u) if url.contains("://") => Err(format!(
+            "{name} {url:?}: the scheme {:?} is not http or https",
+            u.scheme()
+        )),
+        _ if !url.contains("://") => Err(format!(
+            "{name} {url:?} has no scheme; write it as http://{url} (or https://)"
+        )),
+        Ok(_) => Err(format!("{name} {url:?} has no host")),
+        Err(e) => Err(format!("{name} {url:?} is not a URL: {e}")),
     }
 }
 
@@ -64,7 +273,133 @@ impl ToolArgs {
             name: self.name.clone(),
             input: self.input.clone(),
             workspace: self.workspace.clone(),
+            env: self.env.settings(),
             exec: self.exec.settings(),
         }
+    }
+}
+
+impl McpArgs {
+    /// The plain configuration; pure.
+    pub fn config(&self) -> McpConfig {
+        McpConfig {
+            workspace: self.workspace.clone(),
+            listen: self.listen.clone(),
+            token: self.token.clone(),
+            token_file: self.token_file.clone(),
+            env: self.env.settings(),
+            exec: self.exec.settings(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Cli, Command};
+    use clap::Parser;
+    use pretty_assertions::assert_eq;
+
+    fn run_args(args: &[&str]) -> RunArgs {
+        let mut argv = vec!["podhost", "run"];
+        argv.extend_from_slice(args);
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Run(r) => *r,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn openai_variables_fill_in_what_no_flag_says() {
+        let env = |name: &str| match name {
+            "OPENAI_BASE_URL" => Some("http://127.0.0.1:11434/v1".to_owned()),
+            "OPENAI_API_KEY" => Some("sk-x".to_owned()),
+            _ => None,
+        };
+        let c = run_args(&["--model", "m", "go"]).config(env).unwrap();
+        assert_eq!(
+            (
+                c.model.base_url.as_str(),
+                c.model.base_url_from,
+                c.model.api_key_env.as_deref()
+            ),
+            (
+                "http://127.0.0.1:11434/v1",
+                "OPENAI_BASE_URL",
+                Some("OPENAI_API_KEY")
+            )
+        );
+        let c = run_args(&[
+            "--model",
+            "m",
+            "--base-url",
+            "https://x/v1",
+            "--api-key-env",
+            "K",
+            "-",
+        ])
+        .config(env)
+        .unwrap();
+        assert_eq!(
+            (
+                c.model.base_url_from,
+                c.model.api_key_env.as_deref(),
+                c.task
+            ),
+            ("--base-url", Some("K"), Task::Stdin)
+        );
+        let c = run_args(&["--model", "m", "go"]).config(|_| None).unwrap();
+        assert_eq!(
+            (
+                c.model.base_url.as_str(),
+                c.model.base_url_from,
+                c.model.api_key_env
+            ),
+            (DEFAULT_BASE_URL, "default", None)
+        );
+    }
+
+    #[test]
+    fn settings_pass_through_and_bad_ones_are_usage_errors() {
+        let c = run_args(&[
+            "--model",
+            "m",
+            "--temperature",
+            "0.5",
+            "--max-tokens",
+            "100",
+            "--reasoning-effort",
+            "high",
+            "go",
+        ])
+        .config(|_| None)
+        .unwrap();
+        assert_eq!(
+            Value::Object(c.model.generation),
+            json!({"temperature": 0.5, "max_tokens": 100, "reasoning_effort": "high"})
+        );
+        for (args, error) in [
+            (
+                &["--model", "m", "--base-url", "localhost:11434/v1", "go"][..],
+                "--base-url \"localhost:11434/v1\" has no scheme; write it as \
+                 http://localhost:11434/v1 (or https://)",
+            ),
+            (
+                &["--model", "m", "--base-url", "ftp://h/v1", "go"],
+                "--base-url \"ftp://h/v1\": the scheme \"ftp\" is not http or https",
+            ),
+            (&["go"], "no model: pass --model NAME or set PODHOST_MODEL"),
+            (
+                &["--model", "m"],
+                "no task: give it as an argument, or `-` to read it from stdin",
+            ),
+        ] {
+            assert_eq!(
+                run_args(args).config(|_| None).unwrap_err(),
+                error,
+                "{args:?}"
+            );
+        }
+        assert!(Cli::try_parse_from(["podhost", "run", "--temperature", "3", "x"]).is_err());
     }
 }

@@ -3,25 +3,38 @@
 //! Every setting is a flag with an environment variable (clap `env = …`), so one binary serves a
 //! pod, a CI test and a laptop. The clap structs live here and only here; each converts into a
 //! front's plain configuration (`byoh::ServeConfig`, `nylorun::host::settings::PodConfig`,
-//! `local::RunConfig`, `local::ToolConfig`, with an `exec::ExecSettings`), purely. No front
-//! imports this module.
+//! `local::RunConfig`, `local::ToolConfig`, `local::McpConfig`, with an `exec::ExecSettings`),
+//! purely (`podhost run` reads the `OPENAI_*` variables through a function it is given). No
+//! front imports this module.
 
 mod exec;
 mod local;
+mod origins;
 mod pod;
 mod serve;
+mod tls;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 pub use exec::{ConfineArgs, ExecArgs};
-pub use local::{RunArgs, ToolArgs};
+pub use local::{LocalEnvArgs, McpArgs, RunArgs, ToolArgs};
+pub use origins::Origins;
 pub use pod::{PodArgs, SettingsError};
 pub use serve::ServeArgs;
+pub use tls::TlsArgs;
+
+/// `podhost --version`: the package version and the git revision it was built from.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("BUILD_GIT_REVISION"),
+    ")"
+);
 
 #[derive(Debug, Parser)]
 #[command(
     name = "podhost",
-    version,
+    version = VERSION,
     about = "A sandboxed agent harness",
     propagate_version = true
 )]
@@ -30,20 +43,119 @@ pub struct Cli {
     pub command: Command,
 }
 
+impl Cli {
+    /// Parses `args` (the first is the program name), noting which settings came as flags so
+    /// that errors name them as given. A clap error about a value from an environment variable
+    /// names the variable; `--help` and `--version` are errors too, as with clap.
+    pub fn parse_args(args: Vec<std::ffi::OsString>) -> Result<Cli, ParseError> {
+        let command = Cli::command();
+        let matches = command
+            .clone()
+            .try_get_matches_from(&args)
+            .map_err(|e| ParseError::new(e, &command, &args))?;
+        let mut cli =
+            Cli::from_arg_matches(&matches).map_err(|e| ParseError::new(e, &command, &args))?;
+        if let Some((name, sub)) = matches.subcommand()
+            && let Some(def) = command.find_subcommand(name)
+        {
+            cli.command.set_origins(Origins::from_matches(def, sub));
+        }
+        Ok(cli)
+    }
+}
+
+/// A command line clap refused, or `--help`/`--version`.
+#[derive(Debug)]
+pub struct ParseError {
+    /// What to print, worded to name the flag or variable the user gave.
+    pub message: String,
+    /// Whether it goes to stdout (help, version) with exit 0, or to stderr with exit 2.
+    pub is_error: bool,
+    error: clap::Error,
+}
+
+impl ParseError {
+    fn new(error: clap::Error, command: &clap::Command, args: &[std::ffi::OsString]) -> Self {
+        ParseError {
+            message: origins::reword(&error, command, args),
+            is_error: error.use_stderr(),
+            error,
+        }
+    }
+
+    /// Prints the message (in colour where clap would) and exits as clap does.
+    pub fn exit(self) -> ! {
+        if self.message == self.error.render().to_string() {
+            self.error.exit()
+        }
+        eprint!("{}", self.message);
+        std::process::exit(self.error.exit_code())
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run one workspace tool and print its outcome as JSON.
     Tool(ToolArgs),
     /// Serve the Oumi BYOH endpoint (submit, get_status, collect_output, cancel).
     Serve(ServeArgs),
-    /// Run one agent task in a local workspace against an OpenAI-compatible model.
-    Run(RunArgs),
+    /// Run one agent task in a local workspace against an OpenAI-compatible model: activity on
+    /// stderr, the answer on stdout (or JSON Lines events with --json); exit 0 only with an
+    /// answer.
+    Run(Box<RunArgs>),
+    /// Serve the six tools over the Model Context Protocol (stdio, or streamable HTTP with
+    /// --listen) on a local workspace.
+    Mcp(McpArgs),
     /// Be a Nylorun pod's harness: join core, serve the Harness API, lease runs.
     Pod(Box<PodArgs>),
     /// Ask the running pod host whether it is connected to core (a Kubernetes exec probe):
     /// exit 0 when it answers `connected: true`, 1 otherwise; with `--live`, exit 0 for any
     /// answer.
     Health(HealthArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish or powershell) for podhost.
+    Completions(CompletionsArgs),
+    /// Write podhost's man pages (podhost.1 and one per subcommand) into a directory.
+    #[command(hide = true)]
+    Man(ManArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// The directory to write the pages into (created if missing).
+    #[arg(long, default_value = ".")]
+    pub dir: std::path::PathBuf,
+}
+
+/// Writes the completion script of `shell` for podhost's whole command line to `out`.
+pub fn completions(shell: clap_complete::Shell, out: &mut dyn std::io::Write) {
+    clap_complete::generate(shell, &mut Cli::command(), "podhost", out);
+}
+
+/// Writes `podhost.1` and a page per visible subcommand (`podhost-serve.1`, …) into `dir`;
+/// returns the files written.
+pub fn man_pages(dir: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    let cli = Cli::command().version(VERSION);
+    let mut written = Vec::new();
+    let mut write = |name: String, cmd: clap::Command| -> std::io::Result<()> {
+        let path = dir.join(format!("{name}.1"));
+        let mut file = std::fs::File::create(&path)?;
+        clap_mangen::Man::new(cmd).render(&mut file)?;
+        written.push(path);
+        Ok(())
+    };
+    for sub in cli.get_subcommands().filter(|s| !s.is_hide_set()) {
+        let name = format!("podhost-{}", sub.get_name());
+        write(name.clone(), sub.clone().name(name).version(VERSION))?;
+    }
+    write("podhost".to_owned(), cli)?;
+    Ok(written)
 }
 
 #[derive(Debug, Args)]
@@ -67,17 +179,20 @@ impl Command {
             Command::Tool(args) => Some(&args.exec),
             Command::Serve(args) => Some(&args.exec),
             Command::Run(args) => Some(&args.exec),
+            Command::Mcp(args) => Some(&args.exec),
             Command::Pod(args) => Some(&args.exec),
-            // A probe runs no command.
-            Command::Health(_) => None,
+            // A probe, completions and man pages run no command.
+            Command::Health(_) | Command::Completions(_) | Command::Man(_) => None,
         }
     }
 
-    /// Whether this front runs for long (and so reports its confinement at `info`).
-    pub fn is_long_running(&self) -> bool {
+    /// Notes which settings were given as flags (see [`Origins`]).
+    fn set_origins(&mut self, origins: Origins) {
         match self {
-            Command::Tool(_) | Command::Run(_) | Command::Health(_) => false,
-            Command::Serve(_) | Command::Pod(_) => true,
+            Command::Serve(args) => args.origins = origins,
+            Command::Run(args) => args.origins = origins,
+            Command::Pod(args) => args.origins = origins,
+            _ => {}
         }
     }
 }
@@ -87,6 +202,64 @@ mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
     use std::path::PathBuf;
+
+    fn args(a: &[&str]) -> Vec<std::ffi::OsString> {
+        a.iter().map(|s| s.into()).collect()
+    }
+
+    #[test]
+    fn a_setting_given_as_a_flag_is_named_by_its_flag() {
+        let cli = Cli::parse_args(args(&["podhost", "pod", "--health-port", "x"])).unwrap();
+        let Command::Pod(pod) = cli.command else {
+            panic!("not pod")
+        };
+        assert_eq!(
+            pod.origins.name("NYLORUN_HARNESS_HEALTH_PORT"),
+            "--health-port"
+        );
+        assert_eq!(pod.origins.name("NYLORUN_SANDBOX_ID"), "NYLORUN_SANDBOX_ID");
+    }
+
+    #[test]
+    fn a_bad_flag_value_names_the_flag() {
+        let e = Cli::parse_args(args(&["podhost", "serve", "--max-running", "0"])).unwrap_err();
+        assert!(e.is_error);
+        assert!(
+            e.message
+                .starts_with("error: invalid value '0' for '--max-running <MAX_RUNNING>': "),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn man_pages_and_completions_come_from_the_definitions() {
+        let dir = tempfile::tempdir().unwrap();
+        let pages = man_pages(dir.path()).unwrap();
+        let names: Vec<String> = pages
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "podhost-tool.1",
+                "podhost-serve.1",
+                "podhost-run.1",
+                "podhost-mcp.1",
+                "podhost-pod.1",
+                "podhost-health.1",
+                "podhost-completions.1",
+                "podhost.1"
+            ]
+        );
+        let serve = std::fs::read_to_string(dir.path().join("podhost-serve.1")).unwrap();
+        assert!(serve.contains("PODHOST_LISTEN"), "{serve}");
+        let mut bash = Vec::new();
+        completions(clap_complete::Shell::Bash, &mut bash);
+        let bash = String::from_utf8(bash).unwrap();
+        assert!(bash.contains("--max-running"), "{bash}");
+    }
 
     #[test]
     fn confinement_flags_parse_from_the_environment_names() {

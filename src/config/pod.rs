@@ -12,6 +12,8 @@ use clap::Args;
 use reqwest::Url;
 
 use super::exec::ExecArgs;
+use super::origins::Origins;
+use super::tls::TlsArgs;
 use crate::nylorun::host::settings::{PodConfig, is_harness_id};
 use crate::nylorun::link::protocol::HARNESS_PATH;
 
@@ -78,25 +80,45 @@ pub struct PodArgs {
     /// How long SIGTERM may take: releases, kills, exit (default 7000, v2 §6.2).
     #[arg(long, env = "PODHOST_POD_SHUTDOWN_DEADLINE_MS")]
     pub shutdown_deadline_ms: Option<String>,
+    /// Where the pod's metrics are also served (`GET /metrics`), e.g. `0.0.0.0:9464` to let
+    /// Prometheus scrape the pod's own address; they are always on the loopback health port.
+    #[arg(long, env = "PODHOST_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     #[command(flatten)]
     pub exec: ExecArgs,
+    /// Which settings were given as flags (filled in by `Cli::parse_args`).
+    #[arg(skip)]
+    pub origins: Origins,
 }
 
-/// Every problem found in the settings, each naming its variable.
+/// Every problem found in a front's settings, each naming its flag or variable.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
-#[error("invalid pod configuration:\n{}", .problems.iter().map(|p| format!("  {p}")).collect::<Vec<_>>().join("\n"))]
+#[error("invalid {front} configuration:\n{}", .problems.iter().map(|p| format!("  {p}")).collect::<Vec<_>>().join("\n"))]
 pub struct SettingsError {
-    /// `"<VARIABLE>: <what is wrong>"`, in the order of the variables above.
+    /// The front: `pod`, `serve`.
+    pub front: &'static str,
+    /// `"<VARIABLE or --flag>: <what is wrong>"`, in the order of the settings.
     pub problems: Vec<String>,
 }
 
-struct Check {
-    problems: Vec<String>,
+impl SettingsError {
+    pub fn new(front: &'static str, problems: Vec<String>) -> Self {
+        SettingsError { front, problems }
+    }
 }
 
-impl Check {
+struct Check<'a> {
+    problems: Vec<String>,
+    origins: &'a Origins,
+}
+
+impl Check<'_> {
+    /// A problem, named by the flag or the variable that gave the value.
     fn fail(&mut self, var: &str, message: impl std::fmt::Display) {
-        self.problems.push(format!("{var}: {message}"));
+        self.problems
+            .push(format!("{}: {message}", self.origins.name(var)));
     }
 
     /// A required, non-blank value.
@@ -147,6 +169,16 @@ impl Check {
         ))
     }
 
+    /// `host:port` with a port number (the host is resolved when listening).
+    fn listen_address(&mut self, var: &str, s: &str) {
+        if !is_listen_address(s) {
+            self.fail(
+                var,
+                format!("{s:?} is not host:port (such as 0.0.0.0:9464 or [::]:9464)"),
+            );
+        }
+    }
+
     fn url(&mut self, var: &str, s: &str, schemes: &[&str]) -> Option<Url> {
         match Url::parse(s) {
             Ok(u) if schemes.contains(&u.scheme()) && u.host_str().is_some() => Some(u),
@@ -174,6 +206,7 @@ impl PodArgs {
     pub fn validate(&self) -> Result<PodConfig, SettingsError> {
         let mut c = Check {
             problems: Vec::new(),
+            origins: &self.origins,
         };
         let sandbox_id = c.required("NYLORUN_SANDBOX_ID", &self.sandbox_id);
         if let Some(id) = &sandbox_id
@@ -243,12 +276,17 @@ impl PodArgs {
         let backoff_base = c.millis("PODHOST_POD_BACKOFF_BASE_MS", &self.backoff_base_ms, 500);
         let backoff_cap = c.millis("PODHOST_POD_BACKOFF_CAP_MS", &self.backoff_cap_ms, 10_000);
         if backoff_cap < backoff_base {
+            let base = self.origins.name("PODHOST_POD_BACKOFF_BASE_MS");
             c.fail(
                 "PODHOST_POD_BACKOFF_CAP_MS",
-                "must not be below PODHOST_POD_BACKOFF_BASE_MS",
+                format!("must not be below {base}"),
             );
         }
         let join_retry = c.millis("PODHOST_POD_JOIN_RETRY_MS", &self.join_retry_ms, 30_000);
+        let metrics_listen = Check::optional(&self.metrics_listen);
+        if let Some(addr) = &metrics_listen {
+            c.listen_address("PODHOST_METRICS_LISTEN", addr);
+        }
         let shutdown_deadline = c.millis(
             "PODHOST_POD_SHUTDOWN_DEADLINE_MS",
             &self.shutdown_deadline_ms,
@@ -273,6 +311,8 @@ impl PodArgs {
                     harness_id,
                     concurrency,
                     health_port: (health_port != 0).then_some(health_port),
+                    metrics_listen,
+                    tls: self.tls.settings(&self.origins),
                     renew_interval,
                     silence_timeout,
                     backoff_base,
@@ -282,10 +322,20 @@ impl PodArgs {
                     exec: self.exec.settings(),
                 })
             }
-            _ => Err(SettingsError {
-                problems: c.problems,
-            }),
+            _ => Err(SettingsError::new("pod", c.problems)),
         }
+    }
+}
+
+/// Whether `s` has the form `host:port` (an IPv6 host in brackets) with a port number.
+pub(super) fn is_listen_address(s: &str) -> bool {
+    match s.rsplit_once(':') {
+        Some((host, port)) => {
+            !host.is_empty()
+                && port.parse::<u16>().is_ok()
+                && (!host.contains(':') || (host.starts_with('[') && host.ends_with(']')))
+        }
+        None => false,
     }
 }
 
@@ -373,6 +423,9 @@ mod tests {
         a.backoff_cap_ms = None;
         a.join_retry_ms = None;
         a.shutdown_deadline_ms = None;
+        a.metrics_listen = None;
+        a.tls.ca_file = None;
+        a.tls.ssl_cert_file = None;
         a
     }
 
@@ -411,6 +464,25 @@ mod tests {
         );
         assert_eq!(c.harness_root, PathBuf::from("/vol"));
         assert_eq!(c.health_port, None);
+    }
+
+    #[test]
+    fn a_problem_names_the_flag_when_the_flag_was_given() {
+        let mut a = good();
+        a.health_port = Some("x".into());
+        a.metrics_listen = Some("9464".into());
+        a.origins = <Wrap as clap::CommandFactory>::command()
+            .try_get_matches_from(["t", "--health-port", "x"])
+            .map(|m| Origins::from_matches(&<Wrap as clap::CommandFactory>::command(), &m))
+            .unwrap();
+        let e = a.validate().unwrap_err();
+        assert_eq!(
+            e.problems,
+            vec![
+                "--health-port: \"x\" is not a port number (0 turns the health listener off)",
+                "PODHOST_METRICS_LISTEN: \"9464\" is not host:port (such as 0.0.0.0:9464 or [::]:9464)",
+            ]
+        );
     }
 
     #[test]

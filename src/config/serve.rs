@@ -6,6 +6,9 @@ use std::time::Duration;
 use clap::Args;
 
 use super::exec::ExecArgs;
+use super::origins::Origins;
+use super::pod::{SettingsError, is_listen_address};
+use super::tls::TlsArgs;
 use crate::byoh::ServeConfig;
 use crate::floor::secret::Secret;
 
@@ -56,16 +59,45 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..=20))]
     pub model_attempts: u32,
     #[command(flatten)]
+    pub tls: TlsArgs,
+    #[command(flatten)]
     pub exec: ExecArgs,
+    /// Which settings were given as flags (filled in by `Cli::parse_args`).
+    #[arg(skip)]
+    pub origins: Origins,
 }
 
 impl ServeArgs {
-    /// The plain configuration; pure.
-    pub fn config(&self) -> ServeConfig {
-        ServeConfig {
+    /// The plain configuration, or every problem found, each naming its flag or variable; pure
+    /// (the token file is read when serving starts).
+    pub fn config(&self) -> Result<ServeConfig, SettingsError> {
+        let mut problems = Vec::new();
+        let listen = self.origins.name("PODHOST_LISTEN");
+        if !is_listen_address(&self.listen) {
+            problems.push(format!(
+                "{listen}: {:?} is not host:port (such as 127.0.0.1:8080 or [::]:8080)",
+                self.listen
+            ));
+        }
+        if self
+            .token
+            .as_ref()
+            .is_some_and(|t| t.expose().trim().is_empty())
+        {
+            problems.push(format!(
+                "{}: the credential is empty",
+                self.origins.name("PODHOST_TOKEN")
+            ));
+        }
+        if !problems.is_empty() {
+            return Err(SettingsError::new("serve", problems));
+        }
+        Ok(ServeConfig {
+            listen_setting: listen,
             listen: self.listen.clone(),
             data: self.data.clone(),
             store: self.store.clone(),
+            store_setting: self.origins.name("PODHOST_STORE"),
             lease: Duration::from_secs(self.lease_secs),
             token: self.token.clone(),
             token_file: self.token_file.clone(),
@@ -74,7 +106,8 @@ impl ServeArgs {
             orphan_grace: Duration::from_secs(self.orphan_grace_secs),
             max_steps: self.max_steps,
             model_attempts: self.model_attempts,
+            tls: self.tls.settings(&self.origins),
             exec: self.exec.settings(),
-        }
+        })
     }
 }

@@ -5,26 +5,140 @@
 //! `TRACEPARENT`), then the egress proxy variables and CA bundle paths when configured, which a
 //! session cannot override.
 //!
-//! Invariant: nothing of podhost's own process environment is inherited. A `NYLORUN_*` or
-//! `PODHOST_*` name in the call's variables is dropped: those are podhost's, never a command's.
+//! Two bases. A pod's and the BYOH endpoint's commands start clean: nothing of podhost's own
+//! process environment is inherited. Local use (`podhost tool`, `run`, `mcp`) runs commands for
+//! the person at the keyboard, as that person: [`BaseEnv::inherited`] keeps their environment
+//! (`PATH` with `~/.cargo/bin`, nvm, pyenv; `HOME`; the locale) minus every variable whose name
+//! looks like a credential ([`is_credential_name`]) unless it is passed by name.
+//!
+//! Invariant: a `NYLORUN_*` or `PODHOST_*` name is never given to a command, from the call's
+//! variables or an inherited environment: those are podhost's.
 
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::{Arc, PoisonError, RwLock};
 
 /// The variables every command starts from.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct BaseEnv {
     pub path: String,
     pub home: PathBuf,
+    /// Variables of the user's own environment (local use only), set before everything else.
+    pub inherited: Vec<(String, String)>,
+}
+
+impl fmt::Debug for BaseEnv {
+    /// Names only: an inherited value is the user's, and may be anything.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BaseEnv")
+            .field("path", &self.path)
+            .field("home", &self.home)
+            .field(
+                "inherited",
+                &self.inherited.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
 }
 
 impl Default for BaseEnv {
     fn default() -> Self {
         BaseEnv {
-            path: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_owned(),
+            path: DEFAULT_PATH.to_owned(),
             home: PathBuf::from("/tmp"),
+            inherited: Vec::new(),
         }
+    }
+}
+
+/// `PATH` when no other is given.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Words that make a variable's name look like a credential, in any case.
+pub const CREDENTIAL_WORDS: [&str; 8] = [
+    "KEY",
+    "SECRET",
+    "TOKEN",
+    "PASSWORD",
+    "PASSWD",
+    "CREDENTIAL",
+    "AUTH",
+    "JWT",
+];
+
+/// Cloud and registry variables that carry access without one of [`CREDENTIAL_WORDS`] in their
+/// names: connection strings with passwords, the cloud SDKs' session and profile settings,
+/// registry configuration that may embed a login.
+pub const CREDENTIAL_NAMES: [&str; 14] = [
+    "DATABASE_URL",
+    "REDIS_URL",
+    "MONGODB_URI",
+    "AMQP_URL",
+    "SENTRY_DSN",
+    "AWS_PROFILE",
+    "AWS_ROLE_ARN",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AZURE_CLIENT_CERTIFICATE_PATH",
+    "CLOUDSDK_CONFIG",
+    "DOCKER_CONFIG",
+    "NPM_CONFIG_USERCONFIG",
+    "KUBECONFIG",
+];
+
+/// Whether a variable of this name is kept from commands in local use unless passed by name:
+/// its name holds one of [`CREDENTIAL_WORDS`] (any case), or is one of [`CREDENTIAL_NAMES`] or
+/// ends in `_DSN`, or is podhost's own (`PODHOST_*`, `NYLORUN_*`).
+pub fn is_credential_name(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    CREDENTIAL_WORDS.iter().any(|w| upper.contains(w))
+        || CREDENTIAL_NAMES.contains(&upper.as_str())
+        || upper.ends_with("_DSN")
+}
+
+/// What [`BaseEnv::inherited`] kept back.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Withheld {
+    /// Names that look like credentials, not passed (sorted).
+    pub credentials: Vec<String>,
+    /// Names passed that are not set (sorted).
+    pub unset: Vec<String>,
+}
+
+impl BaseEnv {
+    /// The base of local use: `vars` (the user's environment) without the names that look like
+    /// credentials ([`is_credential_name`]) unless `pass` names them, without podhost's own
+    /// (`PODHOST_*`, `NYLORUN_*`, never passed), and without names or values a command line
+    /// cannot carry. `PATH` and `HOME` are the user's (their defaults when unset).
+    pub fn inherited(
+        vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+        pass: &[String],
+    ) -> (BaseEnv, Withheld) {
+        let mut base = BaseEnv::default();
+        let mut withheld = Withheld::default();
+        let mut seen = Vec::new();
+        for (name, value) in vars {
+            let (Ok(name), Ok(value)) = (name.into_string(), value.into_string()) else {
+                continue;
+            };
+            if !is_valid_name(&name) || value.contains('\0') || is_reserved(&name) {
+                continue;
+            }
+            seen.push(name.clone());
+            if is_credential_name(&name) && !pass.contains(&name) {
+                withheld.credentials.push(name);
+                continue;
+            }
+            match name.as_str() {
+                "PATH" => base.path = value,
+                "HOME" => base.home = PathBuf::from(value),
+                _ => base.inherited.push((name, value)),
+            }
+        }
+        withheld.unset = pass.iter().filter(|p| !seen.contains(p)).cloned().collect();
+        withheld.credentials.sort();
+        withheld.unset.sort();
+        (base, withheld)
     }
 }
 
@@ -188,9 +302,22 @@ impl CommandEnv {
                 vars.push((name.to_owned(), value));
             }
         };
+        for (k, v) in &self.base.inherited {
+            set(k, v.clone());
+        }
         set("PATH", self.base.path.clone());
         set("HOME", self.base.home.to_string_lossy().into_owned());
+        let user_locale = self
+            .base
+            .inherited
+            .iter()
+            .any(|(k, _)| k == "LANG" || k.starts_with("LC_"));
         for (k, v) in FIXED {
+            // The user's own locale stays theirs; the rest keeps commands from waiting on a
+            // terminal that is not there.
+            if user_locale && (k == "LANG" || k == "LC_ALL") {
+                continue;
+            }
             set(k, v.to_owned());
         }
         for (k, v) in call {
@@ -262,5 +389,75 @@ mod tests {
             Some("http://nylorun:renewed@egress:4200")
         );
         assert!(!format!("{egress:?}").contains("renewed"));
+    }
+
+    #[test]
+    fn an_inherited_base_keeps_the_users_environment_but_not_credentials() {
+        let vars = [
+            ("PATH", "/home/u/.cargo/bin:/usr/bin"),
+            ("HOME", "/home/u"),
+            ("LANG", "de_DE.UTF-8"),
+            ("NVM_DIR", "/home/u/.nvm"),
+            ("OPENAI_API_KEY", "sk-1"),
+            ("GH_TOKEN", "gh"),
+            ("aws_secret_access_key", "s"),
+            ("PGPASSWORD", "p"),
+            ("SSH_AUTH_SOCK", "/run/ssh"),
+            ("DATABASE_URL", "postgres://u:p@h/db"),
+            ("SENTRY_DSN", "https://k@sentry"),
+            ("AWS_PROFILE", "prod"),
+            ("PODHOST_TOKEN", "t"),
+            ("NYLORUN_HOST_TOKEN", "t"),
+            ("PODHOST_WORKSPACE", "/w"),
+            ("NPM_TOKEN", "n"),
+        ]
+        .map(|(k, v)| (k.into(), v.into()));
+        let (base, withheld) = BaseEnv::inherited(
+            vars,
+            &["NPM_TOKEN".to_owned(), "NOT_SET_ANYWHERE".to_owned()],
+        );
+        assert_eq!(base.path, "/home/u/.cargo/bin:/usr/bin");
+        assert_eq!(base.home, PathBuf::from("/home/u"));
+        assert_eq!(
+            withheld,
+            Withheld {
+                credentials: [
+                    "AWS_PROFILE",
+                    "DATABASE_URL",
+                    "GH_TOKEN",
+                    "OPENAI_API_KEY",
+                    "PGPASSWORD",
+                    "SENTRY_DSN",
+                    "SSH_AUTH_SOCK",
+                    "aws_secret_access_key",
+                ]
+                .map(String::from)
+                .to_vec(),
+                unset: vec!["NOT_SET_ANYWHERE".to_owned()],
+            }
+        );
+        let vars = CommandEnv::new(base.clone(), None).build(&[("X".into(), "1".into())]);
+        let names: Vec<&str> = vars.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "LANG",
+                "NVM_DIR",
+                "NPM_TOKEN",
+                "PATH",
+                "HOME",
+                "TERM",
+                "PAGER",
+                "GIT_PAGER",
+                "GIT_TERMINAL_PROMPT",
+                "DEBIAN_FRONTEND",
+                "NO_COLOR",
+                "X"
+            ]
+        );
+        assert_eq!(get(&vars, "LANG"), Some("de_DE.UTF-8"));
+        assert_eq!(get(&vars, "NPM_TOKEN"), Some("n"));
+        // Values never show in the debug form.
+        assert!(!format!("{base:?}").contains("/home/u/.nvm"));
     }
 }

@@ -185,6 +185,11 @@ async fn control(
         _ = tokio::time::sleep(timeout) => Ended::TimedOut,
         _ = cancel.cancelled() => Ended::Cancelled,
     };
+    crate::floor::metrics::command_killed(if matches!(how, Ended::TimedOut) {
+        "timeout"
+    } else {
+        "cancel"
+    });
     sup.terminate().await?;
     Ok(how)
 }

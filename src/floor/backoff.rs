@@ -1,4 +1,8 @@
 //! Retry pacing: jittered exponential backoff, and a sleep that a cancellation cuts short.
+//!
+//! The one backoff of podhost: the pod's reconnects and join retries and the model client's
+//! retries all pace themselves with [`Backoff`], so that many clients failing together spread
+//! their next attempts instead of arriving in step.
 
 use std::time::Duration;
 
@@ -41,5 +45,22 @@ pub async fn sleep_or_cancel(d: Duration, cancel: &CancellationToken) -> bool {
     tokio::select! {
         _ = tokio::time::sleep(d) => true,
         _ = cancel.cancelled() => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delays_double_within_the_upper_half_up_to_the_cap_and_reset() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(700));
+        for step in [100u64, 200, 400, 700, 700] {
+            let d = b.next_delay();
+            let range = Duration::from_millis(step / 2)..=Duration::from_millis(step);
+            assert!(range.contains(&d), "{d:?} not in {range:?}");
+        }
+        b.reset();
+        assert!(b.next_delay() <= Duration::from_millis(100));
     }
 }

@@ -3,16 +3,28 @@
 //! A code is part of the interface: models, core, evaluators and scripts match on it. Add one
 //! here, never as a literal where it is used; each group says where it appears.
 
-/// Process exit codes of the `podhost` binary.
+/// Process exit codes of the `podhost` binary. README.md has the table users read; keep the two
+/// in step.
 pub mod exit {
-    /// The job ran (a tool that ran and failed is still a run).
+    /// The job ran: `podhost run` ended with an answer; `podhost tool` ran its tool (a tool that
+    /// ran and failed is still a run).
     pub const OK: i32 = 0;
     /// A fault of podhost itself.
     pub const FAILURE: i32 = 1;
-    /// Bad input or configuration: nothing ran.
+    /// Bad input or configuration (a missing model, a base URL without a scheme, bad JSON):
+    /// nothing ran.
     pub const USAGE: i32 = 2;
+    /// `podhost run`: the model call failed (after its retries), or the model ended without an
+    /// answer.
+    pub const MODEL_FAILED: i32 = 3;
+    /// `podhost run`: the task used up `--max-steps` model calls without an answer.
+    pub const STEP_LIMIT: i32 = 4;
+    /// `podhost run`: the agent asked the user a question and there was no terminal to answer it.
+    pub const INPUT_REQUIRED: i32 = 5;
     /// Stopped by SIGINT (Ctrl-C): 128 + 2, as shells report it.
     pub const INTERRUPTED: i32 = 130;
+    /// Stopped by SIGTERM: 128 + 15, as shells report it.
+    pub const TERMINATED: i32 = 143;
 }
 
 /// The `sandbox.*` failure codes podhost reports. The first group is Nylorun's own (v2 notes §7);

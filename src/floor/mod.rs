@@ -7,6 +7,8 @@
 //! * [`backoff`]: jittered exponential backoff for retries and reconnects.
 //! * [`secret`]: a credential that prints as `[redacted]`.
 //! * [`text`]: making arbitrary bytes into bounded, valid text (middle truncation, clipping).
+//! * [`tls`]: the one TLS client configuration of every outgoing connection.
+//! * [`metrics`]: the Prometheus metrics every layer records, and their text.
 //!
 //! Invariant: nothing here imports a module of podhost (`exec` and `tools` both build on it); a
 //! test in `tests/layers.rs` checks it.
@@ -14,6 +16,8 @@
 pub(crate) mod backoff;
 pub mod codes;
 pub(crate) mod locks;
+pub mod metrics;
 pub(crate) mod secret;
 pub mod text;
+pub mod tls;
 pub mod workspace;

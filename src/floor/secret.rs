@@ -18,6 +18,18 @@ impl Secret {
     pub fn expose(&self) -> &str {
         &self.0
     }
+
+    /// Whether `presented` is this secret, compared in time independent of where they differ.
+    pub fn matches(&self, presented: &str) -> bool {
+        let (a, b) = (self.0.as_bytes(), presented.as_bytes());
+        let mut diff = (a.len() ^ b.len()) as u64;
+        for i in 0..a.len().max(b.len()) {
+            let x = a.get(i).copied().unwrap_or(0);
+            let y = b.get(i).copied().unwrap_or(0);
+            diff |= u64::from(x ^ y);
+        }
+        diff == 0
+    }
 }
 
 impl fmt::Debug for Secret {
@@ -48,5 +60,9 @@ mod tests {
         let s: Secret = "hunter2".parse().unwrap();
         assert_eq!(format!("{s} {s:?}"), "[redacted] [redacted]");
         assert_eq!(s.expose(), "hunter2");
+        assert!(s.matches("hunter2"));
+        for other in ["hunter3", "hunter", "hunter22", ""] {
+            assert!(!s.matches(other), "{other}");
+        }
     }
 }

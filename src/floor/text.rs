@@ -1,5 +1,5 @@
 //! Text shaping shared by the tools: middle truncation, line clipping, and making arbitrary bytes
-//! into valid text.
+//! into valid text; and the one way an error is printed with its causes ([`error_chain`]).
 //!
 //! Invariants: every function returns valid UTF-8 without NUL characters, cut on character
 //! boundaries, and says how much it left out.
@@ -9,6 +9,23 @@ pub const LINE_CHARS: usize = 2000;
 
 /// The replacement for a byte that is not UTF-8, or a NUL.
 pub const REPLACEMENT: char = '\u{FFFD}';
+
+/// An error and each of its causes, once, joined by `: ` on one line. A cause that an error
+/// already shows in its own text (`"{what}: {source}"` with `#[source]`) is not repeated.
+/// Every front prints errors through this, so a cause appears once whoever wrapped it.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let more = cause.to_string();
+        if !more.is_empty() && !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = cause.source();
+    }
+    text
+}
 
 /// The marker between the head and the tail of a middle-truncated text.
 pub fn omitted_marker(omitted_chars: u64) -> String {

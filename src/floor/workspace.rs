@@ -207,6 +207,17 @@ impl Workspace {
         }
     }
 
+    /// A display path (as [`Resolved::display`] holds it) relative to the workspace root: the
+    /// one path style of tool results. The root itself is `.`; a path in another root (a pod's
+    /// `/tmp`, `/skills`) keeps its display path.
+    pub fn relative(&self, display: &str) -> String {
+        match Path::new(display).strip_prefix(self.display_root()) {
+            Ok(rest) if rest.as_os_str().is_empty() => ".".to_owned(),
+            Ok(rest) => rest.to_string_lossy().into_owned(),
+            Err(_) => display.to_owned(),
+        }
+    }
+
     /// The path of `host` relative to the workspace root, or its display path when outside it.
     pub fn relative_display_of(&self, host: &Path) -> String {
         match host.strip_prefix(self.root()) {
@@ -451,6 +462,23 @@ mod tests {
         assert_eq!(r.host, w.root().join("a.txt"));
         let r = w.resolve("new/dir/file", Access::Write).unwrap();
         assert_eq!((r.host, r.exists), (w.root().join("new/dir/file"), false));
+    }
+
+    #[test]
+    fn results_name_paths_relative_to_the_workspace() {
+        let (d, w) = ws();
+        std::fs::create_dir(d.path().join("tmp")).unwrap();
+        let w = w.with_root(&d.path().join("tmp"), Some(Path::new("/tmp")), true);
+        assert_eq!(
+            [
+                "/workspace/src/a.rs",
+                "/workspace",
+                "/tmp/x",
+                "/workspaces/b"
+            ]
+            .map(|p| w.relative(p)),
+            ["src/a.rs", ".", "/tmp/x", "/workspaces/b"]
+        );
     }
 
     #[test]

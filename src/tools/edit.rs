@@ -1,7 +1,9 @@
 //! `edit`: replace an exact piece of a file's text.
 //!
-//! Owns: matching `old_string` against the text `read` shows, line-ending carry-over, and the
-//! read-modify-write of one file under its lock.
+//! Owns: matching `old_string` against the text `read` shows, line-ending carry-over, the
+//! read-modify-write of one file under its lock, and the result: the path relative to the
+//! workspace, the number of replacements, and a snippet of the edited text around the first
+//! change, numbered as `read` numbers lines (so the model sees the change landed where it meant).
 //!
 //! Invariants:
 //! * The file is decoded with [`encoding::decode`] — the rule `read` shows lines by — and written
@@ -33,10 +35,15 @@ use tokio_util::sync::CancellationToken;
 
 use super::encoding::{self, EncodingError};
 use super::{ToolOutcome, Toolbox, codes, read, write};
+use crate::floor::text;
 use crate::floor::workspace::{Access, Resolved};
 
 /// The largest file `edit` reads into memory.
 pub const MAX_EDIT_BYTES: u64 = 16 * 1024 * 1024;
+/// Lines of unchanged text the result shows before and after the first change.
+pub const SNIPPET_CONTEXT: usize = 3;
+/// The most lines the result's snippet holds.
+pub const SNIPPET_MAX_LINES: usize = 30;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -65,11 +72,18 @@ pub fn edit(tb: &Toolbox, input: EditInput, cancel: &CancellationToken) -> ToolO
     if input.old_string == input.new_string {
         return ToolOutcome::failed(codes::EDIT_NOOP, "old_string and new_string are identical");
     }
+    let shown = tb.workspace().relative(&resolved.display);
     let guard = tb.locks().lock(&resolved.host);
-    guard.with(|| edit_locked(&resolved, &input, cancel))
+    guard.with(|| edit_locked(&resolved, &shown, &input, cancel))
 }
 
-fn edit_locked(resolved: &Resolved, input: &EditInput, cancel: &CancellationToken) -> ToolOutcome {
+/// Edits the file; `shown` is its path as the result names it (relative to the workspace).
+fn edit_locked(
+    resolved: &Resolved,
+    shown: &str,
+    input: &EditInput,
+    cancel: &CancellationToken,
+) -> ToolOutcome {
     let display = &resolved.display;
     let file = match read::open(resolved) {
         Ok(f) => f,
@@ -160,7 +174,70 @@ fn edit_locked(resolved: &Resolved, input: &EditInput, cancel: &CancellationToke
     if let Err(e) = write::replace_file(&resolved.host, &new_bytes, mode) {
         return write::write_failed(display, &e);
     }
-    ToolOutcome::completed(json!({"path": display, "replacements": matches.len()}))
+    let first = &matches[0];
+    let replaced = with_endings(&new, &decoded.text, first.clone());
+    let edited = edited_text(&decoded.text, &matches, &new);
+    ToolOutcome::completed(json!({
+        "path": shown,
+        "replacements": matches.len(),
+        "snippet": snippet(&edited, first.start..first.start + replaced.len()),
+    }))
+}
+
+/// The file's text after the edit, as `read` would show it (decoded).
+fn edited_text(text: &str, matches: &[Range<usize>], new: &str) -> String {
+    let mut out = String::with_capacity(text.len() + new.len().saturating_mul(matches.len()));
+    let mut cursor = 0;
+    for m in matches {
+        out.push_str(&text[cursor..m.start]);
+        out.push_str(&with_endings(new, text, m.clone()));
+        cursor = m.end;
+    }
+    out.push_str(&text[cursor..]);
+    out
+}
+
+/// The lines of `text` around `change` (a byte range of it), numbered as `read` numbers them
+/// (`N<TAB>text`): [`SNIPPET_CONTEXT`] lines before and after the changed lines, at most
+/// [`SNIPPET_MAX_LINES`] in all (a longer change is cut, and the cut said).
+fn snippet(text: &str, change: Range<usize>) -> String {
+    let bytes = text.as_bytes();
+    let line_start = |at: usize| memrchr(b'\n', &bytes[..at]).map_or(0, |i| i + 1);
+    let mut from = line_start(change.start);
+    for _ in 0..SNIPPET_CONTEXT {
+        if from == 0 {
+            break;
+        }
+        from = line_start(from - 1);
+    }
+    let first_number = memchr_iter(b'\n', &bytes[..from]).count() + 1;
+    // The last changed line holds the change's last byte (its first, for a deletion).
+    let last = change
+        .end
+        .max(change.start + 1)
+        .min(bytes.len())
+        .saturating_sub(1)
+        .max(from);
+    let wanted = memchr_iter(b'\n', &bytes[from..last]).count() + 1 + SNIPPET_CONTEXT;
+    let lines: Vec<&str> = text[from..].split_inclusive('\n').take(wanted).collect();
+    let shown = lines.len().min(SNIPPET_MAX_LINES);
+    let width = (first_number + shown.saturating_sub(1)).to_string().len();
+    let mut out = String::new();
+    for (n, line) in (first_number..).zip(&lines[..shown]) {
+        let line = line.strip_suffix('\n').unwrap_or(line);
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(&format!("{n:>width$}\t{}", text::clip_line(line)));
+    }
+    if lines.len() > shown {
+        out.push_str(&format!(
+            "\n… {} more line(s) of this change; read the file to see them.",
+            lines.len() - shown
+        ));
+    }
+    out
 }
 
 fn read_failed(display: &str, e: &std::io::Error) -> ToolOutcome {
@@ -360,6 +437,35 @@ mod tests {
         assert_eq!(
             replace("k=1\r\nk=1\nk=1", "k=1", "k=\n2"),
             "k=\r\n2\r\nk=\n2\nk=\n2"
+        );
+    }
+
+    #[test]
+    fn the_snippet_shows_the_change_with_three_lines_around_it() {
+        let text: String = (1..=12).map(|n| format!("line {n}\n")).collect();
+        let at = text.find("line 6").unwrap();
+        let edited = edited_text(
+            &text,
+            std::slice::from_ref(&(at..at + 6)),
+            "six\nsix and a half",
+        );
+        let change = at..at + "six\nsix and a half".len();
+        assert_eq!(
+            snippet(&edited, change),
+            " 3\tline 3\n 4\tline 4\n 5\tline 5\n 6\tsix\n 7\tsix and a half\n 8\tline 7\n \
+             9\tline 8\n10\tline 9"
+        );
+        // At the top, a deletion, CRLF lines, and a file that ends in the change.
+        assert_eq!(snippet("a\r\nb\r\n", 0..0), "1\ta\n2\tb");
+        assert_eq!(snippet("a\nb", 2..3), "1\ta\n2\tb");
+        assert_eq!(snippet("", 0..0), "");
+        // A change longer than the snippet is cut, and the cut said.
+        let long: String = (1..=50).map(|n| format!("{n}\n")).collect();
+        let cut = snippet(&long, 0..long.len());
+        assert_eq!(cut.lines().count(), SNIPPET_MAX_LINES + 1);
+        assert!(
+            cut.ends_with("30\t30\n… 20 more line(s) of this change; read the file to see them."),
+            "{cut}"
         );
     }
 

@@ -9,8 +9,8 @@
 //!   heap, so memory does not grow with the tree), and the heaps are merged and sorted once at the
 //!   end. The result is exactly the newest [`MAX_FILES`] matches of the whole tree, ordered by
 //!   modification time, newest first, ties broken by path — the same for every thread schedule.
-//! * Only regular files are listed (no directories, no symlinks, see `walk`), by the absolute
-//!   path the model knows (`/workspace/src/a.rs`).
+//! * Only regular files are listed (no directories, no symlinks, see `walk`), by their path
+//!   relative to the workspace (`src/a.rs`), as every tool result names paths.
 //! * More than [`MAX_FILES`] matches are counted and said, never silently dropped.
 //!
 //! Non-goals: listing directories; following symlinks.
@@ -98,7 +98,7 @@ fn find_files(
     }
     let mut out = all
         .iter()
-        .map(|r| ws.display_of(&r.path))
+        .map(|r| ws.relative_display_of(&r.path))
         .collect::<Vec<_>>()
         .join("\n");
     if matched > MAX_FILES {

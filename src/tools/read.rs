@@ -14,8 +14,11 @@
 //!   counted.
 //! * A FIFO, device or directory is refused without reading from it (`paths::open_regular`).
 //!
-//! Non-goals: images, PDFs, notebooks (bash can convert them); staleness tracking between a read
-//! and an edit (edits match text exactly, under the file's lock).
+//! A Jupyter notebook (`.ipynb`) is shown as its cells and outputs ([`notebook`]), paged like
+//! any text.
+//!
+//! Non-goals: images, PDFs (bash can convert them); staleness tracking between a read and an edit
+//! (edits match text exactly, under the file's lock).
 
 use std::fmt::Write as _;
 use std::fs::File;
@@ -29,6 +32,8 @@ use super::encoding::{self, Sniff, Utf8Check};
 use super::{ToolOutcome, Toolbox, codes};
 use crate::floor::text;
 use crate::floor::workspace::{self as paths, Access, OpenError, Resolved};
+
+pub mod notebook;
 
 /// Lines shown when the call gives no `limit`.
 pub const DEFAULT_LIMIT: u64 = 2000;
@@ -75,7 +80,12 @@ pub fn read(tb: &Toolbox, input: ReadInput, cancel: &CancellationToken) -> ToolO
         Err(outcome) => return outcome,
     };
     let display = &resolved.display;
-    match read_page(file, first, limit, cancel) {
+    let page = if notebook::is_notebook(display) {
+        read_notebook(file, first, limit, cancel)
+    } else {
+        read_page(file, first, limit, cancel)
+    };
+    match page {
         Ok(page) => ToolOutcome::completed(page.render(display)),
         Err(ReadError::Binary) => binary(display, "read shows text only"),
         Err(ReadError::Cancelled) => {
@@ -217,9 +227,29 @@ fn digits(n: u64) -> usize {
     n.checked_ilog10().map_or(1, |d| d as usize + 1)
 }
 
+/// A notebook's page of its rendered cells ([`notebook`]); a file too large to render, or that
+/// is not a notebook after all, pages as the text it is.
+fn read_notebook(
+    file: File,
+    first: u64,
+    limit: u64,
+    cancel: &CancellationToken,
+) -> Result<Page, ReadError> {
+    if file.metadata()?.len() > notebook::MAX_NOTEBOOK_BYTES {
+        return read_page(file, first, limit, cancel);
+    }
+    let mut bytes = Vec::new();
+    file.take(notebook::MAX_NOTEBOOK_BYTES + 1)
+        .read_to_end(&mut bytes)?;
+    match notebook::render(&bytes) {
+        Some(text) => read_page(io::Cursor::new(text.into_bytes()), first, limit, cancel),
+        None => read_page(io::Cursor::new(bytes), first, limit, cancel),
+    }
+}
+
 /// Sniffs the file, then streams it into a [`Page`].
-fn read_page(
-    mut file: File,
+fn read_page<R: Read>(
+    mut file: R,
     first: u64,
     limit: u64,
     cancel: &CancellationToken,

@@ -33,6 +33,8 @@ pub struct ToolboxBuilder {
     supervisor: PathBuf,
     confinement: Confinement,
     egress: Option<Egress>,
+    /// The base environment of commands; `None` for the clean one with `HOME` = the workspace.
+    base_env: Option<BaseEnv>,
     one_at_a_time: bool,
 }
 
@@ -44,6 +46,7 @@ impl ToolboxBuilder {
             settings: settings.clone(),
             supervisor,
             egress: None,
+            base_env: None,
             one_at_a_time: false,
         }
     }
@@ -60,6 +63,13 @@ impl ToolboxBuilder {
         self
     }
 
+    /// Commands start from `base` (local use: the user's own environment and `HOME`, see
+    /// `BaseEnv::inherited`) instead of the clean base with `HOME` = the workspace.
+    pub fn base_env(mut self, base: BaseEnv) -> Self {
+        self.base_env = Some(base);
+        self
+    }
+
     /// The front-wide confinement policy.
     pub fn confinement(&self) -> &Confinement {
         &self.confinement
@@ -72,13 +82,14 @@ impl ToolboxBuilder {
         self
     }
 
-    /// The toolbox of `workspace`. Commands get `HOME` = the workspace root; with `private_tmp`,
-    /// their own temporary directory (`TMPDIR`), `/tmp` then read-only.
+    /// The toolbox of `workspace`. Commands get `HOME` = the workspace root unless a base
+    /// environment was given; with `private_tmp`, their own temporary directory (`TMPDIR`),
+    /// `/tmp` then read-only.
     pub fn build(&self, workspace: Workspace, private_tmp: Option<&Path>) -> Toolbox {
-        let base = BaseEnv {
+        let base = self.base_env.clone().unwrap_or_else(|| BaseEnv {
             home: workspace.root().to_path_buf(),
             ..BaseEnv::default()
-        };
+        });
         let executor = Executor::new(ExecConfig {
             supervisor: self.supervisor.clone(),
             shell: find_shell(self.settings.shell.as_deref()),
@@ -185,6 +196,22 @@ impl Toolbox {
     /// commands run one at a time, a command waits here for the one before it (or for its
     /// cancellation).
     pub async fn call(
+        &self,
+        name: &str,
+        input: &Value,
+        ctx: &CallContext,
+    ) -> Result<ToolOutcome, ToolError> {
+        let started = std::time::Instant::now();
+        let result = self.dispatch(name, input, ctx).await;
+        crate::floor::metrics::tool_call(
+            metric_tool(name),
+            metric_outcome(&result),
+            started.elapsed(),
+        );
+        result
+    }
+
+    async fn dispatch(
         &self,
         name: &str,
         input: &Value,
@@ -338,4 +365,19 @@ pub fn unknown_tool(name: &str, tools: &[&str]) -> ToolOutcome {
         crate::floor::codes::tool::UNKNOWN,
         format!("There is no tool named {name:?}. The tools are {list}."),
     )
+}
+
+/// A tool's name as a metric label: one of the six, or `unknown` (a model may name anything).
+fn metric_tool(name: &str) -> &'static str {
+    name.parse::<ToolName>().map_or("unknown", ToolName::as_str)
+}
+
+/// A call's outcome as a metric label.
+fn metric_outcome(result: &Result<ToolOutcome, ToolError>) -> &'static str {
+    match result {
+        Ok(ToolOutcome::Completed { .. }) => "completed",
+        Ok(ToolOutcome::Failed { code, .. }) if code == codes::CANCELLED => "cancelled",
+        Ok(ToolOutcome::Failed { .. }) => "failed",
+        Err(_) => "error",
+    }
 }

@@ -1,6 +1,7 @@
 //! `write`: create or replace a whole file.
 //!
-//! Owns: the atomic replacement of a file that `write` and `edit` share (`replace_file`).
+//! Owns: the atomic replacement of a file that `write` and `edit` share (`replace_file`). The
+//! result names the file relative to the workspace, as every tool result does.
 //!
 //! Invariants:
 //! * A reader sees the old file or the new one, never a mix: the bytes go to a temporary file in
@@ -50,11 +51,13 @@ pub fn write(tb: &Toolbox, input: WriteInput, cancel: &CancellationToken) -> Too
                 "The write was cancelled; nothing was written.",
             );
         }
-        write_locked(&resolved, input.content.as_bytes())
+        let shown = tb.workspace().relative(&resolved.display);
+        write_locked(&resolved, &shown, input.content.as_bytes())
     })
 }
 
-fn write_locked(resolved: &Resolved, content: &[u8]) -> ToolOutcome {
+/// Writes the file; `shown` is its path as the result names it (relative to the workspace).
+fn write_locked(resolved: &Resolved, shown: &str, content: &[u8]) -> ToolOutcome {
     let display = &resolved.display;
     let mode = match std::fs::symlink_metadata(&resolved.host) {
         Ok(meta) if meta.is_file() => meta.permissions().mode() & 0o7777,
@@ -71,7 +74,7 @@ fn write_locked(resolved: &Resolved, content: &[u8]) -> ToolOutcome {
     if let Some(parent) = resolved.host.parent()
         && let Err(e) = std::fs::create_dir_all(parent)
     {
-        let shown = Path::new(display)
+        let dir = Path::new(display)
             .parent()
             .map_or_else(|| display.clone(), paths::lossy);
         let hint = if e.kind() == io::ErrorKind::AlreadyExists {
@@ -81,11 +84,11 @@ fn write_locked(resolved: &Resolved, content: &[u8]) -> ToolOutcome {
         };
         return ToolOutcome::failed(
             codes::WRITE_FAILED,
-            format!("Could not create the directory {shown}: {e}{hint}."),
+            format!("Could not create the directory {dir}: {e}{hint}."),
         );
     }
     match replace_file(&resolved.host, content, mode) {
-        Ok(()) => ToolOutcome::completed(json!({"path": display, "bytes": content.len()})),
+        Ok(()) => ToolOutcome::completed(json!({"path": shown, "bytes": content.len()})),
         Err(e) => write_failed(display, &e),
     }
 }

@@ -1,4 +1,4 @@
-//! Integration tests of `podhost serve` (the Oumi BYOH endpoint) and `podhost run`, against the
+//! Integration tests of `podhost serve` (the Oumi BYOH endpoint), against the
 //! real binary and a scripted OpenAI-compatible model server.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -6,16 +6,22 @@
 mod openai_fake;
 #[path = "../support/pg.rs"]
 mod pg;
+#[path = "../support/prometheus.rs"]
+mod prometheus;
 #[path = "../support/mod.rs"]
 mod support;
+#[path = "../support/tls_front.rs"]
+mod tls_front;
 
 mod harness;
 
 mod durability;
 mod failures;
 mod idempotency;
-mod local;
+mod metrics;
+mod operators;
 mod replicas;
 mod routes;
 mod store_config;
+mod tls;
 mod turns;

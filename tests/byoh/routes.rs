@@ -133,7 +133,7 @@ fn serve_confinement() -> serde_json::Value {
 }
 
 #[tokio::test]
-async fn every_route_needs_the_credential() {
+async fn every_route_but_the_probes_and_metrics_needs_the_credential() {
     let dir = tempfile::tempdir().unwrap();
     let s = Serve::start(dir.path());
     assert_eq!(
@@ -141,6 +141,9 @@ async fn every_route_needs_the_credential() {
         (
             StatusCode::OK,
             json!({"status": "ok", "protocol_version": "1", "running": 0,
+                   "version": env!("CARGO_PKG_VERSION"),
+                   "revision": env!("BUILD_GIT_REVISION"),
+                   "store": {"writable": true},
                    "confinement": serve_confinement()})
         )
     );
@@ -151,6 +154,7 @@ async fn every_route_needs_the_credential() {
         ("GET", "/collect_output?invocation_id=i"),
         ("POST", "/cancel"),
         ("GET", "/healthz"),
+        ("GET", "/openapi.yaml"),
     ] {
         let good = format!("Bearer {TOKEN}");
         for auth in [None, Some("Bearer wrong"), Some(good.as_str())] {
@@ -186,6 +190,20 @@ async fn every_route_needs_the_credential() {
     let (code, spec) = s.call("GET", "/openapi.yaml", None).await;
     assert_eq!(code, StatusCode::OK);
     assert!(spec.as_str().unwrap().starts_with("openapi: 3.1"), "{spec}");
+    // The probes and the metrics answer anyone, with or without a credential, right or wrong.
+    for route in ["/livez", "/readyz", "/metrics"] {
+        for auth in [None, Some("Bearer wrong")] {
+            let mut req = s.http.get(format!("{}{route}", s.url));
+            if let Some(a) = auth {
+                req = req.header("authorization", a);
+            }
+            assert_eq!(
+                req.send().await.unwrap().status(),
+                StatusCode::OK,
+                "{route}"
+            );
+        }
+    }
 }
 
 #[tokio::test]

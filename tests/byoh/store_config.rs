@@ -26,8 +26,8 @@ fn a_store_url_that_is_not_postgresql_is_refused_without_its_password() {
     assert!(err.starts_with("exit code Some(2)"), "{err}");
     assert!(
         err.contains(
-            "podhost serve: PODHOST_STORE (--store) \"mysql://app:***@db/p\" is not a PostgreSQL \
-             URL: give postgres://user@host:5432/db, or leave it unset for SQLite in the data \
+            "podhost serve: PODHOST_STORE: \"mysql://app:***@db/p\" is not a PostgreSQL URL: \
+             give postgres://user@host:5432/db, or leave it unset for SQLite in the data \
              directory"
         ),
         "{err}"
@@ -46,7 +46,7 @@ fn a_lease_outside_its_range_is_refused() {
         assert!(err.starts_with("exit code Some(2)"), "{err}");
         assert!(
             err.contains(&format!(
-                "invalid value '{secs}' for '--lease-secs <LEASE_SECS>': {secs} is not in 2..=20"
+                "invalid value '{secs}' for PODHOST_LEASE_SECS: {secs} is not in 2..=20"
             )),
             "{err}"
         );

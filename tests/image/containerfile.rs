@@ -70,3 +70,42 @@ fn the_multistage_variant_builds_the_same_runtime_stage() {
     };
     assert_eq!(base(&multistage), base(&main));
 }
+
+#[tokio::test]
+async fn the_image_carries_the_oci_labels_of_what_it_was_built_from() {
+    let Some(image) = crate::fixture::image().await else {
+        return;
+    };
+    let labels = image
+        .podman
+        .ok(
+            [
+                "image",
+                "inspect",
+                "--format",
+                "{{json .Labels}}",
+                crate::fixture::IMAGE,
+            ],
+            std::time::Duration::from_secs(60),
+        )
+        .await;
+    let all: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(labels.trim()).unwrap();
+    // The builder adds its own (`io.buildah.version`); these are the image's.
+    let labels: serde_json::Map<String, serde_json::Value> = all
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("org.opencontainers.image."))
+        .collect();
+    assert_eq!(
+        serde_json::Value::Object(labels),
+        serde_json::json!({
+            "org.opencontainers.image.title": "podhost",
+            "org.opencontainers.image.description": "A sandboxed agent harness: the Nylorun pod host",
+            "org.opencontainers.image.licenses": "Apache-2.0",
+            "org.opencontainers.image.version": env!("CARGO_PKG_VERSION"),
+            "org.opencontainers.image.revision": env!("BUILD_GIT_REVISION"),
+            "org.opencontainers.image.source": crate::fixture::SOURCE,
+            "org.opencontainers.image.created": crate::fixture::CREATED,
+        })
+    );
+}

@@ -24,6 +24,9 @@ use crate::podman::{Podman, find_program, unique_name};
 pub const IMAGE: &str = "localhost/podhost:test";
 /// The locally bootstrapped base it is built on.
 pub const BASE: &str = "localhost/debian-base:bookworm";
+/// The `source` and `created` labels the test build gives the image.
+pub const SOURCE: &str = "https://example.invalid/podhost.git";
+pub const CREATED: &str = "2026-01-02T03:04:05Z";
 const SUITE: &str = "bookworm";
 
 /// The paths a pod mounts writable (spec v5 §9); everything else is read-only.
@@ -168,6 +171,14 @@ async fn build() -> Image {
                 "--network=host",
                 "--build-arg",
                 &format!("BASE={BASE}"),
+                "--build-arg",
+                &format!("VERSION={}", env!("CARGO_PKG_VERSION")),
+                "--build-arg",
+                &format!("REVISION={}", env!("BUILD_GIT_REVISION")),
+                "--build-arg",
+                &format!("SOURCE={SOURCE}"),
+                "--build-arg",
+                &format!("CREATED={CREATED}"),
                 "--tag",
                 IMAGE,
                 context.path().to_str().unwrap(),

@@ -74,7 +74,7 @@ async fn exit_0_when_the_pod_host_is_connected() {
 async fn exit_1_when_it_is_not_connected() {
     let port = serve_once(
         "503 Service Unavailable",
-        r#"{"status":"ok","service":"podhost","connected":false}"#,
+        r#"{"status":"disconnected","service":"podhost","connected":false}"#,
     );
     let got = health(&["--port", &port.to_string()], &[]).await;
     assert_eq!(
@@ -91,7 +91,7 @@ async fn exit_1_when_it_is_not_connected() {
 async fn live_exits_0_for_any_answer() {
     let port = serve_once(
         "503 Service Unavailable",
-        r#"{"status":"ok","service":"podhost","connected":false}"#,
+        r#"{"status":"disconnected","service":"podhost","connected":false}"#,
     );
     let got = health(&["--live", "--port", &port.to_string()], &[]).await;
     assert_eq!(
@@ -156,7 +156,20 @@ async fn a_health_listener_turned_off_or_a_bad_port() {
                 .to_owned()
         )
     );
+    // A value from the environment is named by its variable, one from a flag by the flag.
     let got = health(&[], &[("NYLORUN_HARNESS_HEALTH_PORT", "health")]).await;
+    assert_eq!(
+        got,
+        (
+            2,
+            String::new(),
+            "error: invalid value 'health' for NYLORUN_HARNESS_HEALTH_PORT: invalid digit found \
+             in string\n\n\
+             For more information, try '--help'.\n"
+                .to_owned()
+        )
+    );
+    let got = health(&["--port", "health"], &[]).await;
     assert_eq!(
         got,
         (

@@ -10,8 +10,11 @@
 #[path = "../support/mod.rs"]
 mod support;
 
-#[path = "../support/fake_core.rs"]
+#[path = "../support/fake_core/mod.rs"]
 mod fake_core;
+
+#[path = "../support/fake_artifacts/mod.rs"]
+mod fake_artifacts;
 
 #[path = "../support/fake_journal.rs"]
 mod fake_journal;

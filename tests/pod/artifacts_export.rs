@@ -12,7 +12,7 @@ use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::artifacts::{Pod, within};
+use crate::driven_runs::{Pod, within};
 
 fn sha(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))

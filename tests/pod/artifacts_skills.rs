@@ -8,7 +8,7 @@ use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::artifacts::{Pod, within};
+use crate::driven_runs::{Pod, within};
 use crate::mode_of;
 
 /// The folder hash as the module documents it, computed here independently.

@@ -6,7 +6,7 @@ use podhost::tools::ToolOutcome;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use crate::artifacts::{Pod, within};
+use crate::driven_runs::{Pod, within};
 
 /// The first 4 KiB and the last 1 KiB of `text` on character boundaries, written here from the
 /// spec rather than taken from podhost.

@@ -233,8 +233,16 @@ async fn logs_are_json_lines_when_asked() {
     .await;
     let line = pod.wait_log(&["joined core"]).await;
     let v: Value = serde_json::from_str(&line).unwrap();
-    assert_eq!(v["fields"]["message"], "joined core");
-    assert_eq!(v["fields"]["sandbox"], "sbx_test");
+    // Every field at the top level, none nested under `fields`.
+    assert_eq!(
+        (&v["message"], &v["sandbox"], &v["level"], v.get("fields")),
+        (
+            &json!("joined core"),
+            &json!("sbx_test"),
+            &json!("INFO"),
+            None
+        )
+    );
     for l in pod.logs() {
         assert!(serde_json::from_str::<Value>(&l).is_ok(), "not JSON: {l}");
     }

@@ -1,4 +1,5 @@
-//! The loopback health endpoint: 503 while not connected, 200 once `hello` is answered.
+//! The loopback health endpoint: 503 and `disconnected` while not connected, 200 and `ok` once
+//! `hello` is answered.
 
 use pretty_assertions::assert_eq;
 use serde_json::json;
@@ -39,8 +40,9 @@ async fn health_says_whether_the_pod_is_connected() {
         get(port).await,
         (
             503,
-            json!({"status": "ok", "service": "podhost", "connected": false,
-                   "confinement": pod_confinement()})
+            json!({"status": "disconnected", "service": "podhost", "connected": false,
+                   "confinement": pod_confinement(), "version": env!("CARGO_PKG_VERSION"),
+                   "revision": env!("BUILD_GIT_REVISION")})
         )
     );
     core.set_tenant_closed(false);
@@ -51,7 +53,8 @@ async fn health_says_whether_the_pod_is_connected() {
         (
             200,
             json!({"status": "ok", "service": "podhost", "connected": true,
-                   "confinement": pod_confinement()})
+                   "confinement": pod_confinement(), "version": env!("CARGO_PKG_VERSION"),
+                   "revision": env!("BUILD_GIT_REVISION")})
         )
     );
 }

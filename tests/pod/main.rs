@@ -8,8 +8,11 @@
 #[path = "../support/mod.rs"]
 mod support;
 
-#[path = "../support/fake_core.rs"]
+#[path = "../support/fake_core/mod.rs"]
 mod fake_core;
+
+#[path = "../support/fake_artifacts/mod.rs"]
+mod fake_artifacts;
 
 #[path = "../support/fake_journal.rs"]
 mod fake_journal;
@@ -20,9 +23,20 @@ mod fake_gates;
 #[path = "../support/turn_fixture.rs"]
 mod turn_fixture;
 
+#[path = "../support/pod_launch.rs"]
+mod pod_launch;
+
+#[path = "../support/driven_runs.rs"]
+mod driven_runs;
+
+#[path = "../support/prometheus.rs"]
+mod prometheus;
+
+#[path = "../support/tls_front.rs"]
+mod tls_front;
+
 mod artifacts;
 mod artifacts_export;
-mod artifacts_measure;
 mod artifacts_skills;
 mod artifacts_spill;
 mod channel;
@@ -30,24 +44,24 @@ mod config;
 mod health;
 mod join;
 mod lease;
-mod measure;
+mod metrics;
 mod setup;
+mod tls;
 mod turn;
 mod turn_fakes;
-mod turn_measure;
 mod turn_replay;
 mod turn_segments;
 mod turn_stop;
 mod workspace;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use clap::Parser;
 use fake_core::FakeCore;
 use futures_util::future::BoxFuture;
+pub use pod_launch::{PodDirs, pod_env, set_env, start_in_process};
 use podhost::nylorun::link::lease::{RunEnd, RunHandle, RunHandler, StopReason};
 use podhost::nylorun::link::protocol::{RunGrant, RunToken, methods};
 use serde_json::{Value, json};
@@ -56,65 +70,6 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 pub const WAIT: Duration = Duration::from_secs(15);
-
-/// The directories one pod uses.
-pub struct PodDirs {
-    pub dir: tempfile::TempDir,
-    pub workspace: PathBuf,
-    pub root: PathBuf,
-    pub join_file: PathBuf,
-}
-
-impl PodDirs {
-    pub fn new(core: &FakeCore) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let workspace = dir.path().join("workspace");
-        let root = dir.path().join("harness");
-        std::fs::create_dir_all(&workspace).unwrap();
-        let join_file = dir.path().join("join-token");
-        std::fs::write(&join_file, format!("{}\n", core.opts().join_token)).unwrap();
-        PodDirs {
-            dir,
-            workspace: workspace.canonicalize().unwrap(),
-            root,
-            join_file,
-        }
-    }
-}
-
-/// The pod environment pointing at `core`, with intervals short enough for tests.
-pub fn pod_env(core: &FakeCore, dirs: &PodDirs) -> Vec<(String, String)> {
-    let o = core.opts();
-    [
-        ("NYLORUN_SANDBOX_ID", o.sandbox_id.clone()),
-        ("NYLORUN_POD_UID", o.pod_uid.clone()),
-        (
-            "NYLORUN_SANDBOX_JOIN_FILE",
-            dirs.join_file.display().to_string(),
-        ),
-        ("NYLORUN_HARNESS_URL", core.url()),
-        ("NYLORUN_GATES_URL", "http://127.0.0.1:9".to_owned()),
-        ("NYLORUN_EGRESS_PROXY", "http://egress.test:4200".to_owned()),
-        ("HOME", dirs.root.join("home").display().to_string()),
-        ("PODHOST_HARNESS_ROOT", dirs.root.display().to_string()),
-        ("PODHOST_WORKSPACE", dirs.workspace.display().to_string()),
-        ("NYLORUN_HARNESS_HEALTH_PORT", "0".to_owned()),
-        ("PODHOST_POD_BACKOFF_BASE_MS", "50".to_owned()),
-        ("PODHOST_POD_BACKOFF_CAP_MS", "300".to_owned()),
-        ("PODHOST_POD_JOIN_RETRY_MS", "300".to_owned()),
-        ("PODHOST_POD_SHUTDOWN_DEADLINE_MS", "3000".to_owned()),
-        ("RUST_LOG", "info".to_owned()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v))
-    .collect()
-}
-
-/// Sets (or adds) `name` in an environment list.
-pub fn set_env(env: &mut Vec<(String, String)>, name: &str, value: &str) {
-    env.retain(|(k, _)| k != name);
-    env.push((name.to_owned(), value.to_owned()));
-}
 
 /// A running `podhost pod`, its stderr collected line by line.
 pub struct PodProcess {
@@ -226,60 +181,6 @@ pub async fn start_pod(
     let pod = PodProcess::spawn(&env);
     let (_, conn, _) = core.wait_request(0, methods::HELLO).await;
     (core, dirs, pod, conn)
-}
-
-/// Runs the pod task in this process with `handler`; returns its shutdown token and task.
-pub fn start_in_process(
-    env: &[(String, String)],
-    handler: Arc<dyn RunHandler>,
-) -> (
-    CancellationToken,
-    tokio::task::JoinHandle<Result<(), podhost::nylorun::host::pod::PodError>>,
-) {
-    // The binary installs the TLS crypto provider in `main`; in process, the test does.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    #[derive(Parser)]
-    struct Wrap {
-        #[command(flatten)]
-        pod: podhost::config::PodArgs,
-    }
-    let flag = |var: &str| -> Option<&'static str> {
-        Some(match var {
-            "NYLORUN_SANDBOX_ID" => "--sandbox-id",
-            "NYLORUN_POD_UID" => "--pod-uid",
-            "NYLORUN_SANDBOX_JOIN_FILE" => "--join-file",
-            "NYLORUN_HARNESS_URL" => "--harness-url",
-            "NYLORUN_GATES_URL" => "--gates-url",
-            "NYLORUN_EGRESS_PROXY" => "--egress-proxy",
-            "PODHOST_HARNESS_ROOT" => "--harness-root",
-            "PODHOST_WORKSPACE" => "--workspace",
-            "NYLORUN_HARNESS_HEALTH_PORT" => "--health-port",
-            "PODHOST_POD_BACKOFF_BASE_MS" => "--backoff-base-ms",
-            "PODHOST_POD_BACKOFF_CAP_MS" => "--backoff-cap-ms",
-            "PODHOST_POD_JOIN_RETRY_MS" => "--join-retry-ms",
-            "PODHOST_POD_SHUTDOWN_DEADLINE_MS" => "--shutdown-deadline-ms",
-            "PODHOST_POD_CONCURRENCY" => "--concurrency",
-            "PODHOST_POD_SILENCE_TIMEOUT_MS" => "--silence-timeout-ms",
-            "PODHOST_POD_RENEW_INTERVAL_MS" => "--renew-interval-ms",
-            _ => return None,
-        })
-    };
-    let mut args = vec!["podhost".to_owned()];
-    for (k, v) in env {
-        if let Some(f) = flag(k) {
-            args.push(f.to_owned());
-            args.push(v.clone());
-        }
-    }
-    let config = Wrap::parse_from(args).pod.validate().unwrap();
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(podhost::nylorun::host::pod::serve(
-        config,
-        support::supervisor_bin().to_path_buf(),
-        handler,
-        shutdown.clone(),
-    ));
-    (shutdown, task)
 }
 
 /// What the holding handler tells the test about one run.

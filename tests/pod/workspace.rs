@@ -39,7 +39,7 @@ async fn tools_on_their_methods_and_refused_on_others() {
     let write = ask(&core, conn, "workspace.write", json!({"session": session(), "spec": {"image": "img:1"}, "tool": "write", "input": {"path": "b.txt", "content": "hi"}})).await;
     assert_eq!(
         write,
-        json!({"kind": "completed", "output": {"path": "/workspace/b.txt", "bytes": 2}})
+        json!({"kind": "completed", "output": {"path": "b.txt", "bytes": 2}})
     );
     assert_eq!(
         std::fs::read_to_string(dirs.workspace.join("b.txt")).unwrap(),
@@ -48,7 +48,7 @@ async fn tools_on_their_methods_and_refused_on_others() {
     let edit = ask(&core, conn, "workspace.write", json!({"session": session(), "tool": "edit", "input": {"path": "b.txt", "old_string": "hi", "new_string": "ho"}})).await;
     assert_eq!(
         edit,
-        json!({"kind": "completed", "output": {"path": "/workspace/b.txt", "replacements": 1}})
+        json!({"kind": "completed", "output": {"path": "b.txt", "replacements": 1, "snippet": "1\tho"}})
     );
 
     for (m, tool) in [

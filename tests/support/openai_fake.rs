@@ -5,6 +5,11 @@
 //! answered 401 (echoing the key, as real servers do, so that tests check podhost scrubs it), an
 //! unknown model 404, and a transcript that breaks the chat rules (a tool message without a
 //! matching earlier call, a call left unanswered) 400.
+//!
+//! A request with `"stream": true` is answered with server-sent events, as OpenAI streams:
+//! `chat.completion.chunk`s (text in pieces, tool-call arguments in pieces by `index`), the
+//! finish reason, a usage chunk when `stream_options.include_usage` asks for it, and `[DONE]`.
+//! [`FakeModel::stream_only`] makes it refuse requests that do not stream, as some servers do.
 #![allow(dead_code)]
 
 use std::collections::{HashSet, VecDeque};
@@ -39,6 +44,11 @@ pub enum Reply {
     Hang(Box<Reply>),
     /// A raw 200 body.
     Raw(Value),
+    /// Streamed requests only: the first chunks of the inner reply, then the stream closes
+    /// without a finish reason or `[DONE]` (a server that died mid-answer).
+    Broken(Box<Reply>),
+    /// Streamed requests only: the inner reply with this pause before each chunk.
+    Trickle(Duration, Box<Reply>),
 }
 
 impl Reply {
@@ -87,6 +97,7 @@ struct Shared {
     in_flight_tx: watch::Sender<usize>,
     /// Whether requests are recorded (they are always counted).
     keep: std::sync::atomic::AtomicBool,
+    stream_only: std::sync::atomic::AtomicBool,
 }
 
 /// The running fake. Stops when dropped.
@@ -125,6 +136,7 @@ impl FakeModel {
             in_flight: AtomicUsize::new(0),
             in_flight_tx: watch::Sender::new(0),
             keep: std::sync::atomic::AtomicBool::new(true),
+            stream_only: std::sync::atomic::AtomicBool::new(false),
         });
         let app = Router::new()
             .route("/v1/chat/completions", post(complete))
@@ -155,6 +167,11 @@ impl FakeModel {
     /// Replaces the accepted keys.
     pub fn accept_keys(&self, keys: &[&str]) {
         *self.shared.keys.lock().unwrap() = keys.iter().map(|k| k.to_string()).collect();
+    }
+
+    /// Refuses requests that do not ask for a stream (HTTP 400), as some servers do.
+    pub fn stream_only(&self) {
+        self.shared.stream_only.store(true, Ordering::SeqCst);
     }
 
     /// Lets every hanging request answer.
@@ -269,6 +286,10 @@ fn answer(reply: &Reply) -> Response {
         }
         Reply::Raw(v) => axum::Json(v.clone()).into_response(),
         Reply::Delay(..) | Reply::Hang(_) => error(500, "fake: nested waits".into()),
+        Reply::Broken(_) | Reply::Trickle(..) => error(
+            500,
+            "fake: a streamed reply for a request that does not stream".into(),
+        ),
     }
 }
 
@@ -317,6 +338,14 @@ async fn complete(
     if body["model"].as_str() != Some(s.model.as_str()) {
         return error(404, format!("The model {} does not exist", body["model"]));
     }
+    let streaming = body["stream"] == json!(true);
+    if s.stream_only.load(Ordering::SeqCst) && !streaming {
+        return error(
+            400,
+            "This server only streams: set \"stream\": true in the request.".into(),
+        );
+    }
+    let usage_chunk = body["stream_options"]["include_usage"] == json!(true);
     let messages = body["messages"].as_array().cloned().unwrap_or_default();
     if let Err(e) = check_transcript(&messages) {
         return error(400, format!("Invalid transcript: {e}"));
@@ -330,6 +359,10 @@ async fn complete(
             None => return error(400, "fake: no scripted reply left".into()),
         },
     };
+    // An error status, or a server that ignores `stream` and answers one JSON body.
+    if streaming && !matches!(reply, Reply::Status(..) | Reply::Raw(_)) {
+        return stream(s.clone(), reply, usage_chunk, _guard);
+    }
     loop {
         reply = match reply {
             Reply::Delay(d, inner) => {
@@ -343,4 +376,124 @@ async fn complete(
             other => return answer(&other),
         };
     }
+}
+
+/// The chunks of a streamed answer, as `data:` payloads.
+fn chunks(reply: &Reply, usage: bool) -> Vec<String> {
+    let chunk = |delta: Value, finish: Value| {
+        json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk",
+               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+        .to_string()
+    };
+    let pieces = |t: &str| -> Vec<String> {
+        let chars: Vec<char> = t.chars().collect();
+        let size = chars.len().div_ceil(3).max(1);
+        chars.chunks(size).map(|c| c.iter().collect()).collect()
+    };
+    let mut out = vec![chunk(
+        json!({"role": "assistant", "content": ""}),
+        Value::Null,
+    )];
+    let finish = match reply {
+        Reply::Text(t) => {
+            for p in pieces(t) {
+                out.push(chunk(json!({"content": p}), Value::Null));
+            }
+            "stop"
+        }
+        Reply::Calls { text, calls } => {
+            if let Some(t) = text {
+                out.push(chunk(json!({"content": t}), Value::Null));
+            }
+            for (i, (id, name, args)) in calls.iter().enumerate() {
+                out.push(chunk(
+                    json!({"tool_calls": [{"index": i, "id": id, "type": "function",
+                                           "function": {"name": name, "arguments": ""}}]}),
+                    Value::Null,
+                ));
+                for p in pieces(args) {
+                    out.push(chunk(
+                        json!({"tool_calls": [{"index": i, "function": {"arguments": p}}]}),
+                        Value::Null,
+                    ));
+                }
+            }
+            "tool_calls"
+        }
+        other => panic!("fake: {other:?} cannot be streamed"),
+    };
+    out.push(chunk(json!({}), json!(finish)));
+    if usage {
+        out.push(
+            json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "choices": [],
+                   "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+            .to_string(),
+        );
+    }
+    out.push("[DONE]".to_owned());
+    out
+}
+
+/// Answers with server-sent events: each chunk as it is ready, the request counted in flight
+/// until the stream ends or the client drops it.
+fn stream(s: Arc<Shared>, reply: Reply, usage: bool, guard: InFlight) -> Response {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<String, std::convert::Infallible>>(4);
+    tokio::spawn(async move {
+        let _guard = guard;
+        let mut reply = reply;
+        let mut pause = None;
+        let mut broken = false;
+        let mut hang = false;
+        loop {
+            match reply {
+                Reply::Delay(d, inner) => {
+                    tokio::time::sleep(d).await;
+                    reply = *inner;
+                }
+                Reply::Hang(inner) => {
+                    hang = true;
+                    reply = *inner;
+                }
+                Reply::Broken(inner) => {
+                    broken = true;
+                    reply = *inner;
+                }
+                Reply::Trickle(d, inner) => {
+                    pause = Some(d);
+                    reply = *inner;
+                }
+                other => {
+                    reply = other;
+                    break;
+                }
+            }
+        }
+        let all = chunks(&reply, usage);
+        let n = all.len();
+        for (i, data) in all.into_iter().enumerate() {
+            if broken && i == n / 2 {
+                return;
+            }
+            if i == 1 && hang {
+                // The answer has begun; the rest waits for `release` (or the client to leave).
+                tokio::select! {
+                    () = s.release.notified() => {}
+                    () = tx.closed() => return,
+                }
+            }
+            if let Some(d) = pause {
+                tokio::time::sleep(d).await;
+            }
+            if tx.send(Ok(format!("data: {data}\n\n"))).await.is_err() {
+                return;
+            }
+        }
+    });
+    let body =
+        axum::body::Body::from_stream(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)));
+    (
+        [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+        body,
+    )
+        .into_response()
 }

@@ -411,7 +411,7 @@ async fn fifos_are_never_opened() {
         grep(&ws, json!({"pattern": "needle"})).await,
         "a.txt:1:needle"
     );
-    assert_eq!(glob(&ws, json!({"pattern": "*"})).await, "/workspace/a.txt");
+    assert_eq!(glob(&ws, json!({"pattern": "*"})).await, "a.txt");
     assert_eq!(
         failure(&ws, ToolName::Grep, json!({"pattern": "x", "path": "pipe"})).await,
         failed(
@@ -776,26 +776,23 @@ async fn glob_name_patterns_match_anywhere_and_path_patterns_from_the_root() {
     let names = |p: &str| json!({"pattern": p});
     assert_eq!(
         glob(&ws, names("*.rs")).await,
-        "/workspace/tests/it.rs\n/workspace/src/lib/mod.rs\n/workspace/src/lib/util.rs\n/workspace/src/main.rs"
+        "tests/it.rs\nsrc/lib/mod.rs\nsrc/lib/util.rs\nsrc/main.rs"
     );
-    assert_eq!(glob(&ws, names("src/*.rs")).await, "/workspace/src/main.rs");
+    assert_eq!(glob(&ws, names("src/*.rs")).await, "src/main.rs");
     assert_eq!(
         glob(&ws, names("src/**/*.rs")).await,
-        "/workspace/src/lib/mod.rs\n/workspace/src/lib/util.rs\n/workspace/src/main.rs"
+        "src/lib/mod.rs\nsrc/lib/util.rs\nsrc/main.rs"
     );
     assert_eq!(
         glob(&ws, names("{tests,docs}/*.{rs,md}")).await,
-        "/workspace/docs/guide.md\n/workspace/tests/it.rs"
+        "docs/guide.md\ntests/it.rs"
     );
     assert_eq!(
         glob(&ws, json!({"pattern": "lib/*.rs", "path": "src"})).await,
-        "/workspace/src/lib/mod.rs\n/workspace/src/lib/util.rs"
+        "src/lib/mod.rs\nsrc/lib/util.rs"
     );
-    assert_eq!(
-        glob(&ws, names("/workspace/src/*.rs")).await,
-        "/workspace/src/main.rs"
-    );
-    assert_eq!(glob(&ws, names(".env*")).await, "/workspace/.env.example");
+    assert_eq!(glob(&ws, names("/workspace/src/*.rs")).await, "src/main.rs");
+    assert_eq!(glob(&ws, names(".env*")).await, ".env.example");
     assert_eq!(glob(&ws, names("*.py")).await, glob::NO_FILES);
 }
 
@@ -815,7 +812,7 @@ async fn glob_lists_newest_first_with_ties_broken_by_path() {
     }
     assert_eq!(
         glob(&ws, json!({"pattern": "*.txt"})).await,
-        "/workspace/b/new.txt\n/workspace/z.txt\n/workspace/a/mid1.txt\n/workspace/c/mid2.txt\n/workspace/a/old.txt"
+        "b/new.txt\nz.txt\na/mid1.txt\nc/mid2.txt\na/old.txt"
     );
 }
 
@@ -831,7 +828,7 @@ async fn glob_caps_at_500_newest_and_says_so() {
     let out = glob(&ws, json!({"pattern": "*.txt"})).await;
     let want: Vec<String> = (1..501u64)
         .rev()
-        .map(|i| format!("/workspace/d{}/f{i:03}.txt", i % 7))
+        .map(|i| format!("d{}/f{i:03}.txt", i % 7))
         .collect();
     assert_eq!(
         out,
@@ -865,11 +862,11 @@ async fn glob_honours_ignore_files_and_skips_dot_git() {
     }
     assert_eq!(
         glob(&ws, json!({"pattern": "*.js"})).await,
-        "/workspace/web/.hidden.js\n/workspace/app.js"
+        "web/.hidden.js\napp.js"
     );
     assert_eq!(
         glob(&ws, json!({"pattern": "**/*.js", "include_ignored": true})).await,
-        "/workspace/web/.hidden.js\n/workspace/app.js\n/workspace/node_modules/x/index.js"
+        "web/.hidden.js\napp.js\nnode_modules/x/index.js"
     );
 }
 
@@ -1012,11 +1009,7 @@ async fn a_200k_file_tree_with_a_large_ignored_directory() {
         .await,
         kept.join("\n")
     );
-    let newest_first: Vec<String> = kept
-        .iter()
-        .rev()
-        .map(|p| format!("/workspace/{p}"))
-        .collect();
+    let newest_first: Vec<String> = kept.iter().rev().map(|p| p.to_string()).collect();
     assert_eq!(
         ws.run(ToolName::Glob, json!({"pattern": "f07.txt"})).await,
         newest_first.join("\n")
@@ -1025,11 +1018,7 @@ async fn a_200k_file_tree_with_a_large_ignored_directory() {
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 501);
     assert_eq!(lines[500], glob::MORE_HINT);
-    assert!(
-        lines[..500]
-            .iter()
-            .all(|l| l.starts_with("/workspace/src/d"))
-    );
+    assert!(lines[..500].iter().all(|l| l.starts_with("src/d")));
 
     // The ignored part is there, and searchable when asked for.
     let ignored: Vec<String> = (0..1990)

@@ -34,7 +34,7 @@ mod tests;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::mpsc;
 
@@ -53,7 +53,7 @@ pub enum StoreError {
     Schema(#[from] SchemaError),
     #[error("store query failed: {0}")]
     Sql(#[from] rusqlite::Error),
-    #[error("store query failed: {0}")]
+    #[error("store query failed: {}", postgres_error(.0))]
     Postgres(#[from] tokio_postgres::Error),
     #[error("could not reach the store: {0}")]
     Pool(String),
@@ -69,6 +69,16 @@ pub enum StoreError {
     Fenced(String),
 }
 
+/// What PostgreSQL said (its severity and message, not the detail, which may quote values), or
+/// why it could not be asked: `tokio_postgres::Error` alone says only "db error".
+fn postgres_error(e: &tokio_postgres::Error) -> String {
+    match (e.as_db_error(), std::error::Error::source(e)) {
+        (Some(db), _) => format!("{}: {}", db.severity(), db.message()),
+        (None, Some(cause)) => format!("{e}: {cause}"),
+        (None, None) => e.to_string(),
+    }
+}
+
 /// Which store `podhost serve` keeps its sessions in.
 #[derive(Clone, PartialEq, Eq)]
 pub enum StoreSpec {
@@ -81,18 +91,19 @@ pub enum StoreSpec {
 
 impl StoreSpec {
     /// Reads `--store`: `postgres://…`/`postgresql://…` or a `host=… dbname=…` string selects
-    /// PostgreSQL; absent, SQLite in `data_dir`.
-    pub fn parse(value: Option<&str>, data_dir: &Path) -> Result<StoreSpec, String> {
+    /// PostgreSQL; absent, SQLite in `data_dir`. Errors name the setting as `setting`
+    /// (`PODHOST_STORE` or `--store`, whichever was given).
+    pub fn parse(value: Option<&str>, data_dir: &Path, setting: &str) -> Result<StoreSpec, String> {
         let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else {
             return Ok(StoreSpec::Sqlite(data_dir.join("podhost.sqlite")));
         };
         if v.starts_with("postgres://") || v.starts_with("postgresql://") || v.contains('=') {
-            postgres::config(v)?;
+            postgres::config(v, setting)?;
             return Ok(StoreSpec::Postgres(Secret::new(v)));
         }
         Err(format!(
-            "PODHOST_STORE (--store) {:?} is not a PostgreSQL URL: give postgres://user@host:5432/db, \
-             or leave it unset for SQLite in the data directory",
+            "{setting}: {:?} is not a PostgreSQL URL: give postgres://user@host:5432/db, or leave \
+             it unset for SQLite in the data directory",
             redact(v)
         ))
     }
@@ -344,6 +355,13 @@ impl Store {
         matches!(self, Store::Postgres(_))
     }
 
+    /// Whether the store takes a write now, within `wait`, without anything being written: a
+    /// database another process holds locked, one that became read-only (or, on PostgreSQL, a
+    /// standby, or one that cannot be reached) says so.
+    pub async fn check_writable(&self, wait: Duration) -> Result<(), StoreError> {
+        dispatch!(self.check_writable(wait))
+    }
+
     /// The status of an invocation.
     pub async fn status(&self, id: &str) -> Result<Option<StatusRow>, StoreError> {
         dispatch!(self.status(id))
@@ -361,6 +379,7 @@ impl Store {
         messages: Vec<ChatMessage>,
         terms: &LeaseTerms,
     ) -> Result<StartOutcome, StoreError> {
+        let _timer = crate::floor::metrics::store_write();
         dispatch!(self.insert_start(row, messages, terms))
     }
 
@@ -375,6 +394,7 @@ impl Store {
         needs_key: bool,
         terms: &LeaseTerms,
     ) -> Result<ResumeOutcome, StoreError> {
+        let _timer = crate::floor::metrics::store_write();
         dispatch!(self.apply_resume(id, ids, messages, connection, needs_key, terms))
     }
 
@@ -403,6 +423,7 @@ impl Store {
         pending: Vec<String>,
         fence: Option<&Fence>,
     ) -> Result<(bool, Option<InvocationRow>), StoreError> {
+        let _timer = crate::floor::metrics::store_write();
         dispatch!(self.transition(id, from, to, error, pending, fence))
     }
 
@@ -413,6 +434,7 @@ impl Store {
         messages: Vec<ChatMessage>,
         fence: &Fence,
     ) -> Result<(), StoreError> {
+        let _timer = crate::floor::metrics::store_write();
         dispatch!(self.append(id, messages, fence))
     }
 
@@ -463,6 +485,7 @@ impl Store {
     /// Removes the transcripts of terminal invocations that finished before `cutoff_ms`,
     /// keeping their tombstones; answers their session ids.
     pub async fn sweep(&self, cutoff_ms: i64) -> Result<Vec<String>, StoreError> {
+        let _timer = crate::floor::metrics::store_write();
         dispatch!(self.sweep(cutoff_ms))
     }
 

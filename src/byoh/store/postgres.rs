@@ -43,17 +43,17 @@ const POOL_SIZE: usize = 16;
 /// The channel cancellations are announced on.
 const CANCEL_CHANNEL: &str = "podhost_cancel";
 
-/// Parses and checks a connection string.
-pub(super) fn config(url: &str) -> Result<tokio_postgres::Config, String> {
+/// Parses and checks a connection string; errors name it as `setting`.
+pub(super) fn config(url: &str, setting: &str) -> Result<tokio_postgres::Config, String> {
     let config = tokio_postgres::Config::from_str(url).map_err(|e| {
         format!(
-            "PODHOST_STORE (--store) {:?} is not a valid PostgreSQL connection string: {e}",
+            "{setting}: {:?} is not a valid PostgreSQL connection string: {e}",
             super::redact(url)
         )
     })?;
     if config.get_ssl_mode() == SslMode::Require {
         return Err(format!(
-            "PODHOST_STORE (--store) {:?} asks for sslmode=require, but podhost connects to \
+            "{setting}: {:?} asks for sslmode=require, but podhost connects to \
              PostgreSQL without TLS: use a trusted network (sslmode=disable) or a local TLS proxy",
             super::redact(url)
         ));
@@ -156,7 +156,7 @@ impl Postgres {
     /// Connects, migrates the schema (or refuses a newer one), opens the pool and starts the
     /// cancellation listener.
     pub async fn open(url: &str) -> Result<Postgres, StoreError> {
-        let config = config(url).map_err(|why| StoreError::Open {
+        let config = config(url, "the store").map_err(|why| StoreError::Open {
             what: super::redact(url),
             why,
         })?;
@@ -212,6 +212,27 @@ impl Postgres {
 
     async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
         self.pool.get().await.map_err(pool_err)
+    }
+
+    /// An update that matches no row, in a transaction rolled back at once: it needs what a
+    /// write needs (a connection, a primary that is not read-only, the row-exclusive lock on
+    /// `invocations`, waited for at most `wait`) and changes nothing.
+    pub async fn check_writable(&self, wait: Duration) -> Result<(), StoreError> {
+        let mut c = tokio::time::timeout(wait, self.client())
+            .await
+            .map_err(|_| StoreError::Pool(format!("no connection within {wait:?}")))??;
+        let tx = c.transaction().await?;
+        // The lock's wait is what is checked; the statement's bound only keeps a stuck server
+        // from holding the connection.
+        let ms = wait.as_millis().max(1);
+        tx.batch_execute(&format!(
+            "SET LOCAL lock_timeout = {ms}; SET LOCAL statement_timeout = {}; \
+             UPDATE invocations SET updated_ms = updated_ms WHERE false",
+            ms * 2
+        ))
+        .await?;
+        tx.rollback().await?;
+        Ok(())
     }
 
     pub async fn status(&self, id: &str) -> Result<Option<StatusRow>, StoreError> {

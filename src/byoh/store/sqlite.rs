@@ -20,6 +20,7 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use nix::fcntl::{Flock, FlockArg};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, params};
@@ -36,6 +37,8 @@ type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 
 /// Read-only connections open at most at once.
 const READERS: usize = 8;
+/// How long a statement waits for a lock another connection holds.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A handle on the SQLite store. Cheap to clone.
 #[derive(Clone)]
@@ -180,8 +183,7 @@ impl Sqlite {
             .map_err(open_err(path))?;
         conn.pragma_update(None, "foreign_keys", "ON")
             .map_err(open_err(path))?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))
-            .map_err(open_err(path))?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(open_err(path))?;
         let conn = migrate::sqlite(conn, None)?;
         Self::start(path, conn, lock)
     }
@@ -279,7 +281,7 @@ impl Sqlite {
                         &inner.path,
                         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
                     )?;
-                    c.busy_timeout(std::time::Duration::from_secs(5))?;
+                    c.busy_timeout(BUSY_TIMEOUT)?;
                     c
                 }
             };
@@ -293,6 +295,19 @@ impl Sqlite {
         })
         .await
         .map_err(|_| StoreError::Stopped)?
+    }
+
+    /// Takes the write lock within `wait` and gives it back at once (`BEGIN IMMEDIATE;
+    /// ROLLBACK`) on the writer's connection.
+    pub async fn check_writable(&self, wait: Duration) -> Result<(), StoreError> {
+        self.write(move |c| {
+            c.busy_timeout(wait)?;
+            let checked = c.execute_batch("BEGIN IMMEDIATE; ROLLBACK;");
+            // What every other statement runs with.
+            c.busy_timeout(BUSY_TIMEOUT)?;
+            Ok(checked?)
+        })
+        .await
     }
 
     pub async fn status(&self, id: &str) -> Result<Option<StatusRow>, StoreError> {

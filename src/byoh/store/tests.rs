@@ -625,25 +625,45 @@ async fn sweeping_keeps_a_tombstone(f: Fixture) {
 #[test]
 fn store_urls_are_printed_without_their_password() {
     let dir = std::path::Path::new("/d");
-    let spec = StoreSpec::parse(Some("postgres://app:s3cret@db:5432/podhost"), dir).unwrap();
+    let spec = StoreSpec::parse(
+        Some("postgres://app:s3cret@db:5432/podhost"),
+        dir,
+        "PODHOST_STORE",
+    )
+    .unwrap();
     assert_eq!(spec.to_string(), "postgres://app:***@db:5432/podhost");
     assert_eq!(format!("{spec:?}"), "postgres://app:***@db:5432/podhost");
-    let spec = StoreSpec::parse(Some("host=db user=app password=s3cret dbname=p"), dir).unwrap();
+    let spec = StoreSpec::parse(
+        Some("host=db user=app password=s3cret dbname=p"),
+        dir,
+        "PODHOST_STORE",
+    )
+    .unwrap();
     assert_eq!(spec.to_string(), "host=db user=app password=*** dbname=p");
-    let spec = StoreSpec::parse(Some("postgresql://db/p?user=app&password=s3cret"), dir).unwrap();
+    let spec = StoreSpec::parse(
+        Some("postgresql://db/p?user=app&password=s3cret"),
+        dir,
+        "PODHOST_STORE",
+    )
+    .unwrap();
     assert_eq!(spec.to_string(), "postgresql://db/p?user=app&password=***");
     assert_eq!(
-        StoreSpec::parse(None, dir).unwrap(),
+        StoreSpec::parse(None, dir, "PODHOST_STORE").unwrap(),
         StoreSpec::Sqlite(dir.join("podhost.sqlite"))
     );
     assert_eq!(
-        StoreSpec::parse(Some("mysql://app:s3cret@db/p"), dir).unwrap_err(),
-        "PODHOST_STORE (--store) \"mysql://app:***@db/p\" is not a PostgreSQL URL: give \
+        StoreSpec::parse(Some("mysql://app:s3cret@db/p"), dir, "PODHOST_STORE").unwrap_err(),
+        "PODHOST_STORE: \"mysql://app:***@db/p\" is not a PostgreSQL URL: give \
          postgres://user@host:5432/db, or leave it unset for SQLite in the data directory"
     );
     assert_eq!(
-        StoreSpec::parse(Some("postgres://app:s3cret@db/p?sslmode=require"), dir).unwrap_err(),
-        "PODHOST_STORE (--store) \"postgres://app:***@db/p?sslmode=require\" asks for \
+        StoreSpec::parse(
+            Some("postgres://app:s3cret@db/p?sslmode=require"),
+            dir,
+            "--store"
+        )
+        .unwrap_err(),
+        "--store: \"postgres://app:***@db/p?sslmode=require\" asks for \
          sslmode=require, but podhost connects to PostgreSQL without TLS: use a trusted network \
          (sslmode=disable) or a local TLS proxy"
     );

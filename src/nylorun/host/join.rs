@@ -17,7 +17,7 @@
 use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use reqwest::{StatusCode, Url};
@@ -27,6 +27,7 @@ use crate::exec::egress;
 use crate::exec::env::Egress;
 use crate::floor::backoff::{Backoff, sleep_or_cancel};
 use crate::floor::secret::Secret;
+use crate::floor::text::error_chain;
 use crate::nylorun::link::protocol::{
     HostErrorBody, HostJoinAnswer, HostJoinRequest, HostToken, JOIN_PATH, RENEW_PATH, Setup,
 };
@@ -172,8 +173,10 @@ impl HostClient {
         pod_uid: &str,
         join_file: &Path,
         volume_id: Option<String>,
+        tls: &Arc<rustls::ClientConfig>,
     ) -> Result<Self, reqwest::Error> {
         let http = reqwest::Client::builder()
+            .tls_backend_preconfigured(rustls::ClientConfig::clone(tls))
             .timeout(REQUEST_TIMEOUT)
             // Core is reached directly: a proxy in podhost's own environment is not for it.
             .no_proxy()
@@ -288,18 +291,6 @@ impl HostClient {
             }),
         }
     }
-}
-
-/// An error and its sources, one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(inner) = src {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        src = inner.source();
-    }
-    s
 }
 
 /// What the pod learned from its first join.

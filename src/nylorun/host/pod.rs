@@ -25,10 +25,11 @@ use tokio_util::task::TaskTracker;
 
 use crate::exec::env::Egress;
 use crate::floor::backoff::{Backoff, sleep_or_cancel};
+use crate::floor::tls::{TlsError, client_config};
 use crate::floor::workspace::Workspace;
 use crate::nylorun::host::health;
 use crate::nylorun::host::join::{HostClient, HostKeeper, StateError, volume_id};
-use crate::nylorun::host::settings::PodConfig;
+pub use crate::nylorun::host::settings::PodConfig;
 use crate::nylorun::host::setup;
 use crate::nylorun::host::workspace::{TenantCell, WorkspaceServer};
 use crate::nylorun::link::channel::{
@@ -63,8 +64,24 @@ pub enum PodError {
         #[source]
         source: std::io::Error,
     },
+    #[error("PODHOST_METRICS_LISTEN {addr}: could not listen: {source}")]
+    Metrics {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("could not build the HTTP client: {0}")]
     Http(String),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+}
+
+impl PodError {
+    /// Whether a setting is at fault (the operator fixes the configuration, exit 2), rather
+    /// than the machine or podhost.
+    pub fn is_setting(&self) -> bool {
+        matches!(self, PodError::Tls(_))
+    }
 }
 
 /// What runs the granted runs.
@@ -93,6 +110,8 @@ pub async fn serve(
     // to init. The binary does that for every front before it gets here (exec's reaper, called
     // from main); it is not done here because tests run this task inside the test process.
 
+    // Before anything is logged or bound: a CA file that cannot be used is a setting's error.
+    let tls = client_config(&config.tls)?;
     let volume = volume_id(&config.harness_root)?;
     let toolbox = pod_toolbox(&config, supervisor)?;
     let egress = toolbox
@@ -116,6 +135,7 @@ pub async fn serve(
                 toolbox.clone(),
                 config.gates_url.clone(),
                 config.skills.clone(),
+                &tls,
             )
             .map_err(|e| PodError::Http(e.to_string()))?,
         ),
@@ -129,6 +149,21 @@ pub async fn serve(
             .map_err(|source| PodError::Health { port, source })?;
         tasks.spawn(health::serve(listener, connected.clone(), shutdown.clone()));
     }
+    if let Some(addr) = &config.metrics_listen {
+        let listener = health::bind_metrics(addr)
+            .await
+            .map_err(|source| PodError::Metrics {
+                addr: addr.clone(),
+                source,
+            })?;
+        let app = health::metrics_router();
+        tasks.spawn(health::serve_router(
+            listener,
+            app,
+            "metrics endpoint",
+            shutdown.clone(),
+        ));
+    }
 
     let client = HostClient::new(
         &config.harness_http,
@@ -136,6 +171,7 @@ pub async fn serve(
         &config.pod_uid,
         &config.join_file,
         Some(volume),
+        &tls,
     )
     .map_err(|e| PodError::Http(e.to_string()))?;
     let keeper = Arc::new(HostKeeper::new(
@@ -154,6 +190,7 @@ pub async fn serve(
 
     let host = Host {
         config,
+        tls,
         keeper,
         workspace,
         handler,
@@ -212,6 +249,8 @@ fn pod_toolbox(config: &PodConfig, supervisor: PathBuf) -> Result<Toolbox, PodEr
 
 struct Host {
     config: PodConfig,
+    /// The one TLS client configuration (join, the WebSocket, the gates).
+    tls: Arc<rustls::ClientConfig>,
     keeper: Arc<HostKeeper>,
     workspace: WorkspaceServer,
     handler: Arc<dyn RunHandler>,
@@ -262,7 +301,7 @@ impl Host {
             }
             let started = Instant::now();
             let connected = tokio::select! {
-                c = channel::connect(&self.config.harness_ws, &token, &ch_cfg) => c,
+                c = channel::connect(&self.config.harness_ws, &token, &ch_cfg, &self.tls) => c,
                 _ = self.shutdown.cancelled() => return,
             };
             match connected {
@@ -285,6 +324,7 @@ impl Host {
             }
             let delay = backoff.next_delay();
             tracing::info!(retry_in = ?delay, "reconnecting");
+            crate::floor::metrics::pod_reconnect();
             if !sleep_or_cancel(delay, &self.shutdown).await {
                 return;
             }
@@ -304,6 +344,7 @@ impl Host {
         let channel = Channel::start(ws, incoming, ch_cfg, &root);
         let ended = self.work(&channel, runs, &tenant).await;
         self.connected.store(false, Ordering::Relaxed);
+        crate::floor::metrics::pod_connected(false);
         root.cancel();
         channel.wait(Duration::from_secs(2)).await;
         ended
@@ -359,6 +400,7 @@ impl Host {
             "hello answered"
         );
         self.connected.store(true, Ordering::Relaxed);
+        crate::floor::metrics::pod_connected(true);
 
         let deadline = self.config.shutdown_deadline;
         let leaser = Leaser::new(

@@ -7,6 +7,7 @@ use std::time::Duration;
 use reqwest::Url;
 
 use crate::exec::ExecSettings;
+use crate::floor::tls::TlsSettings;
 
 /// The harness id rule (`HARNESS_ID_PATTERN`, v5 §0): `^[a-z][a-z0-9-]{1,62}$`.
 pub fn is_harness_id(s: &str) -> bool {
@@ -35,6 +36,10 @@ pub struct PodConfig {
     pub concurrency: usize,
     /// `None`: no health listener.
     pub health_port: Option<u16>,
+    /// A second address serving `GET /metrics` (`host:port`), besides the health port.
+    pub metrics_listen: Option<String>,
+    /// Which CA certificates to trust besides the system's, for core and the gates.
+    pub tls: TlsSettings,
     pub renew_interval: Duration,
     pub silence_timeout: Duration,
     pub backoff_base: Duration,

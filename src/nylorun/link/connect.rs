@@ -1,9 +1,12 @@
 //! Opening the Harness API WebSocket (v5 §1): the URL, the upgrade headers (`Authorization:
 //! Bearer <host token>`, `Nylorun-Harness-Api: 1`), the 64 MiB frame caps, the handshake
-//! timeout, and what each refusal status means for the person reading the log.
+//! timeout, and what each refusal status means for the person reading the log. A `wss` URL is
+//! opened with the same TLS configuration as join and the gates, so a core behind a private
+//! CA that joins also connects.
 //!
 //! Non-goals: what flows over the socket once open ([`crate::nylorun::link::channel`]).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::Url;
@@ -12,7 +15,7 @@ use tokio_tungstenite::tungstenite;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
 use crate::nylorun::link::protocol::{API_HEADER, HostToken, MAX_PAYLOAD, TRANSPORT_VERSION};
 
@@ -65,11 +68,13 @@ impl ConnectError {
     }
 }
 
-/// Opens the WebSocket with the host token as bearer.
+/// Opens the WebSocket with the host token as bearer; a `wss` URL over `tls`, podhost's one
+/// client configuration ([`crate::floor::tls`]).
 pub async fn connect(
     url: &Url,
     token: &HostToken,
     cfg: &ChannelConfig,
+    tls: &Arc<rustls::ClientConfig>,
 ) -> Result<WsStream, ConnectError> {
     let transport = |message: String| ConnectError::Transport {
         url: url.to_string(),
@@ -88,7 +93,12 @@ pub async fn connect(
     let ws_config = WebSocketConfig::default()
         .max_message_size(Some(MAX_PAYLOAD))
         .max_frame_size(Some(MAX_PAYLOAD));
-    let attempt = tokio_tungstenite::connect_async_with_config(request, Some(ws_config), true);
+    let attempt = tokio_tungstenite::connect_async_tls_with_config(
+        request,
+        Some(ws_config),
+        true,
+        Some(Connector::Rustls(tls.clone())),
+    );
     match tokio::time::timeout(cfg.handshake_timeout, attempt).await {
         Err(_) => Err(ConnectError::Timeout(cfg.handshake_timeout)),
         Ok(Ok((ws, _response))) => Ok(ws),

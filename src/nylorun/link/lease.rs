@@ -418,6 +418,7 @@ impl Leaser {
             "run granted"
         );
         self.runs.insert(run.clone());
+        let _held = crate::floor::metrics::lease_held();
         if self.stop_leasing.is_cancelled() {
             run.stop(StopReason::Shutdown, None);
         }

@@ -273,6 +273,7 @@ impl Journal {
         let answer = self
             .request(methods::EFFECT_INTENT, params, &intent.effect_id)
             .await?;
+        crate::floor::metrics::effect_journaled(intent.kind);
         let status = answer.get("status").and_then(Value::as_str);
         match status {
             Some("execute") => Ok(Decision::Execute {

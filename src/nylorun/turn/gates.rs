@@ -13,6 +13,7 @@
 //!
 //! Non-goals: the Tool Gate (MCP and HTTP tools are not offered yet).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::{StatusCode, Url};
@@ -57,8 +58,10 @@ pub struct Gates {
 }
 
 impl Gates {
-    pub fn new(base: Url) -> Result<Self, GatesError> {
+    /// `tls` is podhost's one client configuration ([`crate::floor::tls`]).
+    pub fn new(base: Url, tls: &Arc<rustls::ClientConfig>) -> Result<Self, GatesError> {
         let http = reqwest::Client::builder()
+            .tls_backend_preconfigured(rustls::ClientConfig::clone(tls))
             .timeout(MODEL_CALL_TIMEOUT)
             .connect_timeout(Duration::from_secs(10))
             .tcp_keepalive(Duration::from_secs(30))
@@ -102,19 +105,31 @@ impl Gates {
         if let Some(ts) = req.tracestate {
             builder = builder.header("tracestate", ts);
         }
+        let started = std::time::Instant::now();
         let call = async {
             let response = builder.send().await.map_err(transport)?;
             let status = response.status();
+            crate::floor::metrics::model_http_status("model_gate", status.as_u16());
             let bytes = response.bytes().await.map_err(transport)?;
             Ok::<_, ModelFailure>(answer(status, &bytes))
         };
-        tokio::select! {
+        let result = tokio::select! {
             r = call => Ok(match r {
                 Ok(a) => a,
                 Err(f) => ModelAnswer::Failed(f),
             }),
             _ = cancel.cancelled() => Err(Stopped),
-        }
+        };
+        crate::floor::metrics::model_call(
+            "model_gate",
+            match &result {
+                Ok(ModelAnswer::Failed(_)) => "failed",
+                Ok(_) => "ok",
+                Err(Stopped) => "cancelled",
+            },
+            started.elapsed(),
+        );
+        result
     }
 
     /// `POST /nylorun/v1/model-calls/{key}/cancel`: aborts a call podhost started. Best effort:
@@ -259,7 +274,8 @@ mod tests {
 
     #[test]
     fn routes_keep_the_base_path_and_encode_the_key() {
-        let g = Gates::new(Url::parse("http://gw:4100/base/").unwrap()).unwrap();
+        let tls = crate::floor::tls::client_config(&Default::default()).unwrap();
+        let g = Gates::new(Url::parse("http://gw:4100/base/").unwrap(), &tls).unwrap();
         assert_eq!(
             g.url(&["nylorun", "v1", "model-calls", "t/1:0:model:s0", "cancel"])
                 .as_str(),

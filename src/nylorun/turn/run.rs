@@ -78,11 +78,17 @@ struct Shared {
 
 impl TurnRunner {
     /// `skills_root` is the host directory the sandbox's `/skills` maps onto.
-    pub fn new(toolbox: Toolbox, gates_url: Url, skills_root: PathBuf) -> Result<Self, GatesError> {
+    /// `tls` is podhost's one client configuration ([`crate::floor::tls`]).
+    pub fn new(
+        toolbox: Toolbox,
+        gates_url: Url,
+        skills_root: PathBuf,
+        tls: &Arc<rustls::ClientConfig>,
+    ) -> Result<Self, GatesError> {
         Ok(TurnRunner {
             shared: Arc::new(Shared {
                 toolbox,
-                gates: Gates::new(gates_url)?,
+                gates: Gates::new(gates_url, tls)?,
                 skills_root,
             }),
         })
@@ -154,10 +160,34 @@ async fn run_segment(shared: Arc<Shared>, run: RunHandle) -> RunEnd {
         "turn segment starting"
     );
     let cancel = segment.cancel.clone();
+    let running = crate::floor::metrics::turn_running("pod");
     let end = agent_turn::drive(&mut segment, 0, &cancel).await;
     let out = segment.finish(end).await;
+    drop(running);
+    crate::floor::metrics::turn_ended("pod", end_outcome(&out));
     tracing::info!(%run_id, took_ms = started.elapsed().as_millis() as u64, end = %end_name(&out), "turn segment ended");
     out
+}
+
+/// How a segment ended, as a metric label: `completed`, `failed`, `cancelled`, `waiting`,
+/// `paused`, `checkpoint` or `released`.
+fn end_outcome(end: &RunEnd) -> &'static str {
+    use crate::nylorun::link::protocol::methods;
+    match end {
+        RunEnd::Output { method, output } => match *method {
+            methods::TURN_COMPLETED => "completed",
+            methods::TURN_FAILED
+                if output.get("status").and_then(Value::as_str) == Some("cancelled") =>
+            {
+                "cancelled"
+            }
+            methods::TURN_FAILED => "failed",
+            methods::TURN_WAITING => "waiting",
+            methods::TURN_PAUSED => "paused",
+            _ => "checkpoint",
+        },
+        RunEnd::Release(_) => "released",
+    }
 }
 
 /// One segment of a turn, as the agent loop's host.

@@ -14,7 +14,8 @@ async fn edit_replaces_one_exact_unique_match() {
             json!({"path": "a.rs", "old_string": "let x = 1;", "new_string": "let x = 2;"})
         )
         .await,
-        completed(json!({"path": "/workspace/a.rs", "replacements": 1}))
+        completed(json!({"path": "a.rs", "replacements": 1,
+                         "snippet": "1\tfn main() {\n2\t    let x = 2;\n3\t}"}))
     );
     assert_eq!(
         fs::read_to_string(&path).unwrap(),
@@ -75,7 +76,8 @@ async fn edit_failures_use_the_v2_codes_and_texts() {
             json!({"path": "a.txt", "old_string": "x = 1", "new_string": "x = 9", "replace_all": true})
         )
         .await,
-        completed(json!({"path": "/workspace/a.txt", "replacements": 3}))
+        completed(json!({"path": "a.txt", "replacements": 3,
+                         "snippet": "1\tx = 9\n2\tx = 9\n3\tx = 9\n4\ty = 2"}))
     );
     assert_eq!(
         fs::read_to_string(&path).unwrap(),
@@ -335,11 +337,52 @@ async fn sixteen_concurrent_edits_to_one_file_all_land() {
     )
     .await
     .unwrap();
-    let expected = completed(json!({"path": "/workspace/shared.txt", "replacements": 1}));
-    assert_eq!(outcomes, vec![expected; 16]);
+    // Each result shows its own change (the lines around it depend on which edits landed first).
+    for (i, outcome) in outcomes.iter().enumerate() {
+        let ToolOutcome::Completed { output } = outcome else {
+            panic!("{outcome:?}")
+        };
+        assert_eq!(
+            (&output["path"], &output["replacements"]),
+            (&json!("shared.txt"), &json!(1))
+        );
+        let own = format!("{}\tdone-{i:02} by edit {i}", i + 1);
+        assert!(
+            output["snippet"].as_str().unwrap().contains(&own),
+            "{output}"
+        );
+    }
     let after: String = (0..16)
         .map(|i| format!("done-{i:02} by edit {i}\n"))
         .collect();
     assert_eq!(fs::read_to_string(path).unwrap(), after);
     assert!(ws.toolbox.locks().is_empty());
+}
+
+#[tokio::test]
+async fn edit_returns_the_changed_lines_in_context() {
+    let ws = TestWorkspace::new();
+    let text: String = (1..=40).map(|n| format!("line {n}\n")).collect();
+    put(&ws, "long.txt", &text);
+    // Three lines of context around the change, numbered as read numbers them.
+    assert_eq!(
+        edit(
+            &ws,
+            json!({"path": "long.txt", "old_string": "line 20\n", "new_string": "twenty\n20 bis\n"})
+        )
+        .await,
+        completed(json!({"path": "long.txt", "replacements": 1, "snippet":
+            "17\tline 17\n18\tline 18\n19\tline 19\n20\ttwenty\n21\t20 bis\n22\tline 21\n\
+             23\tline 22\n24\tline 23"}))
+    );
+    // A deletion shows where the text was; the file's last line ends the snippet.
+    assert_eq!(
+        edit(
+            &ws,
+            json!({"path": "long.txt", "old_string": "line 40\n", "new_string": ""})
+        )
+        .await,
+        completed(json!({"path": "long.txt", "replacements": 1, "snippet":
+            "38\tline 37\n39\tline 38\n40\tline 39"}))
+    );
 }

@@ -115,7 +115,7 @@ async fn a_workspace_whose_root_is_a_symlink_works() {
             json!({"path": "sub/a.txt", "content": "one\n"})
         )
         .await,
-        completed(json!({"path": "/workspace/sub/a.txt", "bytes": 4}))
+        completed(json!({"path": "sub/a.txt", "bytes": 4}))
     );
     assert_eq!(
         edit(
@@ -123,7 +123,7 @@ async fn a_workspace_whose_root_is_a_symlink_works() {
             json!({"path": "/workspace/sub/a.txt", "old_string": "one", "new_string": "two"})
         )
         .await,
-        completed(json!({"path": "/workspace/sub/a.txt", "replacements": 1}))
+        completed(json!({"path": "sub/a.txt", "replacements": 1, "snippet": "1\ttwo"}))
     );
     assert_eq!(
         read(&ws, json!({"path": "sub/a.txt"})).await,

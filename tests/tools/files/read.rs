@@ -254,3 +254,69 @@ async fn read_shows_a_late_nul_as_a_replacement_character() {
         completed("5001\tx\u{FFFD}y")
     );
 }
+
+#[tokio::test]
+async fn a_notebook_reads_as_its_cells_and_outputs_and_pages_like_text() {
+    let ws = TestWorkspace::new();
+    let nb = json!({
+        "nbformat": 4, "nbformat_minor": 5,
+        "metadata": {"language_info": {"name": "python"}},
+        "cells": [
+            {"cell_type": "markdown", "source": ["# Sales\n", "By month."]},
+            {"cell_type": "code", "execution_count": 1, "source": ["import pandas as pd\n", "df.head()"],
+             "outputs": [{"output_type": "execute_result", "execution_count": 1,
+                          "data": {"text/plain": ["   month  total\n", "0  jan    10"]}}]}
+        ]
+    });
+    put(&ws, "sales.ipynb", nb.to_string());
+    assert_eq!(
+        read(&ws, json!({"path": "sales.ipynb"})).await,
+        completed(
+            " 1\tJupyter notebook (python), 2 cell(s).\n 2\t\n 3\t[cell 1: markdown]\n 4\t# Sales\n \
+             5\tBy month.\n 6\t\n 7\t[cell 2: code, execution 1]\n 8\timport pandas as pd\n \
+             9\tdf.head()\n10\t[output: result]\n11\t   month  total\n12\t0  jan    10"
+        )
+    );
+    assert_eq!(
+        read(&ws, json!({"path": "sales.ipynb", "offset": 7, "limit": 2})).await,
+        completed(
+            "7\t[cell 2: code, execution 1]\n8\timport pandas as pd\n… 4 more line(s); read \
+             again with offset 9."
+        )
+    );
+    // Not a notebook after all: read as the text it is.
+    put(&ws, "broken.ipynb", "{\"cells\": \n");
+    assert_eq!(
+        read(&ws, json!({"path": "broken.ipynb"})).await,
+        completed("1\t{\"cells\": ")
+    );
+}
+
+#[tokio::test]
+async fn a_notebook_past_the_render_limit_reads_as_its_json() {
+    use podhost::tools::read::notebook::MAX_NOTEBOOK_BYTES;
+    let ws = TestWorkspace::new();
+    let head = "{\"cells\": [], \"pad\": \"";
+    let pad = "x".repeat(MAX_NOTEBOOK_BYTES as usize + 1 - head.len() - 3);
+    let nb = format!("{head}{pad}\"}}\n");
+    assert_eq!(nb.len() as u64, MAX_NOTEBOOK_BYTES + 1);
+    put(&ws, "big.ipynb", &nb);
+    let out = read(&ws, json!({"path": "big.ipynb"})).await;
+    let ToolOutcome::Completed { output } = out else {
+        panic!("{out:?}")
+    };
+    assert!(
+        output
+            .as_str()
+            .unwrap()
+            .starts_with("1\t{\"cells\": [], \"pad\": \"xxx"),
+        "a notebook past the limit is not rendered"
+    );
+    // One byte less renders.
+    let nb = format!("{head}{}\"}}\n", &pad[1..]);
+    put(&ws, "big.ipynb", &nb);
+    assert_eq!(
+        read(&ws, json!({"path": "big.ipynb"})).await,
+        completed("1\tJupyter notebook, 0 cell(s).")
+    );
+}

@@ -12,7 +12,7 @@ async fn write_creates_parents_and_reports_utf8_bytes() {
             json!({"path": "a/b/c.txt", "content": "héllo\n"})
         )
         .await,
-        completed(json!({"path": "/workspace/a/b/c.txt", "bytes": 7}))
+        completed(json!({"path": "a/b/c.txt", "bytes": 7}))
     );
     let path = ws.root().join("a/b/c.txt");
     assert_eq!(fs::read_to_string(&path).unwrap(), "héllo\n");
@@ -28,7 +28,7 @@ async fn write_creates_parents_and_reports_utf8_bytes() {
     assert_eq!(
         ws.run(ToolName::Write, json!({"path": "e.txt", "content": ""}))
             .await,
-        completed(json!({"path": "/workspace/e.txt", "bytes": 0}))
+        completed(json!({"path": "e.txt", "bytes": 0}))
     );
     assert_eq!(fs::read(ws.root().join("e.txt")).unwrap(), b"");
 }
@@ -114,7 +114,7 @@ async fn write_goes_through_a_symlink_inside_the_workspace() {
             json!({"path": "link.txt", "content": "new\n"})
         )
         .await,
-        completed(json!({"path": "/workspace/link.txt", "bytes": 4}))
+        completed(json!({"path": "link.txt", "bytes": 4}))
     );
     assert_eq!(
         fs::read_to_string(ws.root().join("real/target.txt")).unwrap(),
@@ -147,7 +147,7 @@ async fn write_goes_through_a_symlink_inside_the_workspace() {
             json!({"path": "link.txt", "old_string": "new", "new_string": "newer"})
         )
         .await,
-        completed(json!({"path": "/workspace/link.txt", "replacements": 1}))
+        completed(json!({"path": "link.txt", "replacements": 1, "snippet": "1\tnewer"}))
     );
     assert_eq!(
         fs::read_to_string(ws.root().join("real/target.txt")).unwrap(),

@@ -1,10 +1,7 @@
-//! Figures for the report, not assertions: the journal's cost per tool call, and the memory a
-//! held run takes. Run against a release build:
-//!
-//! ```text
-//! cargo build --release
-//! PODHOST_MEASURE_BIN=target/release/podhost cargo test --test pod -- --ignored --nocapture turn_measure
-//! ```
+//! The journal's cost per tool call: a turn of 60 calls of one tool, with the round trips of
+//! `effect.intent` and `effect.outcome` against the tool's own time, as podhost logs them; and
+//! the memory a held run takes (a model call in flight at the gate), against the same pod idle
+//! with as many leases waiting.
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -14,13 +11,11 @@ use tokio::io::AsyncBufReadExt;
 
 use crate::fake_core::{CoreOptions, FakeCore};
 use crate::fake_gates::{self, FakeGates, Reply};
-use crate::turn::{turn_start, wait_end};
-use crate::{PodDirs, pod_env, set_env};
+use crate::pod_launch::{PodDirs, pod_env, set_env};
+use crate::turn_fixture::turn_start;
 
-fn bin() -> std::path::PathBuf {
-    std::env::var("PODHOST_MEASURE_BIN")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|_| crate::support::podhost_bin().to_path_buf())
+fn bin() -> &'static std::path::Path {
+    crate::support::podhost_bin()
 }
 
 struct Pod {
@@ -102,8 +97,9 @@ async fn overhead(tool: &str, args: Value) {
     let mut ts = turn_start(json!("Run a tool many times."));
     ts["loop"] = json!({"yieldAfter": {"steps": 1000}});
     core.grant_turn("run-1", "tok", ts);
-    let (method, _) = wait_end(&core, "run-1").await;
-    assert_eq!(method, "turn.completed");
+    let (end, answer) = core.wait_run_end("run-1").await;
+    assert_eq!(end["m"], "turn.completed", "{end}");
+    assert_eq!(answer["ok"], true, "core refused {end}: {answer}");
 
     let lines = pod.lines.lock().unwrap().clone();
     let field = |l: &Value, k: &str| l["fields"][k].clone();
@@ -152,16 +148,13 @@ async fn overhead(tool: &str, args: Value) {
     );
 }
 
-#[tokio::test]
-#[ignore = "a measurement; run it by hand against a release build"]
-async fn turn_measure_protocol_overhead_per_tool_call() {
+pub async fn main() {
     overhead("bash", json!({"command": "true"})).await;
     overhead("read", json!({"path": "small.txt"})).await;
+    memory_per_held_run().await;
 }
 
-#[tokio::test]
-#[ignore = "a measurement; run it by hand against a release build"]
-async fn turn_measure_memory_per_held_run() {
+async fn memory_per_held_run() {
     for n in [1usize, 10, 50] {
         let core = FakeCore::start(CoreOptions::default()).await;
         let gates = FakeGates::start(core.state.journal.clone()).await;

@@ -1,12 +1,7 @@
-//! Figures for the report, not assertions: the outputs export of one large file against the
-//! work it cannot avoid (reading, hashing and base64-encoding the bytes once), and reading a
-//! spilled result back in 32 KiB pages against reading it in one chunk. Both sides run in this
-//! process against the fake core, so the ratio is what the upload path adds. The export runs
-//! in this test process, so build it optimized:
-//!
-//! ```text
-//! cargo test --release --test pod -- --ignored --nocapture artifacts_measure
-//! ```
+//! The outputs export of one large file against the work it cannot avoid (reading, hashing and
+//! base64-encoding the bytes once), and reading a spilled result back in 32 KiB pages against
+//! reading it in one chunk. Both sides run in this process against the fake core, so the ratio
+//! is what the upload path adds.
 
 use std::io::Read;
 use std::time::{Duration, Instant};
@@ -18,16 +13,14 @@ use podhost::nylorun::turn::spill::fit_outcome;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use crate::artifacts::{Pod, within};
+use crate::driven_runs::{Pod, within};
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement; run it by hand"]
-async fn measure_export_and_paged_reads() {
+pub async fn main() {
     let mut pod = Pod::start().await;
     let size = 64usize << 20;
     let out = pod.dirs.workspace.join("outputs");

@@ -1,15 +1,16 @@
-//! Figures for the report, not assertions: start of `podhost pod` to its `hello`, and its idle
-//! RSS. Run against a release build:
+//! `podhost pod` from spawn to its `hello` (joined, connected, said hello), against spawning
+//! `podhost --version` to its exit: the ratio is what the start-up of a pod adds to starting the
+//! binary. Then the pod's idle RSS: connected, one lease waiting, nothing to do.
 //!
-//! ```text
-//! cargo build --release
-//! PODHOST_MEASURE_BIN=target/release/podhost cargo test --test pod -- --ignored --nocapture measure
-//! ```
+//! `PODHOST_MEASURE_LOG=<file>` writes each run's log lines there, timestamped, to see where
+//! the start-up time goes.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::fake_core::{CoreOptions, FakeCore};
-use crate::{PodDirs, pod_env};
+use crate::pod_launch::{PodDirs, pod_env};
+
+const ROUNDS: usize = 9;
 
 fn rss_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -21,25 +22,36 @@ fn rss_kib(pid: u32, field: &str) -> u64 {
         .unwrap()
 }
 
-#[tokio::test]
-#[ignore = "a measurement; run it by hand against a release build"]
-async fn measure_start_to_hello_and_idle_rss() {
-    let bin = std::env::var("PODHOST_MEASURE_BIN")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|_| crate::support::podhost_bin().to_path_buf());
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+pub async fn main() {
+    let bin = crate::support::podhost_bin();
     let mut times = Vec::new();
+    let mut bare = Vec::new();
     let mut rss = Vec::new();
-    for _ in 0..9 {
+    for _ in 0..ROUNDS {
+        let start = Instant::now();
+        let status = tokio::process::Command::new(bin)
+            .arg("--version")
+            .stdout(std::process::Stdio::null())
+            .status()
+            .await
+            .unwrap();
+        assert!(status.success());
+        bare.push(start.elapsed().as_secs_f64() * 1000.0);
+
         let core = FakeCore::start(CoreOptions::default()).await;
         let dirs = PodDirs::new(&core);
         let env = pod_env(&core, &dirs);
         let start = Instant::now();
-        let mut child = tokio::process::Command::new(&bin)
+        let mut child = tokio::process::Command::new(bin)
             .arg("pod")
             .env_clear()
             .envs(env)
             .stderr(match std::env::var("PODHOST_MEASURE_LOG") {
-                // Timestamped log lines of each run, to see where the start-up time goes.
                 Ok(path) => std::fs::File::create(path).unwrap().into(),
                 Err(_) => std::process::Stdio::null(),
             })
@@ -51,20 +63,22 @@ async fn measure_start_to_hello_and_idle_rss() {
         // Idle: connected, one lease waiting, nothing to do. The pause lets start-up allocations
         // settle before RSS is read; it waits for no event.
         core.wait_request(0, "lease").await;
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
         let pid = child.id().unwrap();
         rss.push((rss_kib(pid, "VmRSS:"), rss_kib(pid, "VmHWM:")));
         child.kill().await.unwrap();
     }
-    times.sort_by(|a, b| a.total_cmp(b));
+    let (min, max) = (
+        times.iter().copied().fold(f64::INFINITY, f64::min),
+        times.iter().copied().fold(0.0, f64::max),
+    );
+    let (t, b) = (median(&mut times), median(&mut bare));
     rss.sort();
     println!(
-        "start to hello: median {:.1} ms (min {:.1}, max {:.1}) over {} runs of {}",
-        times[times.len() / 2],
-        times[0],
-        times[times.len() - 1],
-        times.len(),
-        bin.display()
+        "start to hello: median {t:.1} ms (min {min:.1}, max {max:.1}) over {ROUNDS} runs of {}; \
+         `podhost --version` to exit: median {b:.1} ms; ratio {:.1}",
+        bin.display(),
+        t / b
     );
     println!(
         "idle RSS: median {} KiB (peak {} KiB)",

@@ -1,0 +1,292 @@
+//! `GET /metrics`, `/livez`, `/readyz` and the store's health in `/healthz`: a scripted
+//! workload, then a scrape read with the Prometheus client's own parsers.
+
+use std::time::{Duration, Instant};
+
+use pretty_assertions::assert_eq;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::harness::{Options, Serve, T, start, status_obj};
+use crate::openai_fake::{FakeModel, Reply};
+use crate::prometheus::{family, parse, value};
+
+/// GETs `route` without a credential: the status, the content type and the body.
+async fn open_get(s: &Serve, route: &str) -> (StatusCode, String, String) {
+    let resp = tokio::time::timeout(T, s.http.get(format!("{}{route}", s.url)).send())
+        .await
+        .unwrap()
+        .unwrap();
+    let status = resp.status();
+    let ctype = resp
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    (status, ctype, resp.text().await.unwrap())
+}
+
+async fn scrape(s: &Serve) -> std::collections::BTreeMap<String, f64> {
+    let (code, ctype, text) = open_get(s, "/metrics").await;
+    assert_eq!(code, StatusCode::OK, "{text}");
+    assert_eq!(
+        ctype,
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    parse(&text)
+}
+
+/// Whether any process's command line holds `marker`.
+fn process_with(marker: &str) -> bool {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(Result::ok)
+        .any(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(marker))
+                .unwrap_or(false)
+        })
+}
+
+#[tokio::test]
+async fn metrics_count_turns_model_calls_tools_kills_and_refusals() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeModel::start("fake-model", None).await;
+    let marker = format!("podhost-metrics-marker-{}", std::process::id());
+    fake.push([
+        // Invocation i1: a 500 and a 429 retried, then four tool calls, then an answer.
+        Reply::Status(500, "boom".into(), None),
+        Reply::Status(429, "slow down".into(), Some(0)),
+        Reply::calls(&[
+            ("c1", "bash", json!({"command": "echo hi"})),
+            ("c2", "read", json!({"path": "/workspace/missing.txt"})),
+            ("c3", "no_such_tool", json!({})),
+            ("c4", "bash", json!({"command": "sleep 30", "timeout": 1})),
+        ]),
+        Reply::text("done"),
+        // Invocation i2: a command that runs until it is cancelled.
+        Reply::call(
+            "c5",
+            "bash",
+            // Two commands, so bash stays (and shows the marker) rather than exec'ing sleep.
+            json!({"command": format!("sleep 300; echo {marker}")}),
+        ),
+    ]);
+    let s = Serve::start_with(
+        dir.path(),
+        Options::default().env("PODHOST_MAX_RUNNING", "1"),
+    );
+    let url = fake.base_url();
+    s.submit(start("s1", "i1", "work", &url, None)).await;
+    s.wait_status("i1", "completed", T).await;
+
+    s.submit(start("s2", "i2", "wait", &url, None)).await;
+    let deadline = Instant::now() + T;
+    while !process_with(&marker) {
+        assert!(
+            Instant::now() < deadline,
+            "the command never started: {:?}\n{}",
+            s.status("i2").await,
+            s.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // One turn runs, the most allowed: the next submission is refused with 409.
+    let (code, _) = s.submit(start("s3", "i3", "x", &url, None)).await;
+    assert_eq!(code, StatusCode::CONFLICT);
+    let during = scrape(&s).await;
+    assert_eq!(
+        family(&during, "podhost_turns_running"),
+        [("front=byoh".to_owned(), 1.0)].into()
+    );
+    assert_eq!(
+        s.cancel("s2", "i2").await,
+        (StatusCode::OK, status_obj("s2", "i2", "cancelled"))
+    );
+    let deadline = Instant::now() + T;
+    while process_with(&marker) {
+        assert!(Instant::now() < deadline, "the command outlived the cancel");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // The turn task records its end just after the status changes: wait for it.
+    let deadline = Instant::now() + T;
+    let m = loop {
+        let m = scrape(&s).await;
+        if value(&m, "podhost_turns_total", "front=byoh,outcome=cancelled") == 1.0 {
+            break m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cancelled turn was never counted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let f = |name: &str| family(&m, name);
+    let entries = |pairs: &[(&str, f64)]| {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    assert_eq!(
+        f("podhost_turns_total"),
+        entries(&[
+            ("front=byoh,outcome=cancelled", 1.0),
+            ("front=byoh,outcome=completed", 1.0),
+        ])
+    );
+    assert_eq!(f("podhost_turns_running"), entries(&[("front=byoh", 0.0)]));
+    assert_eq!(
+        f("podhost_model_calls_total"),
+        entries(&[("endpoint=openai,outcome=ok", 3.0)])
+    );
+    assert_eq!(
+        f("podhost_model_retries_total"),
+        entries(&[("endpoint=openai", 2.0)])
+    );
+    assert_eq!(
+        f("podhost_model_http_errors_total"),
+        entries(&[
+            ("endpoint=openai,status=429", 1.0),
+            ("endpoint=openai,status=500", 1.0),
+        ])
+    );
+    assert_eq!(
+        f("podhost_model_call_seconds_count"),
+        entries(&[("endpoint=openai", 3.0)])
+    );
+    assert_eq!(
+        f("podhost_tool_calls_total"),
+        entries(&[
+            ("outcome=completed,tool=bash", 3.0),
+            ("outcome=failed,tool=read", 1.0),
+        ])
+    );
+    // A tool the model made up is answered by the session without reaching the toolbox.
+    assert_eq!(
+        f("podhost_tool_call_seconds_count"),
+        entries(&[("tool=bash", 3.0), ("tool=read", 1.0)])
+    );
+    assert_eq!(
+        f("podhost_commands_killed_total"),
+        entries(&[("reason=cancel", 1.0), ("reason=timeout", 1.0)])
+    );
+    assert_eq!(f("podhost_busy_refusals_total"), entries(&[("", 1.0)]));
+    assert!(
+        value(&m, "podhost_store_write_seconds_count", "") >= 4.0,
+        "{m:?}"
+    );
+    // No series is labelled with an id.
+    for key in m.keys() {
+        for id in ["s1", "s2", "i1", "i2", "c1", "no_such_tool"] {
+            assert!(!key.contains(&format!("={id}")), "{key}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn probes_need_no_credential_and_readiness_follows_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Serve::start(dir.path());
+    let ok = (
+        StatusCode::OK,
+        "application/json".to_owned(),
+        json!({"status": "ok"}).to_string(),
+    );
+    assert_eq!(open_get(&s, "/livez").await, ok);
+    assert_eq!(open_get(&s, "/readyz").await, ok);
+    // The details stay behind the credential.
+    assert_eq!(open_get(&s, "/healthz").await.0, StatusCode::UNAUTHORIZED);
+    let (code, health) = s.call("GET", "/healthz", None).await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(
+        (&health["status"], &health["store"], &health["version"]),
+        (
+            &json!("ok"),
+            &json!({"writable": true}),
+            &json!(env!("CARGO_PKG_VERSION"))
+        )
+    );
+    assert_eq!(health["revision"], env!("BUILD_GIT_REVISION"));
+
+    // Another process holds the store's write lock: not ready, and the details say why.
+    let lock = WriteLock::take(&s).await;
+    assert_eq!(
+        open_get(&s, "/readyz").await,
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "application/json".to_owned(),
+            json!({"status": "unavailable"}).to_string(),
+        )
+    );
+    assert_eq!(open_get(&s, "/livez").await, ok);
+    let (code, health) = s.call("GET", "/healthz", None).await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(
+        (&health["status"], &health["store"]),
+        (
+            &json!("degraded"),
+            &json!({"writable": false, "error": lock.error()})
+        )
+    );
+    // The lock is given back: ready again, and podhost served throughout.
+    lock.release().await;
+    assert_eq!(open_get(&s, "/readyz").await, ok);
+    let (code, body) = s.status("nope").await;
+    assert_eq!(code, StatusCode::NOT_FOUND, "{body}");
+    let _: Value = body;
+}
+
+/// The store's write lock, held by another process: SQLite's (`BEGIN IMMEDIATE`), or on
+/// PostgreSQL a lock on the invocations table that every write conflicts with.
+enum WriteLock {
+    Sqlite(rusqlite::Connection),
+    Postgres(tokio_postgres::Client, tokio::task::JoinHandle<()>),
+}
+
+impl WriteLock {
+    async fn take(s: &Serve) -> WriteLock {
+        if !crate::harness::on_postgres() {
+            let lock = rusqlite::Connection::open(s.data.join("podhost.sqlite")).unwrap();
+            lock.execute_batch("BEGIN IMMEDIATE;").unwrap();
+            return WriteLock::Sqlite(lock);
+        }
+        let url = crate::harness::store_url(&s.data).unwrap();
+        let (client, conn) =
+            tokio::time::timeout(T, tokio_postgres::connect(&url, tokio_postgres::NoTls))
+                .await
+                .unwrap()
+                .unwrap();
+        let driver = tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let lock = client.batch_execute("BEGIN; LOCK TABLE invocations IN EXCLUSIVE MODE;");
+        tokio::time::timeout(T, lock).await.unwrap().unwrap();
+        WriteLock::Postgres(client, driver)
+    }
+
+    /// The error the store's health names while the lock is held.
+    fn error(&self) -> &'static str {
+        match self {
+            WriteLock::Sqlite(_) => "store query failed: database is locked",
+            WriteLock::Postgres(..) => {
+                "store query failed: ERROR: canceling statement due to lock timeout"
+            }
+        }
+    }
+
+    async fn release(self) {
+        match self {
+            WriteLock::Sqlite(lock) => lock.execute_batch("ROLLBACK;").unwrap(),
+            WriteLock::Postgres(client, driver) => {
+                tokio::time::timeout(T, client.batch_execute("ROLLBACK;"))
+                    .await
+                    .unwrap()
+                    .unwrap();
+                drop(client);
+                tokio::time::timeout(T, driver).await.unwrap().unwrap();
+            }
+        }
+    }
+}

@@ -1,0 +1,19 @@
+//! Integration tests of local use — `podhost run`, `podhost tool`, `podhost mcp` — against the
+//! real binary, a scripted OpenAI-compatible model server, and the real MCP clients and JSON
+//! Schema validator `.ci/test-clients` installs.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../support/openai_fake.rs"]
+mod openai_fake;
+#[path = "../support/mod.rs"]
+mod support;
+
+mod harness;
+
+mod environment;
+mod events;
+mod exits;
+mod mcp;
+mod run;
+mod signals;
+mod stream;

@@ -1,0 +1,292 @@
+//! `podhost mcp` driven by MCP clients nobody here wrote: the official Python SDK's over stdio
+//! and streamable HTTP (both protocol styles), the official TypeScript SDK's over stdio. Each
+//! lists the tools, calls each one, has the calls that must be refused refused, runs calls
+//! concurrently, and cancels a long command — whose processes must then be gone.
+
+use std::process::Stdio;
+
+use pretty_assertions::assert_eq;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use crate::harness::{T, client_script, clients, output, podhost, python};
+use crate::support::podhost_bin;
+
+const TOKEN: &str = "mcp-test-credential-81c2";
+
+/// What every Python run must report, whatever the transport.
+fn check_python_report(report: &Value, workspace: &std::path::Path) {
+    let hint = |name: &str, ro: bool, de: bool, id: bool, ow: bool, title: &str, req: Value| {
+        json!({"name": name, "title": title, "read_only": ro, "destructive": de,
+               "idempotent": id, "open_world": ow, "required": req})
+    };
+    assert_eq!(
+        report["tools"],
+        json!([
+            hint(
+                "bash",
+                false,
+                true,
+                false,
+                true,
+                "Run a shell command",
+                json!(["command"])
+            ),
+            hint(
+                "read",
+                true,
+                false,
+                true,
+                false,
+                "Read a file",
+                json!(["path"])
+            ),
+            hint(
+                "write",
+                false,
+                true,
+                true,
+                false,
+                "Write a file",
+                json!(["path", "content"])
+            ),
+            hint(
+                "edit",
+                false,
+                true,
+                false,
+                false,
+                "Edit a file",
+                json!(["path", "old_string", "new_string"])
+            ),
+            hint(
+                "grep",
+                true,
+                false,
+                true,
+                false,
+                "Search file contents",
+                json!(["pattern"])
+            ),
+            hint(
+                "glob",
+                true,
+                false,
+                true,
+                false,
+                "Find files by name",
+                json!(["pattern"])
+            ),
+        ])
+    );
+    let ok = |text: &str| json!({"is_error": false, "text": text});
+    assert_eq!(
+        report["calls"],
+        json!({
+            "write": ok(r#"{"bytes":9,"path":"notes/hello.txt"}"#),
+            "read": ok("1\thi there"),
+            "edit": ok(r#"{"path":"notes/hello.txt","replacements":1,"snippet":"1\thello there"}"#),
+            "grep": ok("notes/hello.txt:1:hello there"),
+            "glob": ok("notes/hello.txt"),
+            "bash": ok(r#"{"exitCode":3,"stderr":"oops\n","stdout":"hello there\n"}"#),
+        })
+    );
+    let root = std::fs::canonicalize(workspace).unwrap();
+    let parent = root.parent().unwrap().display().to_string();
+    let err = |text: String| json!({"is_error": true, "text": text});
+    assert_eq!(
+        report["refused"],
+        json!({
+            "read_outside": err(format!(
+                "sandbox.path_denied: /etc/hostname is outside the allowed directories ({}).",
+                root.display()
+            )),
+            "write_outside": err(format!(
+                "sandbox.path_denied: {parent}/escape.txt is outside the allowed directories ({}).",
+                root.display()
+            )),
+            "bad_field": err("sandbox.invalid_input: Invalid read input: unknown field `file_path`, \
+                              expected one of `path`, `offset`, `limit`.".to_owned()),
+            "unknown_tool": "There is no tool named \"nope\". The tools are bash, read, write, \
+                             edit, grep and glob.",
+        })
+    );
+    assert!(!std::path::Path::new(&parent).join("escape.txt").exists());
+    let concurrent = report["concurrent_seconds"].as_f64().unwrap();
+    assert!(
+        concurrent < 2.5,
+        "three 1 s commands took {concurrent} s: not concurrent"
+    );
+    assert_eq!(
+        (
+            &report["cancel"]["processes"],
+            &report["cancel"]["left_running"]
+        ),
+        (&json!(2), &json!(0)),
+        "{}",
+        report["cancel"]
+    );
+}
+
+/// Runs a client to its end and parses the JSON report it prints.
+async fn report(mut cmd: tokio::process::Command) -> Value {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let out = output(cmd).await;
+    assert_eq!(
+        out.code, 0,
+        "the client failed:\n{}\n{}",
+        out.stdout, out.stderr
+    );
+    serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
+}
+
+#[tokio::test]
+async fn the_python_sdk_drives_it_over_stdio() {
+    let ws = tempfile::tempdir().unwrap();
+    let mut cmd = tokio::process::Command::new(python());
+    cmd.arg(client_script("mcp_check.py"))
+        .arg("stdio")
+        .arg(podhost_bin())
+        .arg(ws.path())
+        .arg("legacy")
+        .env("RUST_LOG", "warn");
+    let r = report(cmd).await;
+    check_python_report(&r, ws.path());
+}
+
+/// A running `podhost mcp --listen`, and its URL.
+struct Http {
+    _child: tokio::process::Child,
+    url: String,
+}
+
+async fn serve_http(ws: &std::path::Path, extra: &[&str]) -> Http {
+    let mut cmd = podhost(&["mcp", "--listen", "127.0.0.1:0", "--workspace"]);
+    cmd.arg(ws).args(extra).env("PODHOST_TOKEN", TOKEN);
+    let mut child = cmd.spawn().unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = tokio::time::timeout(T, async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some((_, url)) = line.split_once(" at ") {
+                return url.to_owned();
+            }
+        }
+        panic!("podhost mcp ended before it listened");
+    })
+    .await
+    .unwrap();
+    // Keep draining stderr so podhost never blocks on it.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Http { _child: child, url }
+}
+
+#[tokio::test]
+async fn the_python_sdk_drives_it_over_streamable_http_in_both_protocol_styles() {
+    for mode in ["legacy", "auto"] {
+        let ws = tempfile::tempdir().unwrap();
+        let server = serve_http(ws.path(), &[]).await;
+        let mut cmd = tokio::process::Command::new(python());
+        cmd.arg(client_script("mcp_check.py"))
+            .args(["http", &server.url, TOKEN, mode])
+            .env("PODHOST_TEST_WORKSPACE", ws.path());
+        let r = report(cmd).await;
+        // The SDK words every HTTP refusal alike; the status itself (401) is checked below.
+        assert_eq!(
+            r["wrong_token"], "MCPError: Server returned an error response",
+            "{mode}"
+        );
+        check_python_report(&r, ws.path());
+    }
+}
+
+#[tokio::test]
+async fn the_typescript_sdk_drives_it_over_stdio() {
+    let ws = tempfile::tempdir().unwrap();
+    // ESM resolves the SDK next to the script: run it from the clients' node directory.
+    let script = clients().join("node/mcp_check.mjs");
+    std::fs::copy(client_script("mcp_check.mjs"), &script).unwrap();
+    let mut cmd = tokio::process::Command::new("node");
+    cmd.arg(&script)
+        .arg(podhost_bin())
+        .arg(ws.path())
+        .env("RUST_LOG", "warn");
+    let r = report(cmd).await;
+    let ok = |text: &str| json!({"is_error": false, "text": text});
+    let root = std::fs::canonicalize(ws.path()).unwrap();
+    assert_eq!(
+        r,
+        json!({
+            "server": "podhost",
+            "tools": [
+                {"name": "bash", "read_only": false, "destructive": true},
+                {"name": "read", "read_only": true, "destructive": false},
+                {"name": "write", "read_only": false, "destructive": true},
+                {"name": "edit", "read_only": false, "destructive": true},
+                {"name": "grep", "read_only": true, "destructive": false},
+                {"name": "glob", "read_only": true, "destructive": false},
+            ],
+            "calls": {
+                "write": ok(r#"{"bytes":8,"path":"a.txt"}"#),
+                "read": ok("1\tone\n2\ttwo"),
+                "edit": ok(r#"{"path":"a.txt","replacements":1,"snippet":"1\tone\n2\t2"}"#),
+                "grep": ok("a.txt:1:one"),
+                "glob": ok("a.txt"),
+                "bash": ok(r#"{"exitCode":0,"stderr":"","stdout":"2\n"}"#),
+            },
+            "outside": {"is_error": true, "text": format!(
+                "sandbox.path_denied: /etc/podhost-escape is outside the allowed directories ({}).",
+                root.display()
+            )},
+            "cancelled_call": "rejected: -32001",
+            "cancel": {"processes": 2, "left_running": 0},
+        })
+    );
+}
+
+#[tokio::test]
+async fn http_refuses_requests_without_the_credential_and_other_hosts_without_one() {
+    let ws = tempfile::tempdir().unwrap();
+    let server = serve_http(ws.path(), &[]).await;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let http = reqwest::Client::new();
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"}}});
+    for auth in [None, Some("Bearer wrong"), Some("Basic abc")] {
+        let mut req = http
+            .post(&server.url)
+            .header("accept", "application/json, text/event-stream")
+            .json(&init);
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        let resp = tokio::time::timeout(T, req.send()).await.unwrap().unwrap();
+        assert_eq!(resp.status(), 401, "{auth:?}");
+        assert_eq!(resp.headers()["www-authenticate"], "Bearer");
+    }
+    let resp = http
+        .post(&server.url)
+        .header("accept", "application/json, text/event-stream")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .json(&init)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+
+    // Without a credential, only loopback.
+    let mut cmd = podhost(&["mcp", "--listen", "0.0.0.0:0", "--workspace"]);
+    cmd.arg(ws.path());
+    let out = output(cmd).await;
+    assert_eq!(
+        (out.code, out.stderr.trim_end()),
+        (
+            2,
+            "podhost mcp: refusing to serve the tools on 0.0.0.0:0 without a credential: set \
+             PODHOST_TOKEN or PODHOST_TOKEN_FILE, or listen on a loopback address"
+        )
+    );
+}
