@@ -55,6 +55,8 @@ pub struct CoreOptions {
     pub renew_every_ms: u64,
     /// WebSocket pings to each connection at this interval.
     pub ping_every: Option<Duration>,
+    /// Core's answers (hello, lease, renew, outputs) carry fields a later core might add.
+    pub answer_extras: bool,
 }
 
 impl Default for CoreOptions {
@@ -67,6 +69,7 @@ impl Default for CoreOptions {
             join_token: "join-token-1".into(),
             renew_every_ms: 60_000,
             ping_every: None,
+            answer_extras: false,
         }
     }
 }
@@ -155,7 +158,15 @@ pub struct CoreState {
     pub artifacts: fake_artifacts::FakeArtifacts,
     /// Called with each request's method and params before it is answered.
     request_hook: Mutex<Option<RequestHook>>,
+    /// Requests of these methods wait, unanswered and unsettled, until the test lets them go
+    /// (a core slow to settle); `(conn, id, method, params)` of each waiting one.
+    slow: Mutex<(HashSet<String>, Vec<SlowRequest>)>,
+    /// Scripted refusals by method: `(code, message)` for the next requests of that method.
+    refusals: Mutex<HashMap<String, VecDeque<(String, String)>>>,
 }
+
+/// A request held by [`FakeCore::slow_answers`]: `(conn, id, method, params)`.
+type SlowRequest = (u64, u64, String, Value);
 
 /// What [`FakeCore::on_request`] runs.
 pub type RequestHook = Arc<dyn Fn(&str, &Value) + Send + Sync>;
@@ -202,6 +213,8 @@ impl FakeCore {
             journal: Arc::default(),
             artifacts: fake_artifacts::FakeArtifacts::default(),
             request_hook: Mutex::default(),
+            slow: Mutex::default(),
+            refusals: Mutex::default(),
         });
         let stop = CancellationToken::new();
         let (s, st) = (state.clone(), stop.clone());
@@ -282,6 +295,50 @@ impl FakeCore {
     /// waiting for the answer while it runs (e.g. to look at the pod as a release arrives).
     pub fn on_request(&self, hook: impl Fn(&str, &Value) + Send + Sync + 'static) {
         *self.state.request_hook.lock().unwrap() = Some(Arc::new(hook));
+    }
+
+    /// Requests of method `m` are held unanswered (and unsettled) until [`answer_slow`]
+    /// (Self::answer_slow): a core slow to settle. Renewals meanwhile are answered as usual.
+    pub fn slow_answers(&self, m: &str) {
+        self.state.slow.lock().unwrap().0.insert(m.to_owned());
+    }
+
+    /// The requests held by [`slow_answers`](Self::slow_answers) so far: `(method, params)`.
+    pub fn slow_pending(&self) -> Vec<(String, Value)> {
+        let slow = self.state.slow.lock().unwrap();
+        slow.1
+            .iter()
+            .map(|(_, _, m, p)| (m.clone(), p.clone()))
+            .collect()
+    }
+
+    /// Answers every held request now (answers nothing to a connection that is gone), and stops
+    /// holding new ones.
+    pub fn answer_slow(&self) {
+        let held = {
+            let mut slow = self.state.slow.lock().unwrap();
+            slow.0.clear();
+            std::mem::take(&mut slow.1)
+        };
+        for (conn, rid, m, p) in held {
+            let c = self.state.conns.lock().unwrap().get(&conn).cloned();
+            if let (Some(c), Some(answer)) = (c, self.state.answer(conn, rid, &m, p)) {
+                self.state.send_answer(&c, conn, rid, answer);
+            }
+        }
+    }
+
+    /// The next request of method `m` is refused with `code`. For `run_not_held` and
+    /// `ownership_lost` core also stops holding the run the request names (another owner has
+    /// it now): its later requests are `run_not_held`.
+    pub fn refuse_next(&self, m: &str, code: &str, message: &str) {
+        self.state
+            .refusals
+            .lock()
+            .unwrap()
+            .entry(m.to_owned())
+            .or_default()
+            .push_back((code.to_owned(), message.to_owned()));
     }
 
     /// Queues a grant for the next `lease`; returns the `RunGrant` sent.
@@ -943,14 +1000,40 @@ impl CoreState {
                 if let Some(hook) = hook {
                     hook(&m, &p);
                 }
-                match self.answer(id, rid, &m, p) {
-                    Some(Ok(r)) => self.send(conn, id, json!({"t": "res", "id": rid, "ok": true, "r": r})),
-                    Some(Err((code, message))) => self.send(
-                        conn,
-                        id,
-                        json!({"t": "res", "id": rid, "ok": false, "e": {"code": code, "message": message}}),
-                    ),
-                    None => {}
+                let refusal = self
+                    .refusals
+                    .lock()
+                    .unwrap()
+                    .get_mut(&m)
+                    .and_then(VecDeque::pop_front);
+                if let Some((code, message)) = refusal {
+                    if let Some(run_id) = p["runId"].as_str()
+                        && ["run_not_held", "ownership_lost"].contains(&code.as_str())
+                    {
+                        self.held.lock().unwrap().remove(run_id);
+                        self.journal.run_over(run_id);
+                        self.artifacts.on_run_end(run_id);
+                    }
+                    self.send_answer(conn, id, rid, Err((code, message)));
+                    return;
+                }
+                {
+                    let mut slow = self.slow.lock().unwrap();
+                    if slow.0.contains(&m) {
+                        slow.1.push((id, rid, m, p));
+                        return;
+                    }
+                }
+                if let Some(mut answer) = self.answer(id, rid, &m, p) {
+                    if self.opts.answer_extras
+                        && let Ok(Value::Object(o)) = &mut answer
+                    {
+                        o.insert("laterField".to_owned(), json!({"added": "by a later core"}));
+                        if let Some(Value::Object(sandbox)) = o.get_mut("sandbox") {
+                            sandbox.insert("region".to_owned(), json!("eu"));
+                        }
+                    }
+                    self.send_answer(conn, id, rid, answer);
                 }
             }
             ("req", false, Some(rid)) => self.send(
@@ -974,6 +1057,17 @@ impl CoreState {
                     reason: "invalid frame".into(),
                 })));
             }
+        }
+    }
+
+    fn send_answer(&self, conn: &Conn, id: u64, rid: u64, answer: Result<Value, (String, String)>) {
+        match answer {
+            Ok(r) => self.send(conn, id, json!({"t": "res", "id": rid, "ok": true, "r": r})),
+            Err((code, message)) => self.send(
+                conn,
+                id,
+                json!({"t": "res", "id": rid, "ok": false, "e": {"code": code, "message": message}}),
+            ),
         }
     }
 
@@ -1180,6 +1274,11 @@ impl CoreState {
                 self.held.lock().unwrap().insert(run_id.to_owned(), conn);
             }
             self.artifacts.on_grant(&grant);
+            let mut grant = grant;
+            if self.opts.answer_extras {
+                grant["offeredAt"] = json!(1_700_000_000_000u64);
+                grant["run"]["priority"] = json!("normal");
+            }
             self.send(
                 &c,
                 conn,

@@ -6,7 +6,8 @@
 //!   model intent must not carry `input`, and for every other effect the hash is recomputed
 //!   (a mismatch is `invalid` "The request hash does not match the request"). Rows replay:
 //!   `completed` for a finished row with the same hash, `effect_drift` for another hash,
-//!   `execute` + `rejoin` for a model call still `invoking`, the re-send count for a tool.
+//!   `execute` + `rejoin` for a model call still `invoking` or `uncertain` (its fate unknown),
+//!   the re-send count for a tool.
 //!   Runtime targets are answered `completed` in the intent (core runs them).
 //! * `effect.outcome`: strict, one of `value` / `error`, only for an `invoking` row of the run,
 //!   a value larger than `recordEntryBytes` refused with `limit_exceeded`.
@@ -440,6 +441,12 @@ impl Journal {
                     json!({"status": "completed", "outcome": {"value": row.value}})
                 }
                 Status::Pending => json!({"status": "pending"}),
+                // A model call whose fate is unknown: the next owner rejoins it at the gate
+                // (v5 §4), under the same key and body.
+                Status::Uncertain if row.kind == "model" => {
+                    row.status = Status::Invoking;
+                    json!({"status": "execute", "rejoin": true})
+                }
                 Status::Uncertain => json!({"status": "uncertain"}),
                 Status::Invoking if row.kind == "model" => {
                     json!({"status": "execute", "rejoin": true})
