@@ -580,8 +580,8 @@ pub struct HostJoinAnswer {
 }
 
 /// The Agent's setup as a join carries it. v5 says only "its input files and setup commands";
-/// this shape is an assumption, read leniently: `{files?: [{path, base64? | content?, mode?}],
-/// commands?: [string | {command, timeout?}]}`.
+/// this shape is an assumption, read leniently: `{files?: [{path, base64? | content? | url?,
+/// sha256?, mode?}], commands?: [string | {command, timeout?}]}`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Setup {
     #[serde(default)]
@@ -601,6 +601,13 @@ pub struct SetupFile {
     /// The text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Where to fetch the bytes from when neither `base64` nor `content` carries them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// The bytes' SHA-256 (hex, optionally `sha256:`-prefixed), checked before the file is
+    /// written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
     /// Permission bits: a number (`420`) or an octal string (`"0644"`, `"755"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<Value>,
