@@ -19,6 +19,7 @@
 //!   WebSockets or HTTP.
 //! * [`tools`] are functions of (workspace, input) → outcome; a tool that ran and failed returns
 //!   an outcome, never `Err`.
+//! * [`failpoints`]: named crash and fault boundaries, compiled into test builds only.
 //! * [`exec`] is the only place that starts processes (process groups, capture, timeouts, limits,
 //!   environment, confinement). All `unsafe` lives there.
 //!
@@ -42,6 +43,7 @@ pub mod byoh;
 pub mod chat;
 pub mod config;
 pub mod exec;
+pub mod failpoints;
 pub mod floor;
 pub mod local;
 pub mod nylorun;

@@ -241,7 +241,12 @@ pub async fn tool(args: ToolConfig) -> Result<i32, LocalError> {
     let outcome = toolbox
         .call(name.as_str(), &input, &CallContext::new(cancel))
         .await?;
-    println!("{}", serde_json::json!(outcome));
+    // A closed stdout (`… | head -c 1`) ends quietly: whoever stopped reading wants no more.
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{}", serde_json::json!(outcome)).and_then(|()| out.flush());
+    }
     Ok(match &outcome {
         ToolOutcome::Failed { code, message, .. } if code == codes::INVALID_INPUT => {
             eprintln!("podhost tool: {message}");

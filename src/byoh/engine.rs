@@ -1,7 +1,8 @@
 //! The BYOH endpoint's shared state: the [`Engine`] the routes call and the turn tasks share.
 //!
 //! Owns: the store, the model client and the settings; the in-memory table of live turns (their
-//! cancellation token and the latest API key); the permits that bound the turns running; and
+//! cancellation token and the latest [`Secrets`]: key, credential-bearing URL, the values to
+//! scrub); the permits that bound the turns running; and
 //! the per-invocation lock that makes a submission's check-and-insert atomic against its
 //! concurrent duplicates.
 //!
@@ -16,6 +17,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::protocol::{Credentials, ModelConnection};
 use super::store::Store;
 use crate::chat::client::ModelClient;
 use crate::chat::message::ApiKey;
@@ -42,28 +44,82 @@ pub struct EngineConfig {
     pub tools: ToolboxBuilder,
 }
 
+/// What a submission brought that is never stored: its key, its base URL when that carries a
+/// credential, and every credential value (to scrub from what is stored).
+#[derive(Clone, Debug, Default)]
+pub struct Secrets {
+    pub key: Option<ApiKey>,
+    /// The base URL as given, when it carries a credential (the store holds it redacted).
+    pub base_url: Option<crate::floor::secret::Secret>,
+    pub credentials: Credentials,
+}
+
+impl Secrets {
+    pub fn of(conn: &ModelConnection) -> Self {
+        Secrets {
+            key: conn.api_key.clone(),
+            base_url: conn
+                .url_has_credentials()
+                .then(|| crate::floor::secret::Secret::new(conn.base_url.clone())),
+            credentials: conn.credentials(),
+        }
+    }
+
+    /// Whether a turn needs these to call the model (they are lost with a restart).
+    pub fn needed(&self) -> bool {
+        self.key.is_some() || self.base_url.is_some()
+    }
+}
+
 /// A turn being run by a task of this process.
 #[derive(Debug)]
 pub struct Live {
     pub cancel: CancellationToken,
-    /// The latest key a submission brought.
-    key: Mutex<Option<ApiKey>>,
+    /// The latest secrets a submission brought.
+    secrets: Mutex<Secrets>,
     /// Set to `true` when the task has stopped.
     pub done: watch::Sender<bool>,
 }
 
 impl Live {
     pub fn key(&self) -> Option<ApiKey> {
-        self.key
+        self.secrets
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .key
             .clone()
     }
 
-    pub(super) fn set_key(&self, key: Option<ApiKey>) {
-        if key.is_some() {
-            *self.key.lock().unwrap_or_else(PoisonError::into_inner) = key;
+    /// The base URL to call when the submission's carries a credential.
+    pub fn base_url(&self) -> Option<String> {
+        self.secrets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .base_url
+            .as_ref()
+            .map(|s| s.expose().to_owned())
+    }
+
+    /// Every credential value any submission of this turn brought.
+    pub fn credentials(&self) -> Credentials {
+        self.secrets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .credentials
+            .clone()
+    }
+
+    /// A retried submission's secrets: its key and URL replace the old ones; its credential
+    /// values join them.
+    pub(super) fn set_secrets(&self, new: Secrets) {
+        let mut s = self.secrets.lock().unwrap_or_else(PoisonError::into_inner);
+        if new.key.is_some() {
+            s.key = new.key;
         }
+        if new.base_url.is_some() {
+            s.base_url = new.base_url;
+        }
+        s.credentials.merge(&new.credentials);
     }
 }
 
@@ -131,10 +187,10 @@ impl Inner {
     }
 
     /// Registers a live turn; call with the invocation's lock held.
-    pub(super) fn register(&self, id: &str, key: Option<ApiKey>) -> Arc<Live> {
+    pub(super) fn register(&self, id: &str, secrets: Secrets) -> Arc<Live> {
         let live = Arc::new(Live {
             cancel: self.root.child_token(),
-            key: Mutex::new(key),
+            secrets: Mutex::new(secrets),
             done: watch::Sender::new(false),
         });
         self.live

@@ -11,7 +11,9 @@
 //! * A refused submission (busy, invalid) stores nothing.
 //! * A status only moves along the protocol's graph, through the store's conditional updates:
 //!   a turn that ends as a cancellation lands cannot overwrite `cancelled`.
-//! * API keys live only in [`Live`] entries, in memory, and go when the turn ends.
+//! * API keys (and base URLs that carry a credential) live only in [`Live`] entries, in memory,
+//!   and go when the turn ends; every credential value is scrubbed from what is stored.
+//! * Every turn runs under a `--max-running` permit, a turn a restart interrupted too.
 //!
 //! Non-goals: HTTP (see `server`), running the turn itself (see `runner`).
 
@@ -20,10 +22,9 @@ use std::time::Duration;
 
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::engine::{Engine, Live};
+use super::engine::{Engine, Live, Secrets};
 use super::protocol::{CancelRequest, SessionAction, Status, SubmitRequest};
 use super::store::{InvocationRow, ResumeOutcome, StartOutcome, StatusRow, StoreError};
-use crate::chat::message::ApiKey;
 
 /// Why a request was refused; `server` maps each to one HTTP status.
 #[derive(Debug, thiserror::Error)]
@@ -78,12 +79,18 @@ impl Engine {
         let id = req.invocation_id.clone();
         let _lock = self.inner.lock(&id).await;
         let existing = self.inner.store.get(&id).await?;
-        let key = req.model_connection.api_key.clone();
+        let secrets = Secrets::of(&req.model_connection);
+        // Nothing stored carries a credential of the submission (the evaluator's own rows
+        // could, and the model may echo one later).
+        let mut input_messages = req.input_messages.clone();
+        for m in &mut input_messages {
+            secrets.credentials.scrub_message(m);
+        }
         match req.session_action {
             SessionAction::Start => {
                 if let Some(row) = existing {
                     check_session(&row, &req.session_id)?;
-                    return Ok(self.adopt(row, key));
+                    return Ok(self.adopt(row, secrets));
                 }
                 let permit = self.permit()?;
                 let row = InvocationRow {
@@ -92,8 +99,8 @@ impl Engine {
                     status: Status::Queued,
                     error: None,
                     connection: req.model_connection.stored(),
-                    needs_key: key.is_some(),
-                    output_start: req.input_messages.len(),
+                    needs_key: secrets.needed(),
+                    output_start: input_messages.len(),
                     pending: Vec::new(),
                     last_resume: Vec::new(),
                     finished_ms: None,
@@ -102,15 +109,15 @@ impl Engine {
                 match self
                     .inner
                     .store
-                    .insert_start(row.clone(), req.input_messages)
+                    .insert_start(row.clone(), input_messages)
                     .await?
                 {
                     StartOutcome::Inserted => {
-                        let live = self.inner.register(&id, key);
+                        let live = self.inner.register(&id, secrets);
                         self.spawn(id, live, Some(permit));
                         Ok(row)
                     }
-                    StartOutcome::Exists(row) => Ok(self.adopt(row, key)),
+                    StartOutcome::Exists(row) => Ok(self.adopt(row, secrets)),
                     StartOutcome::SessionTaken(other) => Err(ByohError::Invalid(format!(
                         "session {:?} already holds invocation {other:?}; a session has one \
                          invocation",
@@ -135,18 +142,18 @@ impl Engine {
                     .apply_resume(
                         &id,
                         ids,
-                        req.input_messages,
+                        input_messages,
                         req.model_connection.stored(),
-                        key.is_some(),
+                        secrets.needed(),
                     )
                     .await?;
                 match outcome {
                     ResumeOutcome::Applied(row) => {
-                        let live = self.inner.register(&id, key);
+                        let live = self.inner.register(&id, secrets);
                         self.spawn(id, live, permit);
                         Ok(row)
                     }
-                    ResumeOutcome::Duplicate(row) => Ok(self.adopt(row, key)),
+                    ResumeOutcome::Duplicate(row) => Ok(self.adopt(row, secrets)),
                     ResumeOutcome::Mismatch(msg) => Err(ByohError::Invalid(msg)),
                     ResumeOutcome::NotWaiting(row) => Err(ByohError::Invalid(format!(
                         "invocation {id:?} is {}, not waiting for input; a resume answers the \
@@ -162,23 +169,42 @@ impl Engine {
     /// A retried submission of an existing invocation: its key replaces the old one; a turn a
     /// restart interrupted is taken up again when it can now call the model. Call with the
     /// invocation's lock held.
-    fn adopt(&self, row: InvocationRow, key: Option<ApiKey>) -> InvocationRow {
+    fn adopt(&self, row: InvocationRow, secrets: Secrets) -> InvocationRow {
         if let Some(live) = self.inner.live(&row.invocation_id) {
-            live.set_key(key);
+            live.set_secrets(secrets);
             return row;
         }
         let orphan = matches!(row.status, Status::Queued | Status::Running);
-        if orphan && (key.is_some() || !row.needs_key) {
-            let live = self.inner.register(&row.invocation_id, key);
-            let permit = self.inner.permits.clone().try_acquire_owned().ok();
-            self.spawn(row.invocation_id.clone(), live, permit);
+        if orphan && (secrets.needed() || !row.needs_key) {
+            let live = self.inner.register(&row.invocation_id, secrets);
+            self.spawn(row.invocation_id.clone(), live, None);
         }
         row
     }
 
+    /// Runs the turn of `id` in a task. Without a `permit` (a turn a restart interrupted), the
+    /// task waits for one first: such turns take `--max-running` slots like any other, and stay
+    /// `queued`/`running` in the store meanwhile.
     pub(super) fn spawn(&self, id: String, live: Arc<Live>, permit: Option<OwnedSemaphorePermit>) {
         let inner = self.inner.clone();
         self.inner.tracker.spawn(async move {
+            let permit = match permit {
+                Some(p) => p,
+                None => {
+                    let permits = inner.permits.clone();
+                    let acquired = tokio::select! {
+                        p = permits.acquire_owned() => p.ok(),
+                        _ = live.cancel.cancelled() => None,
+                    };
+                    match acquired {
+                        Some(p) => p,
+                        None => {
+                            inner.unregister(&id);
+                            return;
+                        }
+                    }
+                }
+            };
             super::runner::drive(&inner, &id, &live).await;
             inner.unregister(&id);
             drop(permit);

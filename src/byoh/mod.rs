@@ -21,7 +21,7 @@ pub(crate) mod server;
 pub(crate) mod store;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use engine::{Engine, EngineConfig};
@@ -55,6 +55,8 @@ pub struct ServeConfig {
     pub max_steps: u32,
     /// Attempts per model call.
     pub model_attempts: u32,
+    /// Start with an empty store even though session workspaces exist (see [`check_not_stranded`]).
+    pub start_afresh: bool,
     pub exec: ExecSettings,
 }
 
@@ -98,6 +100,38 @@ fn credential(args: &ServeConfig) -> Result<Option<String>, ServeError> {
         ));
     }
     Ok(token)
+}
+
+/// The store's file in the data directory.
+const DB_FILE: &str = "podhost.sqlite";
+
+/// Refuses a data directory whose store is missing or empty while session workspaces exist:
+/// starting empty would answer 404 for every earlier invocation, which fails a whole
+/// evaluation. `start_afresh` starts anyway, loudly.
+fn check_not_stranded(data: &Path, stored: u64, start_afresh: bool) -> Result<(), ServeError> {
+    if stored > 0 {
+        return Ok(());
+    }
+    let sessions = std::fs::read_dir(data.join("sessions"))
+        .map(|d| d.filter_map(Result::ok).count())
+        .unwrap_or(0);
+    if sessions == 0 {
+        return Ok(());
+    }
+    let what = format!(
+        "the data directory {} holds {sessions} session workspace(s), but its database {DB_FILE} \
+         is missing or empty: every earlier invocation would be unknown (404), which fails a \
+         whole evaluation",
+        data.display()
+    );
+    if start_afresh {
+        warn!("{what}; starting afresh with an empty store (PODHOST_START_AFRESH)");
+        return Ok(());
+    }
+    Err(ServeError::Config(format!(
+        "{what}. Restore the database, or start with --start-afresh (PODHOST_START_AFRESH=true) \
+         to begin with an empty store"
+    )))
 }
 
 async fn resolve(listen: &str) -> Result<SocketAddr, ServeError> {
@@ -154,7 +188,11 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
         what: "could not find podhost's own executable".into(),
         source,
     })?;
-    let store = Store::open(&args.data.join("podhost.sqlite"))?;
+    let db = args.data.join(DB_FILE);
+    let had_db = std::fs::metadata(&db).is_ok_and(|m| m.len() > 0);
+    let store = Store::open(&db)?;
+    let stored = if had_db { store.count().await? } else { 0 };
+    check_not_stranded(&args.data, stored, args.start_afresh)?;
     let client = ModelClient::new(RetryPolicy {
         attempts: args.model_attempts,
         ..RetryPolicy::default()

@@ -8,6 +8,8 @@
 //! Invariants:
 //! * A turn writes its end status only from `running`, so a cancellation that landed first
 //!   stands, and a turn stopped by shutdown stays `running` in the store for the next start.
+//! * A turn's end is written until it lands (a full disk empties), answered from memory
+//!   meanwhile: a finished turn is never stranded `running`.
 //! * A turn interrupted by a restart is resumed when it can call the model (no key needed, or a
 //!   retried submission brought one); otherwise it fails with a message that says why.
 //! * Each session's workspace is its own directory under the data directory, named from a hash
@@ -26,6 +28,7 @@ use super::store::{Store, now_ms};
 use crate::agent::turn::{self, TurnEnd};
 use crate::chat::message::{ApiKey, ChatMessage};
 use crate::chat::session::{ChatTurn, Front, SessionError, Tail, repair_tail, step_limit_message};
+use crate::floor::backoff::{Backoff, sleep_or_cancel};
 use crate::floor::workspace::Workspace;
 use crate::tools::Toolbox;
 
@@ -53,8 +56,14 @@ struct StoreFront {
 
 impl Front for StoreFront {
     async fn appended(&mut self, messages: &[ChatMessage]) -> Result<(), SessionError> {
+        // The model may echo a credential: nothing stored (and so nothing returned) holds one.
+        let credentials = self.live.credentials();
+        let mut stored = messages.to_vec();
+        for m in &mut stored {
+            credentials.scrub_message(m);
+        }
         self.store
-            .append(&self.id, messages.to_vec())
+            .append(&self.id, stored)
             .await
             .map_err(|e| SessionError::Store(e.to_string()))
     }
@@ -90,7 +99,11 @@ pub(super) async fn drive(inner: &Inner, id: &str, live: &Arc<Live>) {
         return;
     };
     info!(invocation_id = id, status = %Status::Running, "turn started");
-    let end = run_turn(inner, id, live, &row.session_id, row.connection.clone()).await;
+    let mut conn = row.connection.clone();
+    if let Some(url) = live.base_url() {
+        conn.base_url = url;
+    }
+    let end = run_turn(inner, id, live, &row.session_id, conn).await;
     let (to, error, pending) = match end {
         Ok(Some(TurnEnd::Completed { .. })) => (Status::Completed, None, vec![]),
         Ok(Some(TurnEnd::InputRequired { calls })) => (
@@ -115,21 +128,57 @@ pub(super) async fn drive(inner: &Inner, id: &str, live: &Arc<Live>) {
         Ok(None) => return,
         Err(e) => (Status::Failed, Some(e.to_string()), vec![]),
     };
-    match store.transition(id, RUNNING, to, error, pending).await {
-        Ok((true, _)) => info!(
-            invocation_id = id,
-            status = %to,
-            duration_ms = started.elapsed().as_millis() as u64,
-            "turn ended"
-        ),
-        Ok((false, row)) => info!(
-            invocation_id = id,
-            status = %row.map(|r| r.status.as_str()).unwrap_or("gone"),
-            "turn ended after its status changed"
-        ),
-        Err(e) => warn!(invocation_id = id, error = %e, "could not record the turn's end"),
+    let error = error.map(|e| live.credentials().scrub(&e));
+    crate::failpoint!("serve.before_end");
+    // The end must land: until it does (a full disk), it is answered from memory and the write
+    // is tried again. A shutdown meanwhile leaves `running` for the next start to take up.
+    let mut backoff = Backoff::new(END_RETRY_FIRST, END_RETRY_CAP);
+    let mut held = false;
+    loop {
+        match store
+            .transition(id, RUNNING, to, error.clone(), pending.clone())
+            .await
+        {
+            Ok((true, _)) => {
+                info!(
+                    invocation_id = id,
+                    status = %to,
+                    duration_ms = started.elapsed().as_millis() as u64,
+                    "turn ended"
+                );
+                return;
+            }
+            Ok((false, row)) => {
+                info!(
+                    invocation_id = id,
+                    status = %row.map(|r| r.status.as_str()).unwrap_or("gone"),
+                    "turn ended after its status changed"
+                );
+                return;
+            }
+            Err(e) => {
+                if !held {
+                    held = true;
+                    let mut end = row.clone();
+                    end.status = to;
+                    end.error = error.clone();
+                    end.pending = pending.clone();
+                    end.finished_ms = to.is_terminal().then(now_ms);
+                    store.hold_end(end);
+                }
+                let delay = backoff.next_delay();
+                warn!(invocation_id = id, status = %to, error = %e, retry_in = ?delay, "could not record the turn's end; answering it from memory and trying again");
+                if !sleep_or_cancel(delay, &inner.root).await {
+                    return;
+                }
+            }
+        }
     }
 }
+
+/// The first wait before a failed end write is tried again, and the longest.
+const END_RETRY_FIRST: Duration = Duration::from_millis(100);
+const END_RETRY_CAP: Duration = Duration::from_secs(5);
 
 /// Runs the loop over the stored transcript; `None` when the tail already said how it ended
 /// (and the status was written).
@@ -206,9 +255,9 @@ impl Engine {
             let _lock = inner.lock(&id).await;
             if !row.needs_key {
                 info!(invocation_id = %id, "resuming a turn interrupted by a restart");
-                let live = inner.register(&id, None);
-                let permit = inner.permits.clone().try_acquire_owned().ok();
-                self.spawn(id, live, permit);
+                let live = inner.register(&id, Default::default());
+                // It waits for a slot like any other turn.
+                self.spawn(id, live, None);
                 continue;
             }
             let engine = self.inner.clone();

@@ -11,6 +11,8 @@
 //! * Callers never block an async thread on the database: they send a job and await its answer.
 //! * Nothing secret is stored: the model API key never reaches this module.
 //! * A swept invocation keeps a tombstone row (ids, status, error), so its status still answers.
+//! * A turn's end whose write failed (a full disk) is held in memory ([`Store::hold_end`]) and
+//!   answered from there until the write lands: a status never goes back to `running`.
 //!
 //! Non-goals: deciding what a submission means (`invocation`), workspaces on disk (`runner`).
 
@@ -98,6 +100,9 @@ pub struct Store {
     /// only (reads fill it in the same job that reads the row, writes drop the entry in the job
     /// that commits), so it never holds a status older than the last committed one.
     statuses: Arc<Mutex<HashMap<String, StatusRow>>>,
+    /// Ends of turns whose write has not landed yet (a full disk): what `get` and `status`
+    /// answer for them meanwhile. Dropped by the job that commits any change of the row.
+    ends: Arc<Mutex<HashMap<String, InvocationRow>>>,
 }
 
 /// The part of a row the status object needs.
@@ -262,6 +267,7 @@ impl Store {
         Ok(Store {
             tx,
             statuses: Arc::default(),
+            ends: Arc::default(),
         })
     }
 
@@ -297,8 +303,39 @@ impl Store {
         .await
     }
 
+    /// Holds `row` (a turn's end whose write failed) in memory: [`Store::get`] and
+    /// [`Store::status`] answer it until a change of the row commits.
+    pub fn hold_end(&self, row: InvocationRow) {
+        self.ends
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(row.invocation_id.clone(), row);
+    }
+
+    fn held_end(&self, id: &str) -> Option<InvocationRow> {
+        self.ends
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id)
+            .cloned()
+    }
+
+    /// The number of invocations stored.
+    pub async fn count(&self) -> Result<u64, StoreError> {
+        self.call(|c| {
+            c.query_row("SELECT COUNT(*) FROM invocations", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map(|n| n as u64)
+        })
+        .await
+    }
+
     /// The status of an invocation, from memory when it was read since its last change.
     pub async fn status(&self, id: &str) -> Result<Option<StatusRow>, StoreError> {
+        if let Some(held) = self.held_end(id) {
+            return Ok(Some(held.status_row()));
+        }
         let cached = self
             .statuses
             .lock()
@@ -326,6 +363,9 @@ impl Store {
     }
 
     pub async fn get(&self, id: &str) -> Result<Option<InvocationRow>, StoreError> {
+        if let Some(held) = self.held_end(id) {
+            return Ok(Some(held));
+        }
         let id = id.to_owned();
         self.call(move |c| get(c, &id)).await
     }
@@ -453,13 +493,23 @@ impl Store {
     ) -> Result<(bool, Option<InvocationRow>), StoreError> {
         let id = id.to_owned();
         let statuses = self.statuses.clone();
+        let ends = self.ends.clone();
         // End states and questions are what callers act on: sync them; `running` need not be.
         let op = move |c: &mut Connection| {
+            if to != Status::Running && crate::failpoint_fails!("serve.store_full") {
+                return Err(rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+                    Some("database or disk is full".to_owned()),
+                ));
+            }
             let tx = c.transaction()?;
             let Some(row) = get(&tx, &id)? else {
                 return Ok((false, None));
             };
             if !from.contains(&row.status) {
+                ends.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&id);
                 return Ok((false, Some(row)));
             }
             let now = now_ms();
@@ -472,6 +522,9 @@ impl Store {
             let row = get(&tx, &id)?;
             tx.commit()?;
             forget(&statuses, &id);
+            ends.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&id);
             Ok((true, row))
         };
         if to == Status::Running {

@@ -44,6 +44,10 @@ pub struct ServeArgs {
     #[arg(long, env = "PODHOST_MODEL_ATTEMPTS", default_value_t = 4,
           value_parser = clap::value_parser!(u32).range(1..=20))]
     pub model_attempts: u32,
+    /// Start even though the data directory holds session workspaces while its database is
+    /// missing or empty (every earlier invocation is then unknown: 404).
+    #[arg(long, env = "PODHOST_START_AFRESH")]
+    pub start_afresh: bool,
     #[command(flatten)]
     pub exec: ExecArgs,
 }
@@ -61,6 +65,7 @@ impl ServeArgs {
             orphan_grace: Duration::from_secs(self.orphan_grace_secs),
             max_steps: self.max_steps,
             model_attempts: self.model_attempts,
+            start_afresh: self.start_afresh,
             exec: self.exec.settings(),
         }
     }

@@ -11,6 +11,7 @@ mod harness;
 
 mod durability;
 mod failures;
+mod faults;
 mod idempotency;
 mod local;
 mod routes;
