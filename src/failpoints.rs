@@ -23,7 +23,7 @@ pub const POD: &[&str] = &[
     "pod.after_execute",
     "pod.after_tool",
     "pod.after_outcome",
-    "pod.mid_spill",
+    "pod.mid_upload",
     "pod.mid_export",
     "pod.after_output_sent",
 ];

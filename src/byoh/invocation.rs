@@ -113,6 +113,7 @@ impl Engine {
                     .await?
                 {
                     StartOutcome::Inserted => {
+                        crate::failpoint!("serve.after_accept");
                         let live = self.inner.register(&id, secrets);
                         self.spawn(id, live, Some(permit));
                         Ok(row)

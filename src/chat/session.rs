@@ -284,6 +284,7 @@ impl<F: Front> TurnHost for ChatTurn<F> {
                 ModelAnswer::Failed(ModelFailure::new(codes::model::FAILED, m, false))
             }
         };
+        crate::failpoint!("serve.after_model");
         Ok(Effect::Done(answer))
     }
 
@@ -336,7 +337,9 @@ impl<F: Front> TurnHost for ChatTurn<F> {
             ChatMessage::assistant(text, calls.into_iter().map(to_wire).collect())
         };
         self.answered.clear();
-        self.push(vec![message]).await
+        self.push(vec![message]).await?;
+        crate::failpoint!("serve.after_assistant_stored");
+        Ok(())
     }
 
     async fn tool(
@@ -376,11 +379,13 @@ impl<F: Front> TurnHost for ChatTurn<F> {
         } else {
             self.call_tool(call, cancel).await
         };
+        crate::failpoint!("serve.after_tool");
         self.push(vec![ChatMessage::tool(
             call.id.clone(),
             outcome.model_text(),
         )])
         .await?;
+        crate::failpoint!("serve.after_tool_stored");
         self.answered.insert(call.id.clone());
         Ok(ToolEffect::Done(outcome))
     }

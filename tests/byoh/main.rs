@@ -9,6 +9,7 @@ mod support;
 
 mod harness;
 
+mod crash;
 mod durability;
 mod failures;
 mod faults;

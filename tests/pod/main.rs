@@ -27,6 +27,7 @@ mod artifacts_skills;
 mod artifacts_spill;
 mod channel;
 mod config;
+mod crash;
 mod faults;
 mod health;
 mod join;

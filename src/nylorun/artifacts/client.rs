@@ -484,6 +484,7 @@ impl Artifacts {
         let mut offset = open.received;
         let mut stalls = 0;
         while offset < size {
+            crate::failpoint!("pod.mid_upload");
             let end = (offset as usize + self.chunk_bytes()).min(bytes.len());
             let chunk = Chunk {
                 run_id: self.run_id.clone(),

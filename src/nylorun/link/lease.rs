@@ -642,6 +642,7 @@ impl Leaser {
             .call(method, params)
             .await
             .map_err(EndUnanswered::Refused)?;
+        crate::failpoint!("pod.after_output_sent");
         let lost = |run: &RunState| {
             matches!(
                 run.stop_reason(),

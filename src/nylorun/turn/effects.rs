@@ -276,6 +276,7 @@ impl Journal {
                 replayed: true,
             });
         }
+        crate::failpoint!("pod.before_intent");
         let params = json!({"runId": self.run_id, "effect": intent.wire(), "requestHash": hash});
         let answer = self
             .request(methods::EFFECT_INTENT, params, &intent.effect_id)

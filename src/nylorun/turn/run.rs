@@ -620,6 +620,7 @@ impl TurnHost for Segment {
             }
             Decision::Execute { traceparent, .. } => traceparent,
         };
+        crate::failpoint!("pod.after_execute");
         let produced: Result<Value, String> = match route {
             Route::Sandbox(tool) => {
                 self.run_sandbox(tool, &effect_id, &call.name, &args, traceparent)
@@ -642,10 +643,12 @@ impl TurnHost for Segment {
                 "message": format!("{} is run by core, which did not run it", call.name),
             })),
         };
+        crate::failpoint!("pod.after_tool");
         let recorded = match produced {
             Ok(value) => self.journal.outcome(&effect_id, value).await?,
             Err(error) => self.journal.outcome_error(&effect_id, &error).await?,
         };
+        crate::failpoint!("pod.after_outcome");
         Ok(ToolEffect::Done(match recorded {
             Recorded::Completed(v) => result_outcome(v),
             Recorded::Uncertain => ResultOutcome::failed(

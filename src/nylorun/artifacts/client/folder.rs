@@ -113,6 +113,7 @@ impl FolderUpload<'_> {
         file: &FolderFile,
         inline: Option<&[u8]>,
     ) -> Result<u64, ArtifactError> {
+        crate::failpoint!("pod.mid_export");
         let a = self.artifacts;
         let entry = FileEntry {
             run_id: a.run_id.clone(),
