@@ -45,6 +45,9 @@ pub mod config;
 pub mod exec;
 pub mod failpoints;
 pub mod floor;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod local;
 pub mod nylorun;
 pub mod probe;

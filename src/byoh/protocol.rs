@@ -53,19 +53,25 @@ pub struct ModelConnection {
 }
 
 impl ModelConnection {
-    /// What may be stored: the base URL with any credential in it replaced by `[redacted]`.
+    /// What may be stored: the base URL with its own credentials replaced by `redacted`, and
+    /// any other credential value of the submission (the key, wherever it sits) by
+    /// `[redacted]`.
     pub fn stored(&self) -> ModelEndpoint {
         ModelEndpoint {
-            base_url: redacted_url(&self.base_url),
+            base_url: self.stored_url(),
             model: self.model.clone(),
             generation_settings: self.generation_settings.clone().unwrap_or_default(),
         }
     }
 
-    /// Whether the base URL itself carries a credential (then it is kept in memory only, like
-    /// the key).
+    fn stored_url(&self) -> String {
+        self.credentials().scrub(&redacted_url(&self.base_url))
+    }
+
+    /// Whether the base URL carries a credential (then it is kept in memory only, like the
+    /// key, and the store holds it redacted).
     pub fn url_has_credentials(&self) -> bool {
-        redacted_url(&self.base_url) != self.base_url
+        self.stored_url() != self.base_url
     }
 
     /// Every credential value of the submission: the API key, and the user, password and
@@ -200,6 +206,12 @@ impl Credentials {
             .cloned()
             .collect::<Vec<_>>();
         *self = Credentials::new(all);
+    }
+
+    /// Whether `text` holds a credential value outside the `[redacted]` placeholders.
+    pub fn leak_in(&self, text: &str) -> bool {
+        let text = text.replace("[redacted]", "\u{0}");
+        self.values.iter().any(|v| text.contains(v.as_str()))
     }
 
     /// `text` with every credential value replaced by `[redacted]`.

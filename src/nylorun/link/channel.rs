@@ -365,9 +365,7 @@ pub fn parse_answer<R: DeserializeOwned + Serialize>(
     })?;
     if let Ok(known) = serde_json::to_value(&parsed) {
         for path in unknown_fields(&value, &known) {
-            if first_sighting(method, &path) {
-                tracing::warn!(%method, field = %path, "core's answer carries a field podhost does not know; ignored");
-            }
+            note_unknown_field("core", method, &path);
         }
     }
     Ok(parsed)
@@ -403,6 +401,13 @@ fn collect_unknown(got: &Value, known: &Value, at: &str, out: &mut Vec<String>) 
             }
         }
         _ => {}
+    }
+}
+
+/// Logs, once per process, that `peer`'s answer to `method` carries a field podhost ignores.
+pub fn note_unknown_field(peer: &str, method: &str, path: &str) {
+    if first_sighting(method, path) {
+        tracing::warn!(%peer, %method, field = %path, "an answer carries a field podhost does not know; ignored");
     }
 }
 

@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agent::model::{ModelAnswer, ModelFailure};
 use crate::floor::codes;
+use crate::nylorun::link::channel::note_unknown_field;
 use crate::nylorun::link::protocol::RunToken;
 
 /// The gate's own provider timeout is 600 s; the client waits a little longer (v2 notes §4.3).
@@ -183,6 +184,16 @@ fn transport(e: reqwest::Error) -> CallFate {
 /// The outcome an HTTP answer stands for.
 fn answer(status: StatusCode, body: &[u8]) -> ModelAnswer {
     let json: Option<Value> = serde_json::from_slice(body).ok();
+    // The gate may add fields to its answers: ignored, each logged once.
+    for key in json
+        .iter()
+        .filter_map(Value::as_object)
+        .flat_map(|o| o.keys())
+    {
+        if key != "outcome" && key != "error" {
+            note_unknown_field("the Model Gate", "model-calls", key);
+        }
+    }
     if status == StatusCode::OK {
         let outcome = json.as_ref().and_then(|v| v.get("outcome"));
         return match outcome.map(ModelAnswer::from_value) {
