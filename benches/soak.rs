@@ -196,7 +196,7 @@ async fn wait_status(http: &reqwest::Client, url: &str, id: &str, want: &str) {
         if started.elapsed() > Duration::from_secs(600) {
             panic!("{id} stalled: {v}");
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
