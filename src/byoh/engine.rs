@@ -2,9 +2,10 @@
 //!
 //! Owns: the store, the model client and the settings; this replica's identity and lease terms;
 //! the in-memory table of the turns this replica runs (their cancellation token, the fence of
-//! their lease, the latest API key); the permits that bound the turns running here; and the
-//! per-invocation lock that makes a submission's check-and-insert atomic against its concurrent
-//! duplicates in this process (across replicas, the store's keys and row locks do it).
+//! their lease, the latest [`Secrets`]: key, credential-bearing URL, the values to scrub); the
+//! permits that bound the turns running here; and the per-invocation lock that makes a
+//! submission's check-and-insert atomic against its concurrent duplicates in this process
+//! (across replicas, the store's keys and row locks do it).
 //!
 //! Invariants:
 //! * A [`Live`] entry exists only for a turn this replica claimed; its fence goes with every
@@ -24,7 +25,8 @@ use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::store::{Fence, LeaseTerms, StatusRow, Store};
+use super::protocol::{Credentials, ModelConnection};
+use super::store::{Fence, InvocationRow, LeaseTerms, StatusRow, Store};
 use crate::chat::client::ModelClient;
 use crate::chat::message::ApiKey;
 use crate::tools::ToolboxBuilder;
@@ -52,6 +54,33 @@ pub struct EngineConfig {
     pub tools: ToolboxBuilder,
 }
 
+/// What a submission brought that is never stored: its key, its base URL when that carries a
+/// credential, and every credential value (to scrub from what is stored).
+#[derive(Clone, Debug, Default)]
+pub struct Secrets {
+    pub key: Option<ApiKey>,
+    /// The base URL as given, when it carries a credential (the store holds it redacted).
+    pub base_url: Option<crate::floor::secret::Secret>,
+    pub credentials: Credentials,
+}
+
+impl Secrets {
+    pub fn of(conn: &ModelConnection) -> Self {
+        Secrets {
+            key: conn.api_key.clone(),
+            base_url: conn
+                .url_has_credentials()
+                .then(|| crate::floor::secret::Secret::new(conn.base_url.clone())),
+            credentials: conn.credentials(),
+        }
+    }
+
+    /// Whether a turn needs these to call the model (they are lost with a restart).
+    pub fn needed(&self) -> bool {
+        self.key.is_some() || self.base_url.is_some()
+    }
+}
+
 /// A turn being run by a task of this process.
 #[derive(Debug)]
 pub struct Live {
@@ -64,17 +93,21 @@ pub struct Live {
     /// nothing but this task changes it; cleared before anything else may (the task's own end
     /// write, a cancellation, a lost lease), so that it never answers older than the store.
     status: Mutex<Option<StatusRow>>,
-    /// The latest key a submission brought.
-    key: Mutex<Option<ApiKey>>,
+    /// The turn's end whose write has not landed yet (a full disk): what this replica answers
+    /// for the whole row meanwhile. Set and cleared with `status`.
+    end: Mutex<Option<InvocationRow>>,
+    /// The latest secrets a submission brought.
+    secrets: Mutex<Secrets>,
     /// Set to `true` when the task has stopped.
     pub done: watch::Sender<bool>,
 }
 
 impl Live {
     pub fn key(&self) -> Option<ApiKey> {
-        self.key
+        self.secrets
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .key
             .clone()
     }
 
@@ -100,17 +133,60 @@ impl Live {
     }
 
     pub(super) fn remember(&self, status: Option<StatusRow>) {
+        *self.end.lock().unwrap_or_else(PoisonError::into_inner) = None;
         *self.status.lock().unwrap_or_else(PoisonError::into_inner) = status;
+    }
+
+    /// Answers `end` (the turn's end, whose write failed) from memory until the write lands or
+    /// something else changes the turn ([`Live::remember`], a cancellation, a lost lease).
+    pub(super) fn hold_end(&self, end: InvocationRow) {
+        let status = end.status_row();
+        *self.end.lock().unwrap_or_else(PoisonError::into_inner) = Some(end);
+        *self.status.lock().unwrap_or_else(PoisonError::into_inner) = Some(status);
+    }
+
+    /// The end held by [`Live::hold_end`], if any.
+    pub fn held_end(&self) -> Option<InvocationRow> {
+        self.end
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     pub fn is_lost(&self) -> bool {
         self.lost.load(Ordering::SeqCst)
     }
 
-    pub(super) fn set_key(&self, key: Option<ApiKey>) {
-        if key.is_some() {
-            *self.key.lock().unwrap_or_else(PoisonError::into_inner) = key;
+    /// The base URL to call when the submission's carries a credential.
+    pub fn base_url(&self) -> Option<String> {
+        self.secrets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .base_url
+            .as_ref()
+            .map(|s| s.expose().to_owned())
+    }
+
+    /// Every credential value any submission of this turn brought.
+    pub fn credentials(&self) -> Credentials {
+        self.secrets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .credentials
+            .clone()
+    }
+
+    /// A retried submission's secrets: its key and URL replace the old ones; its credential
+    /// values join them.
+    pub(super) fn set_secrets(&self, new: Secrets) {
+        let mut s = self.secrets.lock().unwrap_or_else(PoisonError::into_inner);
+        if new.key.is_some() {
+            s.key = new.key;
         }
+        if new.base_url.is_some() {
+            s.base_url = new.base_url;
+        }
+        s.credentials.merge(&new.credentials);
     }
 }
 
@@ -181,13 +257,14 @@ impl Inner {
 
     /// Registers a turn this replica claimed under `fence`; call with the invocation's lock
     /// held.
-    pub(super) fn register(&self, id: &str, key: Option<ApiKey>, fence: Fence) -> Arc<Live> {
+    pub(super) fn register(&self, id: &str, secrets: Secrets, fence: Fence) -> Arc<Live> {
         let live = Arc::new(Live {
             cancel: self.root.child_token(),
             fence,
             lost: AtomicBool::new(false),
             status: Mutex::new(None),
-            key: Mutex::new(key),
+            end: Mutex::new(None),
+            secrets: Mutex::new(secrets),
             done: watch::Sender::new(false),
         });
         self.live

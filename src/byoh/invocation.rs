@@ -18,7 +18,9 @@
 //! * A refused submission (busy, invalid) stores nothing.
 //! * A status only moves along the protocol's graph, through the store's conditional updates:
 //!   a turn that ends as a cancellation lands cannot overwrite `cancelled`.
-//! * API keys live only in [`Live`] entries, in memory, and go when the turn ends.
+//! * API keys (and base URLs that carry a credential) live only in [`Live`] entries, in memory,
+//!   and go when the turn ends; every credential value is scrubbed from what is stored.
+//! * Every turn runs under a `--max-running` permit, a turn a restart interrupted too.
 //!
 //! Non-goals: HTTP (see `server`), running the turn itself (see `runner`).
 
@@ -28,10 +30,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::info;
 
-use super::engine::{Engine, Live};
+use super::engine::{Engine, Live, Secrets};
 use super::protocol::{CancelRequest, SessionAction, Status, SubmitRequest};
 use super::store::{InvocationRow, ResumeOutcome, StartOutcome, StatusRow, StoreError};
-use crate::chat::message::ApiKey;
 
 /// Why a request was refused; `server` maps each to one HTTP status.
 #[derive(Debug, thiserror::Error)]
@@ -86,34 +87,41 @@ impl Engine {
     pub async fn submit(&self, req: SubmitRequest) -> Result<InvocationRow, ByohError> {
         let id = req.invocation_id.clone();
         let _lock = self.inner.lock(&id).await;
-        let existing = self.inner.store.get(&id).await?;
-        let key = req.model_connection.api_key.clone();
+        let existing = self.get(&id).await?;
+        let secrets = Secrets::of(&req.model_connection);
+        // Nothing stored carries a credential of the submission (the evaluator's own rows
+        // could, and the model may echo one later).
+        let mut input_messages = req.input_messages.clone();
+        for m in &mut input_messages {
+            secrets.credentials.scrub_message(m);
+        }
         match req.session_action {
             SessionAction::Start => {
                 if let Some(row) = existing {
                     check_session(&row, &req.session_id)?;
-                    return self.adopt(row, key).await;
+                    return self.adopt(row, secrets).await;
                 }
                 let permit = self.permit()?;
                 let mut row =
                     InvocationRow::new(&id, &req.session_id, req.model_connection.stored());
-                row.needs_key = key.is_some();
-                row.output_start = req.input_messages.len();
+                row.needs_key = secrets.needed();
+                row.output_start = input_messages.len();
                 match self
                     .inner
                     .store
-                    .insert_start(row.clone(), req.input_messages, &self.inner.terms)
+                    .insert_start(row.clone(), input_messages, &self.inner.terms)
                     .await?
                 {
                     StartOutcome::Inserted(fence) => {
-                        let live = self.inner.register(&id, key, fence);
+                        crate::failpoint!("serve.after_accept");
+                        let live = self.inner.register(&id, secrets, fence);
                         self.spawn(id, live, Some(permit));
                         Ok(row)
                     }
                     StartOutcome::Exists(row) => {
                         check_session(&row, &req.session_id)?;
                         drop(permit);
-                        self.adopt(*row, key).await
+                        self.adopt(*row, secrets).await
                     }
                     StartOutcome::SessionTaken(other) => Err(ByohError::Invalid(format!(
                         "session {:?} already holds invocation {other:?}; a session has one \
@@ -139,21 +147,21 @@ impl Engine {
                     .apply_resume(
                         &id,
                         ids,
-                        req.input_messages,
+                        input_messages,
                         req.model_connection.stored(),
-                        key.is_some(),
+                        secrets.needed(),
                         &self.inner.terms,
                     )
                     .await?;
                 match outcome {
                     ResumeOutcome::Applied(row, fence) => {
-                        let live = self.inner.register(&id, key, fence);
+                        let live = self.inner.register(&id, secrets, fence);
                         self.spawn(id, live, permit);
                         Ok(row)
                     }
                     ResumeOutcome::Duplicate(row) => {
                         drop(permit);
-                        self.adopt(row, key).await
+                        self.adopt(row, secrets).await
                     }
                     ResumeOutcome::Mismatch(msg) => Err(ByohError::Invalid(msg)),
                     ResumeOutcome::NotWaiting(row) => Err(ByohError::Invalid(format!(
@@ -167,20 +175,21 @@ impl Engine {
         }
     }
 
-    /// A retried submission of an existing invocation: its key replaces the old one of a turn
-    /// this replica runs; a turn whose replica stopped (restart, crash, lost lease) is claimed
-    /// and taken up here when it can now call the model. Call with the invocation's lock held.
+    /// A retried submission of an existing invocation: its secrets replace the old ones of a
+    /// turn this replica runs; a turn whose replica stopped (restart, crash, lost lease) is
+    /// claimed and taken up here when it can now call the model (it waits for a slot like any
+    /// other turn). Call with the invocation's lock held.
     async fn adopt(
         &self,
         row: InvocationRow,
-        key: Option<ApiKey>,
+        secrets: Secrets,
     ) -> Result<InvocationRow, ByohError> {
         let id = row.invocation_id.clone();
         if let Some(live) = self.inner.live(&id) {
-            live.set_key(key);
+            live.set_secrets(secrets);
             return Ok(row);
         }
-        if !row.is_open() || (row.needs_key && key.is_none()) {
+        if !row.is_open() || (row.needs_key && !secrets.needed()) {
             return Ok(row);
         }
         let Some(orphan) = self.orphaned(row).await? else {
@@ -200,9 +209,8 @@ impl Engine {
         {
             Some((row, fence)) => {
                 info!(invocation_id = %id, epoch = fence.epoch, "taking up a turn whose replica stopped");
-                let live = self.inner.register(&id, key, fence);
-                let permit = self.inner.permits.clone().try_acquire_owned().ok();
-                self.spawn(id, live, permit);
+                let live = self.inner.register(&id, secrets, fence);
+                self.spawn(id, live, None);
                 Ok(row)
             }
             // Another replica claimed it first.
@@ -235,9 +243,29 @@ impl Engine {
         }
     }
 
+    /// Runs the turn of `id` in a task. Without a `permit` (a turn a restart interrupted), the
+    /// task waits for one first: such turns take `--max-running` slots like any other, and stay
+    /// `queued`/`running` in the store meanwhile.
     pub(super) fn spawn(&self, id: String, live: Arc<Live>, permit: Option<OwnedSemaphorePermit>) {
         let inner = self.inner.clone();
         self.inner.tracker.spawn(async move {
+            let permit = match permit {
+                Some(p) => p,
+                None => {
+                    let permits = inner.permits.clone();
+                    let acquired = tokio::select! {
+                        p = permits.acquire_owned() => p.ok(),
+                        _ = live.cancel.cancelled() => None,
+                    };
+                    match acquired {
+                        Some(p) => p,
+                        None => {
+                            inner.unregister(&id, &live);
+                            return;
+                        }
+                    }
+                }
+            };
             super::runner::drive(&inner, &id, &live).await;
             inner.unregister(&id, &live);
             drop(permit);
@@ -257,9 +285,17 @@ impl Engine {
             .ok_or_else(|| not_found(id))
     }
 
-    /// The whole stored row.
+    /// The whole row: the stored one, or the end a turn of this replica could not write yet.
     async fn row(&self, id: &str) -> Result<InvocationRow, ByohError> {
-        self.inner.store.get(id).await?.ok_or_else(|| not_found(id))
+        self.get(id).await?.ok_or_else(|| not_found(id))
+    }
+
+    /// The stored row, or the end a turn of this replica could not write yet.
+    async fn get(&self, id: &str) -> Result<Option<InvocationRow>, ByohError> {
+        if let Some(end) = self.inner.live(id).and_then(|l| l.held_end()) {
+            return Ok(Some(end));
+        }
+        Ok(self.inner.store.get(id).await?)
     }
 
     /// `collect_output`: the row and the messages of the current submission.

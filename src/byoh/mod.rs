@@ -22,7 +22,7 @@ pub(crate) mod server;
 pub(crate) mod store;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use engine::{Engine, EngineConfig};
@@ -68,6 +68,8 @@ pub struct ServeConfig {
     pub model_attempts: u32,
     /// Which CA certificates to trust besides the system's, for the model endpoints.
     pub tls: TlsSettings,
+    /// Start with an empty store even though session workspaces exist (see [`check_not_stranded`]).
+    pub start_afresh: bool,
     pub exec: ExecSettings,
 }
 
@@ -111,6 +113,47 @@ fn credential(args: &ServeConfig) -> Result<Option<String>, ServeError> {
         ));
     }
     Ok(token)
+}
+
+/// Refuses a data directory whose store is missing or empty while session workspaces exist:
+/// starting empty would answer 404 for every earlier invocation, which fails a whole
+/// evaluation. `start_afresh` starts anyway, loudly.
+fn check_not_stranded(
+    data: &Path,
+    spec: &StoreSpec,
+    stored: u64,
+    start_afresh: bool,
+) -> Result<(), ServeError> {
+    if stored > 0 {
+        return Ok(());
+    }
+    let sessions = std::fs::read_dir(data.join("sessions"))
+        .map(|d| d.filter_map(Result::ok).count())
+        .unwrap_or(0);
+    if sessions == 0 {
+        return Ok(());
+    }
+    let store = match spec {
+        StoreSpec::Sqlite(path) => format!(
+            "database {}",
+            path.file_name().unwrap_or_default().to_string_lossy()
+        ),
+        StoreSpec::Postgres(_) => format!("PostgreSQL database {spec}"),
+    };
+    let what = format!(
+        "the data directory {} holds {sessions} session workspace(s), but its {store} is \
+         missing or empty: every earlier invocation would be unknown (404), which fails a whole \
+         evaluation",
+        data.display()
+    );
+    if start_afresh {
+        warn!("{what}; starting afresh with an empty store (PODHOST_START_AFRESH)");
+        return Ok(());
+    }
+    Err(ServeError::Config(format!(
+        "{what}. Restore the database, or start with --start-afresh (PODHOST_START_AFRESH=true) \
+         to begin with an empty store"
+    )))
 }
 
 async fn resolve(listen: &str, setting: &str) -> Result<SocketAddr, ServeError> {
@@ -175,6 +218,8 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
     )
     .map_err(ServeError::Config)?;
     let store = Store::open(&spec).await?;
+    let stored = store.count().await?;
+    check_not_stranded(&args.data, &spec, stored, args.start_afresh)?;
     let store_engine = store.engine();
     let client = ModelClient::new(
         RetryPolicy {

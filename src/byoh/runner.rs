@@ -14,12 +14,19 @@
 //! * A turn writes its end status only from `running`, so a cancellation that landed first
 //!   stands; a turn stopped by shutdown stays `running` with its lease ended, for another
 //!   replica (or the next start) to take up.
+//! * A turn's end is written until it lands (a full disk empties), answered from memory by its
+//!   replica meanwhile: a finished turn is never stranded `running` — unless the replica loses
+//!   its lease meanwhile (the store refused its renewals too): then it stops, and the turn is
+//!   taken up from its transcript.
 //! * A turn whose replica stopped is resumed by another when it can call the model (no key
 //!   needed, or a retried submission brought one); otherwise it fails, `--orphan-grace-secs`
 //!   after its lease ran out, with a message that says why. Its transcript is durable, so the
 //!   turn goes on from its last committed step: a step whose tool call had started but whose
 //!   result was not committed is answered as interrupted, never run again; a model call whose
 //!   answer was not committed is made again (at-least-once).
+//! * Every turn runs under a `--max-running` permit, one taken up from a stopped replica too:
+//!   the reaper claims such a turn only with a permit free, so it stays an orphan (for another
+//!   replica, or a later round) while this one is full.
 //! * Each session's workspace is its own directory under the data directory (shared storage
 //!   every replica mounts), named from a hash of the session id (ids never become paths).
 
@@ -36,6 +43,7 @@ use super::store::{Store, StoreError, now_ms};
 use crate::agent::turn::{self, TurnEnd};
 use crate::chat::message::{ApiKey, ChatMessage};
 use crate::chat::session::{ChatTurn, Front, SessionError, Tail, repair_tail, step_limit_message};
+use crate::floor::backoff::{Backoff, sleep_or_cancel};
 use crate::floor::workspace::Workspace;
 use crate::tools::Toolbox;
 
@@ -72,8 +80,14 @@ fn turn_store_error(live: &Live, e: StoreError) -> SessionError {
 
 impl Front for StoreFront {
     async fn appended(&mut self, messages: &[ChatMessage]) -> Result<(), SessionError> {
+        // The model may echo a credential: nothing stored (and so nothing returned) holds one.
+        let credentials = self.live.credentials();
+        let mut stored = messages.to_vec();
+        for m in &mut stored {
+            credentials.scrub_message(m);
+        }
         self.store
-            .append(&self.id, messages.to_vec(), &self.live.fence)
+            .append(&self.id, stored, &self.live.fence)
             .await
             .map_err(|e| turn_store_error(&self.live, e))
     }
@@ -116,7 +130,11 @@ pub(super) async fn drive(inner: &Inner, id: &str, live: &Arc<Live>) {
     info!(invocation_id = id, status = %Status::Running, "turn started");
     live.remember(Some(row.status_row()));
     let _running = crate::floor::metrics::turn_running("byoh");
-    let end = run_turn(inner, id, live, &row.session_id, row.connection.clone()).await;
+    let mut conn = row.connection.clone();
+    if let Some(url) = live.base_url() {
+        conn.base_url = url;
+    }
+    let end = run_turn(inner, id, live, &row.session_id, conn).await;
     // The task's own end write comes next: from here on the store answers.
     live.remember(None);
     let (to, error, pending) = match end {
@@ -149,29 +167,66 @@ pub(super) async fn drive(inner: &Inner, id: &str, live: &Arc<Live>) {
         Err(e) => (Status::Failed, Some(e.to_string()), vec![]),
     };
     crate::floor::metrics::turn_ended("byoh", to.as_str());
-    match store
-        .transition(id, RUNNING, to, error, pending, Some(fence))
-        .await
-    {
-        Ok((true, _)) => info!(
-            invocation_id = id,
-            status = %to,
-            duration_ms = started.elapsed().as_millis() as u64,
-            "turn ended"
-        ),
-        Ok((false, row)) => info!(
-            invocation_id = id,
-            status = %row.map(|r| r.status.as_str()).unwrap_or("gone"),
-            "turn ended after its status changed"
-        ),
-        Err(e) => {
-            if matches!(e, StoreError::Fenced(_)) {
-                live.lose();
+    let error = error.map(|e| live.credentials().scrub(&e));
+    crate::failpoint!("serve.before_end");
+    // The end must land: until it does (a full disk), this replica answers it from memory and
+    // the write is tried again. A shutdown, a cancellation or a lost lease meanwhile stops
+    // trying (the store's status then stands, or the lease's next owner ends the turn).
+    let mut backoff = Backoff::new(END_RETRY_FIRST, END_RETRY_CAP);
+    let mut held = false;
+    loop {
+        match store
+            .transition(id, RUNNING, to, error.clone(), pending.clone(), Some(fence))
+            .await
+        {
+            Ok((true, _)) => {
+                live.remember(None);
+                info!(
+                    invocation_id = id,
+                    status = %to,
+                    duration_ms = started.elapsed().as_millis() as u64,
+                    "turn ended"
+                );
+                return;
             }
-            warn!(invocation_id = id, error = %e, "could not record the turn's end")
+            Ok((false, row)) => {
+                live.remember(None);
+                info!(
+                    invocation_id = id,
+                    status = %row.map(|r| r.status.as_str()).unwrap_or("gone"),
+                    "turn ended after its status changed"
+                );
+                return;
+            }
+            Err(StoreError::Fenced(_)) => {
+                live.lose();
+                stopped(inner, id, live).await;
+                return;
+            }
+            Err(e) => {
+                if !held {
+                    held = true;
+                    let mut end = row.clone();
+                    end.status = to;
+                    end.error = error.clone();
+                    end.pending = pending.clone();
+                    end.finished_ms = to.is_terminal().then(now_ms);
+                    live.hold_end(end);
+                }
+                let delay = backoff.next_delay();
+                warn!(invocation_id = id, status = %to, error = %e, retry_in = ?delay, "could not record the turn's end; answering it from memory and trying again");
+                if !sleep_or_cancel(delay, &live.cancel).await {
+                    stopped(inner, id, live).await;
+                    return;
+                }
+            }
         }
     }
 }
+
+/// The first wait before a failed end write is tried again, and the longest.
+const END_RETRY_FIRST: Duration = Duration::from_millis(100);
+const END_RETRY_CAP: Duration = Duration::from_secs(5);
 
 /// After a turn's task stopped early: a lost lease is logged; at shutdown the lease is ended
 /// so that another replica can take the turn up without waiting for it to run out.
@@ -344,12 +399,15 @@ impl Engine {
             return;
         }
         if !o.needs_key {
+            // A slot first: a full replica leaves the turn to another, or to a later round.
+            let Ok(permit) = inner.permits.clone().try_acquire_owned() else {
+                return;
+            };
             match inner.store.claim(&id, o.epoch, &inner.terms).await {
                 Ok(Some((_, fence))) => {
                     info!(invocation_id = %id, epoch = fence.epoch, "resuming a turn whose replica stopped");
-                    let live = inner.register(&id, None, fence);
-                    let permit = inner.permits.clone().try_acquire_owned().ok();
-                    self.spawn(id, live, permit);
+                    let live = inner.register(&id, Default::default(), fence);
+                    self.spawn(id, live, Some(permit));
                 }
                 Ok(None) => {}
                 Err(e) => warn!(invocation_id = %id, error = %e, "could not take up a turn"),

@@ -58,6 +58,10 @@ pub struct ServeArgs {
     #[arg(long, env = "PODHOST_MODEL_ATTEMPTS", default_value_t = 4,
           value_parser = clap::value_parser!(u32).range(1..=20))]
     pub model_attempts: u32,
+    /// Start even though the data directory holds session workspaces while its database is
+    /// missing or empty (every earlier invocation is then unknown: 404).
+    #[arg(long, env = "PODHOST_START_AFRESH")]
+    pub start_afresh: bool,
     #[command(flatten)]
     pub tls: TlsArgs,
     #[command(flatten)]
@@ -107,6 +111,7 @@ impl ServeArgs {
             max_steps: self.max_steps,
             model_attempts: self.model_attempts,
             tls: self.tls.settings(&self.origins),
+            start_afresh: self.start_afresh,
             exec: self.exec.settings(),
         })
     }

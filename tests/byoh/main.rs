@@ -15,8 +15,10 @@ mod tls_front;
 
 mod harness;
 
+mod crash;
 mod durability;
 mod failures;
+mod faults;
 mod idempotency;
 mod metrics;
 mod operators;

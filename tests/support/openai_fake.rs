@@ -98,6 +98,8 @@ struct Shared {
     /// Whether requests are recorded (they are always counted).
     keep: std::sync::atomic::AtomicBool,
     stream_only: std::sync::atomic::AtomicBool,
+    /// The most requests answered at once since the start or the last reset.
+    max_in_flight: AtomicUsize,
 }
 
 /// The running fake. Stops when dropped.
@@ -137,6 +139,7 @@ impl FakeModel {
             in_flight_tx: watch::Sender::new(0),
             keep: std::sync::atomic::AtomicBool::new(true),
             stream_only: std::sync::atomic::AtomicBool::new(false),
+            max_in_flight: AtomicUsize::new(0),
         });
         let app = Router::new()
             .route("/v1/chat/completions", post(complete))
@@ -202,6 +205,17 @@ impl FakeModel {
             .unwrap_or_else(|_| panic!("the model did not receive {n} requests in {timeout:?}"))
             .unwrap();
         self.requests()
+    }
+
+    /// The most requests answered at once since the start or [`reset_max_in_flight`]
+    /// (Self::reset_max_in_flight).
+    pub fn max_in_flight(&self) -> usize {
+        self.shared.max_in_flight.load(Ordering::SeqCst)
+    }
+
+    pub fn reset_max_in_flight(&self) {
+        let now = self.shared.in_flight.load(Ordering::SeqCst);
+        self.shared.max_in_flight.store(now, Ordering::SeqCst);
     }
 
     /// Waits until no request is being answered (a hanging one was dropped by its client).
@@ -298,7 +312,8 @@ async fn complete(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    s.in_flight.fetch_add(1, Ordering::SeqCst);
+    let now = s.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    s.max_in_flight.fetch_max(now, Ordering::SeqCst);
     s.in_flight_tx.send_modify(|n| *n += 1);
     let _guard = InFlight(s.clone());
     let body: Value = match serde_json::from_slice(&body) {

@@ -362,6 +362,11 @@ impl Store {
         dispatch!(self.check_writable(wait))
     }
 
+    /// The number of invocations stored (tombstones included).
+    pub async fn count(&self) -> Result<u64, StoreError> {
+        dispatch!(self.count())
+    }
+
     /// The status of an invocation.
     pub async fn status(&self, id: &str) -> Result<Option<StatusRow>, StoreError> {
         dispatch!(self.status(id))

@@ -235,6 +235,15 @@ impl Postgres {
         Ok(())
     }
 
+    pub async fn count(&self) -> Result<u64, StoreError> {
+        let c = self.client().await?;
+        let n: i64 = c
+            .query_one("SELECT COUNT(*) FROM invocations", &[])
+            .await?
+            .try_get(0)?;
+        Ok(n as u64)
+    }
+
     pub async fn status(&self, id: &str) -> Result<Option<StatusRow>, StoreError> {
         let c = self.client().await?;
         let stmt = c
@@ -393,6 +402,15 @@ impl Postgres {
         pending: Vec<String>,
         fence: Option<&Fence>,
     ) -> Result<(bool, Option<InvocationRow>), StoreError> {
+        if to != Status::Running && crate::failpoint_fails!("serve.store_full") {
+            // What PostgreSQL answers when its disk is full (SQLSTATE 53100).
+            let c = self.client().await?;
+            c.batch_execute(
+                "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = 'disk_full', \
+                 MESSAGE = 'could not extend file: No space left on device'; END $$",
+            )
+            .await?;
+        }
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         let Some(row) = get_in(&tx, id, true).await? else {

@@ -310,6 +310,15 @@ impl Sqlite {
         .await
     }
 
+    pub async fn count(&self) -> Result<u64, StoreError> {
+        self.read(|c| {
+            Ok(c.query_row("SELECT COUNT(*) FROM invocations", [], |r| {
+                r.get::<_, i64>(0)
+            })? as u64)
+        })
+        .await
+    }
+
     pub async fn status(&self, id: &str) -> Result<Option<StatusRow>, StoreError> {
         let id = id.to_owned();
         self.read(move |c| {
@@ -470,6 +479,13 @@ impl Sqlite {
         let fence = fence.cloned();
         let op =
             move |c: &mut Connection| {
+                if to != Status::Running && crate::failpoint_fails!("serve.store_full") {
+                    return Err(rusqlite::Error::SqliteFailure(
+                        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+                        Some("database or disk is full".to_owned()),
+                    )
+                    .into());
+                }
                 let tx = begin(c)?;
                 let Some(row) = get(&tx, &id)? else {
                     return Ok((false, None));
