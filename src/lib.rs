@@ -20,6 +20,9 @@
 //!   WebSockets or HTTP.
 //! * [`tools`] are functions of (workspace, input) → outcome; a tool that ran and failed returns
 //!   an outcome, never `Err`.
+//! * [`failpoints`]: named crash and fault boundaries, compiled into test builds only; any layer
+//!   marks one, and it imports nothing of podhost. (`fuzzing`, also test builds only, holds the
+//!   fuzz targets' bodies: like the CLI, it calls into every layer, and nothing calls it.)
 //! * [`exec`] is the only place that starts processes (process groups, capture, timeouts, limits,
 //!   environment, confinement). All `unsafe` lives there.
 //! * [`floor`] is under everything and imports nothing of podhost: workspace paths, codes,
@@ -52,7 +55,11 @@ pub mod byoh;
 pub mod chat;
 pub mod config;
 pub mod exec;
+pub mod failpoints;
 pub mod floor;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod local;
 pub mod nylorun;
 pub mod probe;

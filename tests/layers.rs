@@ -12,7 +12,10 @@
 //!   `podhost health`, imports only `floor`) → `chat` → `agent` → `tools` → `exec` → `floor`,
 //!   each importing only from layers below it; a front never imports another front or
 //!   `config`; inside `nylorun` the wings run `host` → `turn` → `artifacts` → `link`, and the
-//!   root `nylorun/mod.rs` is importable by every wing;
+//!   root `nylorun/mod.rs` is importable by every wing; `failpoints` (crash and fault
+//!   boundaries, and its `failpoint!`/`failpoint_fails!` macros) sits beside `floor`, importable
+//!   by every layer above it, and `fuzzing` (the fuzz targets' bodies, test builds only) beside
+//!   the CLI, importing what it fuzzes;
 //! * no cycle between units;
 //! * no cycle between the files of one front (e.g. two files of `byoh` importing each other).
 //!   A file and the files of its own submodules are one module tree and may use each other (a
@@ -51,10 +54,17 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "tools",
             "exec",
             "floor",
+            "failpoints",
         ],
     ),
-    ("local", &["chat", "agent", "tools", "exec", "floor"]),
-    ("byoh", &["chat", "agent", "tools", "exec", "floor"]),
+    (
+        "local",
+        &["chat", "agent", "tools", "exec", "floor", "failpoints"],
+    ),
+    (
+        "byoh",
+        &["chat", "agent", "tools", "exec", "floor", "failpoints"],
+    ),
     ("probe", &["floor"]),
     (
         "nylorun::host",
@@ -68,6 +78,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "tools",
             "exec",
             "floor",
+            "failpoints",
         ],
     ),
     (
@@ -81,6 +92,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "tools",
             "exec",
             "floor",
+            "failpoints",
         ],
     ),
     (
@@ -93,18 +105,51 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "tools",
             "exec",
             "floor",
+            "failpoints",
         ],
     ),
     (
         "nylorun::link",
-        &["nylorun", "chat", "agent", "tools", "exec", "floor"],
+        &[
+            "nylorun",
+            "chat",
+            "agent",
+            "tools",
+            "exec",
+            "floor",
+            "failpoints",
+        ],
     ),
-    ("nylorun", &["chat", "agent", "tools", "exec", "floor"]),
-    ("chat", &["agent", "tools", "exec", "floor"]),
-    ("agent", &["tools", "exec", "floor"]),
-    ("tools", &["exec", "floor"]),
-    ("exec", &["floor"]),
+    (
+        "nylorun",
+        &["chat", "agent", "tools", "exec", "floor", "failpoints"],
+    ),
+    ("chat", &["agent", "tools", "exec", "floor", "failpoints"]),
+    ("agent", &["tools", "exec", "floor", "failpoints"]),
+    ("tools", &["exec", "floor", "failpoints"]),
+    ("exec", &["floor", "failpoints"]),
     ("floor", &[]),
+    // Crash and fault boundaries: any layer marks one; they import nothing of ours.
+    ("failpoints", &[]),
+    // The fuzz targets' bodies (test builds only): they drive every layer's parsers, as the CLI
+    // does; nothing imports them.
+    (
+        "fuzzing",
+        &[
+            "byoh",
+            "nylorun",
+            "nylorun::host",
+            "nylorun::turn",
+            "nylorun::artifacts",
+            "nylorun::link",
+            "chat",
+            "agent",
+            "tools",
+            "exec",
+            "floor",
+            "failpoints",
+        ],
+    ),
 ];
 
 /// The fronts, whose files must not import each other in a cycle.
@@ -128,6 +173,10 @@ fn unit_of(path: &[String]) -> String {
     match path {
         [] => "crate root".to_owned(),
         [first, ..] if first == "config" => "cli".to_owned(),
+        // The failpoint macros, exported at the crate's root.
+        [first, ..] if first == "failpoint" || first == "failpoint_fails" => {
+            "failpoints".to_owned()
+        }
         [first, wing, ..]
             if first == "nylorun"
                 && ["host", "turn", "artifacts", "link"].contains(&wing.as_str()) =>

@@ -1,14 +1,23 @@
 //! The BYOH endpoint's shared state: the [`Engine`] the routes call and the turn tasks share.
 //!
-//! Owns: the store, the model client and the settings; the in-memory table of live turns (their
-//! cancellation token and the latest API key); the permits that bound the turns running; and
-//! the per-invocation lock that makes a submission's check-and-insert atomic against its
-//! concurrent duplicates.
+//! Owns: the store, the model client and the settings; this replica's identity and lease terms;
+//! the in-memory table of the turns this replica runs (their cancellation token, the fence of
+//! their lease, the latest [`Secrets`]: key, credential-bearing URL, the values to scrub); the
+//! permits that bound the turns running here; and the per-invocation lock that makes a
+//! submission's check-and-insert atomic against its concurrent duplicates in this process
+//! (across replicas, the store's keys and row locks do it).
 //!
-//! Non-goals: what a route means (`invocation`), running a turn (`runner`).
+//! Invariants:
+//! * A [`Live`] entry exists only for a turn this replica claimed; its fence goes with every
+//!   write the turn makes, and it is dropped when the turn's task ends.
+//! * A turn whose lease was lost is marked so before its token is cancelled, so its task writes
+//!   nothing and releases nothing.
+//!
+//! Non-goals: what a route means (`invocation`), running a turn and keeping leases (`runner`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -16,7 +25,8 @@ use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::store::Store;
+use super::protocol::{Credentials, ModelConnection};
+use super::store::{Fence, InvocationRow, LeaseTerms, StatusRow, Store};
 use crate::chat::client::ModelClient;
 use crate::chat::message::ApiKey;
 use crate::tools::ToolboxBuilder;
@@ -34,6 +44,8 @@ pub struct EngineConfig {
     pub orphan_grace: Duration,
     /// How long `cancel` waits for the turn to stop before answering.
     pub cancel_wait: Duration,
+    /// How long a claim on a turn holds unless renewed; renewed every third of it.
+    pub lease: Duration,
     /// Model calls one submission may make.
     pub max_steps: u32,
     /// The model's limits as configured (a window or inputs left unset are asked of the
@@ -45,28 +57,139 @@ pub struct EngineConfig {
     pub tools: ToolboxBuilder,
 }
 
+/// What a submission brought that is never stored: its key, its base URL when that carries a
+/// credential, and every credential value (to scrub from what is stored).
+#[derive(Clone, Debug, Default)]
+pub struct Secrets {
+    pub key: Option<ApiKey>,
+    /// The base URL as given, when it carries a credential (the store holds it redacted).
+    pub base_url: Option<crate::floor::secret::Secret>,
+    pub credentials: Credentials,
+}
+
+impl Secrets {
+    pub fn of(conn: &ModelConnection) -> Self {
+        Secrets {
+            key: conn.api_key.clone(),
+            base_url: conn
+                .url_has_credentials()
+                .then(|| crate::floor::secret::Secret::new(conn.base_url.clone())),
+            credentials: conn.credentials(),
+        }
+    }
+
+    /// Whether a turn needs these to call the model (they are lost with a restart).
+    pub fn needed(&self) -> bool {
+        self.key.is_some() || self.base_url.is_some()
+    }
+}
+
 /// A turn being run by a task of this process.
 #[derive(Debug)]
 pub struct Live {
     pub cancel: CancellationToken,
-    /// The latest key a submission brought.
-    key: Mutex<Option<ApiKey>>,
+    /// This replica's claim on the turn.
+    pub fence: Fence,
+    /// Set (before `cancel`) when the lease was lost: the task then writes nothing more.
+    lost: AtomicBool,
+    /// The status `get_status` answers from memory: set only while the turn runs here and
+    /// nothing but this task changes it; cleared before anything else may (the task's own end
+    /// write, a cancellation, a lost lease), so that it never answers older than the store.
+    status: Mutex<Option<StatusRow>>,
+    /// The turn's end whose write has not landed yet (a full disk): what this replica answers
+    /// for the whole row meanwhile. Set and cleared with `status`.
+    end: Mutex<Option<InvocationRow>>,
+    /// The latest secrets a submission brought.
+    secrets: Mutex<Secrets>,
     /// Set to `true` when the task has stopped.
     pub done: watch::Sender<bool>,
 }
 
 impl Live {
     pub fn key(&self) -> Option<ApiKey> {
-        self.key
+        self.secrets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .key
+            .clone()
+    }
+
+    /// Stops the turn because its lease is no longer this replica's.
+    pub(super) fn lose(&self) {
+        self.remember(None);
+        self.lost.store(true, Ordering::SeqCst);
+        self.cancel.cancel();
+    }
+
+    /// Stops the turn because it was cancelled (the store holds `cancelled` already).
+    pub(super) fn stop_cancelled(&self) {
+        self.remember(None);
+        self.cancel.cancel();
+    }
+
+    /// The status to answer from memory, if any.
+    pub fn remembered(&self) -> Option<StatusRow> {
+        self.status
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
 
-    pub(super) fn set_key(&self, key: Option<ApiKey>) {
-        if key.is_some() {
-            *self.key.lock().unwrap_or_else(PoisonError::into_inner) = key;
+    pub(super) fn remember(&self, status: Option<StatusRow>) {
+        *self.end.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        *self.status.lock().unwrap_or_else(PoisonError::into_inner) = status;
+    }
+
+    /// Answers `end` (the turn's end, whose write failed) from memory until the write lands or
+    /// something else changes the turn ([`Live::remember`], a cancellation, a lost lease).
+    pub(super) fn hold_end(&self, end: InvocationRow) {
+        let status = end.status_row();
+        *self.end.lock().unwrap_or_else(PoisonError::into_inner) = Some(end);
+        *self.status.lock().unwrap_or_else(PoisonError::into_inner) = Some(status);
+    }
+
+    /// The end held by [`Live::hold_end`], if any.
+    pub fn held_end(&self) -> Option<InvocationRow> {
+        self.end
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
+
+    /// The base URL to call when the submission's carries a credential.
+    pub fn base_url(&self) -> Option<String> {
+        self.secrets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .base_url
+            .as_ref()
+            .map(|s| s.expose().to_owned())
+    }
+
+    /// Every credential value any submission of this turn brought.
+    pub fn credentials(&self) -> Credentials {
+        self.secrets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .credentials
+            .clone()
+    }
+
+    /// A retried submission's secrets: its key and URL replace the old ones; its credential
+    /// values join them.
+    pub(super) fn set_secrets(&self, new: Secrets) {
+        let mut s = self.secrets.lock().unwrap_or_else(PoisonError::into_inner);
+        if new.key.is_some() {
+            s.key = new.key;
         }
+        if new.base_url.is_some() {
+            s.base_url = new.base_url;
+        }
+        s.credentials.merge(&new.credentials);
     }
 }
 
@@ -79,6 +202,8 @@ pub struct Engine {
 pub(super) struct Inner {
     pub store: Store,
     pub client: ModelClient,
+    /// This replica's name in the store and how long its claims hold.
+    pub terms: LeaseTerms,
     pub config: EngineConfig,
     pub live: Mutex<HashMap<String, Arc<Live>>>,
     pub permits: Arc<Semaphore>,
@@ -133,11 +258,16 @@ impl Inner {
             .cloned()
     }
 
-    /// Registers a live turn; call with the invocation's lock held.
-    pub(super) fn register(&self, id: &str, key: Option<ApiKey>) -> Arc<Live> {
+    /// Registers a turn this replica claimed under `fence`; call with the invocation's lock
+    /// held.
+    pub(super) fn register(&self, id: &str, secrets: Secrets, fence: Fence) -> Arc<Live> {
         let live = Arc::new(Live {
             cancel: self.root.child_token(),
-            key: Mutex::new(key),
+            fence,
+            lost: AtomicBool::new(false),
+            status: Mutex::new(None),
+            end: Mutex::new(None),
+            secrets: Mutex::new(secrets),
             done: watch::Sender::new(false),
         });
         self.live
@@ -147,15 +277,24 @@ impl Inner {
         live
     }
 
-    pub(super) fn unregister(&self, id: &str) {
-        let removed = self
-            .live
+    /// Drops the entry of `live`'s task (not a newer claim's that replaced it).
+    pub(super) fn unregister(&self, id: &str, live: &Arc<Live>) {
+        let mut map = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        if map.get(id).is_some_and(|l| Arc::ptr_eq(l, live)) {
+            map.remove(id);
+        }
+        drop(map);
+        live.done.send_replace(true);
+    }
+
+    /// The turns this replica runs, with their fences.
+    pub(super) fn held(&self) -> Vec<(String, Arc<Live>)> {
+        self.live
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .remove(id);
-        if let Some(live) = removed {
-            live.done.send_replace(true);
-        }
+            .iter()
+            .map(|(id, l)| (id.clone(), l.clone()))
+            .collect()
     }
 
     pub(super) fn running(&self) -> usize {
@@ -163,13 +302,44 @@ impl Inner {
     }
 }
 
+/// A name for this replica in the store, unique per process: the host's name (a Kubernetes
+/// pod's name), the pid and a random tail.
+pub fn replica_name() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "podhost".to_owned());
+    let tail = uuid::Uuid::new_v4().simple().to_string();
+    format!("{host}-{}-{}", std::process::id(), &tail[..8])
+}
+
 impl Engine {
+    /// This replica's name in the store.
+    pub fn replica(&self) -> &str {
+        &self.inner.terms.owner
+    }
+
     pub fn new(store: Store, client: ModelClient, config: EngineConfig) -> Self {
         let permits = Arc::new(Semaphore::new(config.max_running));
+        // An SQLite store is this process's alone (its data directory is locked): no other
+        // replica can take a turn over, so its claims do not run out while it lives (a busy
+        // writer queue must not cost a turn its lease); the next start ends them.
+        let ttl = if store.is_shared() {
+            config.lease
+        } else {
+            Duration::from_secs(100 * 365 * 86_400)
+        };
+        let terms = LeaseTerms {
+            owner: replica_name().into(),
+            ttl_ms: ttl.as_millis() as i64,
+        };
         Engine {
             inner: Arc::new(Inner {
                 store,
                 client,
+                terms,
                 config,
                 live: Mutex::new(HashMap::new()),
                 permits,

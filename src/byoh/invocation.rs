@@ -7,23 +7,32 @@
 //! Invariants:
 //! * Submissions are deduplicated on `invocation_id` alone: a retried start or resume answers
 //!   the current status and is applied once, also when it arrives while the first is still in
-//!   flight (both hold the invocation's lock).
+//!   flight — in this process both hold the invocation's lock; across replicas the store decides
+//!   (a unique key, a row locked for update).
+//! * Any replica answers every route from the store (the replica running a turn answers its
+//!   `get_status` from memory while nothing but the turn itself may change it); a turn runs on
+//!   the replica that claimed it.
+//! * A retried submission that brings a key for a turn whose replica died (its lease ran out)
+//!   claims the turn and runs it here; while the lease still runs it waits, at most one lease
+//!   period, to tell a live owner (which renews it) from a dead one.
 //! * A refused submission (busy, invalid) stores nothing.
 //! * A status only moves along the protocol's graph, through the store's conditional updates:
 //!   a turn that ends as a cancellation lands cannot overwrite `cancelled`.
-//! * API keys live only in [`Live`] entries, in memory, and go when the turn ends.
+//! * API keys (and base URLs that carry a credential) live only in [`Live`] entries, in memory,
+//!   and go when the turn ends; every credential value is scrubbed from what is stored.
+//! * Every turn runs under a `--max-running` permit, a turn a restart interrupted too.
 //!
 //! Non-goals: HTTP (see `server`), running the turn itself (see `runner`).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::OwnedSemaphorePermit;
+use tracing::info;
 
-use super::engine::{Engine, Live};
+use super::engine::{Engine, Live, Secrets};
 use super::protocol::{CancelRequest, SessionAction, Status, SubmitRequest};
 use super::store::{InvocationRow, ResumeOutcome, StartOutcome, StatusRow, StoreError};
-use crate::chat::message::ApiKey;
 
 /// Why a request was refused; `server` maps each to one HTTP status.
 #[derive(Debug, thiserror::Error)]
@@ -78,40 +87,42 @@ impl Engine {
     pub async fn submit(&self, req: SubmitRequest) -> Result<InvocationRow, ByohError> {
         let id = req.invocation_id.clone();
         let _lock = self.inner.lock(&id).await;
-        let existing = self.inner.store.get(&id).await?;
-        let key = req.model_connection.api_key.clone();
+        let existing = self.get(&id).await?;
+        let secrets = Secrets::of(&req.model_connection);
+        // Nothing stored carries a credential of the submission (the evaluator's own rows
+        // could, and the model may echo one later).
+        let mut input_messages = req.input_messages.clone();
+        for m in &mut input_messages {
+            secrets.credentials.scrub_message(m);
+        }
         match req.session_action {
             SessionAction::Start => {
                 if let Some(row) = existing {
                     check_session(&row, &req.session_id)?;
-                    return Ok(self.adopt(row, key));
+                    return self.adopt(row, secrets).await;
                 }
                 let permit = self.permit()?;
-                let row = InvocationRow {
-                    invocation_id: id.clone(),
-                    session_id: req.session_id.clone(),
-                    status: Status::Queued,
-                    error: None,
-                    connection: req.model_connection.stored(),
-                    needs_key: key.is_some(),
-                    output_start: req.input_messages.len(),
-                    pending: Vec::new(),
-                    last_resume: Vec::new(),
-                    finished_ms: None,
-                    swept: false,
-                };
+                let mut row =
+                    InvocationRow::new(&id, &req.session_id, req.model_connection.stored());
+                row.needs_key = secrets.needed();
+                row.output_start = input_messages.len();
                 match self
                     .inner
                     .store
-                    .insert_start(row.clone(), req.input_messages)
+                    .insert_start(row.clone(), input_messages, &self.inner.terms)
                     .await?
                 {
-                    StartOutcome::Inserted => {
-                        let live = self.inner.register(&id, key);
+                    StartOutcome::Inserted(fence) => {
+                        crate::failpoint!("serve.after_accept");
+                        let live = self.inner.register(&id, secrets, fence);
                         self.spawn(id, live, Some(permit));
                         Ok(row)
                     }
-                    StartOutcome::Exists(row) => Ok(self.adopt(row, key)),
+                    StartOutcome::Exists(row) => {
+                        check_session(&row, &req.session_id)?;
+                        drop(permit);
+                        self.adopt(*row, secrets).await
+                    }
                     StartOutcome::SessionTaken(other) => Err(ByohError::Invalid(format!(
                         "session {:?} already holds invocation {other:?}; a session has one \
                          invocation",
@@ -136,18 +147,22 @@ impl Engine {
                     .apply_resume(
                         &id,
                         ids,
-                        req.input_messages,
+                        input_messages,
                         req.model_connection.stored(),
-                        key.is_some(),
+                        secrets.needed(),
+                        &self.inner.terms,
                     )
                     .await?;
                 match outcome {
-                    ResumeOutcome::Applied(row) => {
-                        let live = self.inner.register(&id, key);
+                    ResumeOutcome::Applied(row, fence) => {
+                        let live = self.inner.register(&id, secrets, fence);
                         self.spawn(id, live, permit);
                         Ok(row)
                     }
-                    ResumeOutcome::Duplicate(row) => Ok(self.adopt(row, key)),
+                    ResumeOutcome::Duplicate(row) => {
+                        drop(permit);
+                        self.adopt(row, secrets).await
+                    }
                     ResumeOutcome::Mismatch(msg) => Err(ByohError::Invalid(msg)),
                     ResumeOutcome::NotWaiting(row) => Err(ByohError::Invalid(format!(
                         "invocation {id:?} is {}, not waiting for input; a resume answers the \
@@ -160,34 +175,109 @@ impl Engine {
         }
     }
 
-    /// A retried submission of an existing invocation: its key replaces the old one; a turn a
-    /// restart interrupted is taken up again when it can now call the model. Call with the
-    /// invocation's lock held.
-    fn adopt(&self, row: InvocationRow, key: Option<ApiKey>) -> InvocationRow {
-        if let Some(live) = self.inner.live(&row.invocation_id) {
-            live.set_key(key);
-            return row;
+    /// A retried submission of an existing invocation: its secrets replace the old ones of a
+    /// turn this replica runs; a turn whose replica stopped (restart, crash, lost lease) is
+    /// claimed and taken up here when it can now call the model (it waits for a slot like any
+    /// other turn). Call with the invocation's lock held.
+    async fn adopt(
+        &self,
+        row: InvocationRow,
+        secrets: Secrets,
+    ) -> Result<InvocationRow, ByohError> {
+        let id = row.invocation_id.clone();
+        if let Some(live) = self.inner.live(&id) {
+            live.set_secrets(secrets);
+            return Ok(row);
         }
-        let orphan = matches!(row.status, Status::Queued | Status::Running);
-        if orphan && (key.is_some() || !row.needs_key) {
-            let live = self.inner.register(&row.invocation_id, key);
-            let permit = self.inner.permits.clone().try_acquire_owned().ok();
-            self.spawn(row.invocation_id.clone(), live, permit);
+        if !row.is_open() || (row.needs_key && !secrets.needed()) {
+            return Ok(row);
         }
-        row
+        let Some(orphan) = self.orphaned(row).await? else {
+            // Its owner is alive (it renewed the lease) or the turn moved on: answer as it is.
+            return self
+                .inner
+                .store
+                .get(&id)
+                .await?
+                .ok_or_else(|| not_found(&id));
+        };
+        match self
+            .inner
+            .store
+            .claim(&id, orphan.epoch, &self.inner.terms)
+            .await?
+        {
+            Some((row, fence)) => {
+                info!(invocation_id = %id, epoch = fence.epoch, "taking up a turn whose replica stopped");
+                let live = self.inner.register(&id, secrets, fence);
+                self.spawn(id, live, None);
+                Ok(row)
+            }
+            // Another replica claimed it first.
+            None => Ok(self.inner.store.get(&id).await?.unwrap_or(orphan)),
+        }
     }
 
+    /// The row once its lease ran out (`None` when its owner shows it is alive by renewing the
+    /// lease, or the turn moved on), waiting at most one lease period.
+    async fn orphaned(&self, mut row: InvocationRow) -> Result<Option<InvocationRow>, ByohError> {
+        let id = row.invocation_id.clone();
+        let deadline = Instant::now() + self.inner.config.lease + Duration::from_secs(1);
+        let every = (self.inner.config.lease / 20).max(Duration::from_millis(50));
+        loop {
+            if row.is_orphan() {
+                return Ok(Some(row));
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(every).await;
+            let Some(now) = self.inner.store.get(&id).await? else {
+                return Err(not_found(&id));
+            };
+            let renewed = now.lease_left_ms > row.lease_left_ms;
+            if !now.is_open() || now.epoch != row.epoch || renewed {
+                return Ok(None);
+            }
+            row = now;
+        }
+    }
+
+    /// Runs the turn of `id` in a task. Without a `permit` (a turn a restart interrupted), the
+    /// task waits for one first: such turns take `--max-running` slots like any other, and stay
+    /// `queued`/`running` in the store meanwhile.
     pub(super) fn spawn(&self, id: String, live: Arc<Live>, permit: Option<OwnedSemaphorePermit>) {
         let inner = self.inner.clone();
         self.inner.tracker.spawn(async move {
+            let permit = match permit {
+                Some(p) => p,
+                None => {
+                    let permits = inner.permits.clone();
+                    let acquired = tokio::select! {
+                        p = permits.acquire_owned() => p.ok(),
+                        _ = live.cancel.cancelled() => None,
+                    };
+                    match acquired {
+                        Some(p) => p,
+                        None => {
+                            inner.unregister(&id, &live);
+                            return;
+                        }
+                    }
+                }
+            };
             super::runner::drive(&inner, &id, &live).await;
-            inner.unregister(&id);
+            inner.unregister(&id, &live);
             drop(permit);
         });
     }
 
-    /// `get_status`: answered from memory while the status has not changed.
+    /// `get_status`: from memory for a turn running here (its owner), else from the store (its
+    /// read connections, which never wait behind writes), on any replica.
     pub async fn status(&self, id: &str) -> Result<StatusRow, ByohError> {
+        if let Some(status) = self.inner.live(id).and_then(|l| l.remembered()) {
+            return Ok(status);
+        }
         self.inner
             .store
             .status(id)
@@ -195,9 +285,17 @@ impl Engine {
             .ok_or_else(|| not_found(id))
     }
 
-    /// The whole stored row.
+    /// The whole row: the stored one, or the end a turn of this replica could not write yet.
     async fn row(&self, id: &str) -> Result<InvocationRow, ByohError> {
-        self.inner.store.get(id).await?.ok_or_else(|| not_found(id))
+        self.get(id).await?.ok_or_else(|| not_found(id))
+    }
+
+    /// The stored row, or the end a turn of this replica could not write yet.
+    async fn get(&self, id: &str) -> Result<Option<InvocationRow>, ByohError> {
+        if let Some(end) = self.inner.live(id).and_then(|l| l.held_end()) {
+            return Ok(Some(end));
+        }
+        Ok(self.inner.store.get(id).await?)
     }
 
     /// `collect_output`: the row and the messages of the current submission.
@@ -228,7 +326,8 @@ impl Engine {
     }
 
     /// `cancel`: any non-terminal status becomes `cancelled`; the turn's tool process group is
-    /// killed and its model call aborted. Waits a little for the turn to stop.
+    /// killed and its model call aborted — here, or on the replica that owns the turn, which
+    /// hears of it through the store. Waits a little for a turn of this replica to stop.
     pub async fn cancel(&self, req: CancelRequest) -> Result<InvocationRow, ByohError> {
         let id = req.invocation_id.as_str();
         let row = self.row(id).await?;
@@ -240,10 +339,10 @@ impl Engine {
         let (_, after) = self
             .inner
             .store
-            .transition(id, OPEN, Status::Cancelled, None, Vec::new())
+            .transition(id, OPEN, Status::Cancelled, None, Vec::new(), None)
             .await?;
         if let Some(live) = self.inner.live(id) {
-            live.cancel.cancel();
+            live.stop_cancelled();
             let mut done = live.done.subscribe();
             let _ =
                 tokio::time::timeout(self.inner.config.cancel_wait, done.wait_for(|d| *d)).await;

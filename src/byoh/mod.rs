@@ -7,8 +7,9 @@
 //! * [`listener`]: the accept loop: header, body and idle timeouts, the connection cap.
 //! * [`engine`]: the state the routes and the turn tasks share (live turns, permits, locks).
 //! * [`invocation`]: what each route means: idempotency, backpressure, cancellation.
-//! * [`runner`]: turn tasks, recovery after a restart, the retention sweeper.
-//! * [`store`]: the durable SQLite store.
+//! * [`runner`]: turn tasks under leases, taking up turns whose replica stopped, the retention
+//!   sweeper.
+//! * [`store`]: the durable store, SQLite (one replica) or PostgreSQL (several).
 //!
 //! Trust boundary: callers of the endpoint are authenticated by a bearer credential (or the
 //! endpoint listens on loopback only). Model API keys stay in memory, are scrubbed from every
@@ -23,11 +24,11 @@ pub(crate) mod server;
 pub(crate) mod store;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use engine::{Engine, EngineConfig};
-use store::Store;
+use store::{Store, StoreSpec};
 use tracing::{info, warn};
 
 use crate::chat::client::{ModelClient, RetryPolicy};
@@ -45,8 +46,15 @@ pub struct ServeConfig {
     pub listen: String,
     /// How errors name the listen address: `PODHOST_LISTEN` or `--listen`, as it was given.
     pub listen_setting: String,
-    /// The data directory: the session store and one workspace per session.
+    /// The data directory: one workspace per session, and the SQLite store unless `store` names
+    /// PostgreSQL. Replicas of a PostgreSQL store share it (storage every replica mounts).
     pub data: PathBuf,
+    /// `--store`: a PostgreSQL URL, or `None` for SQLite in the data directory.
+    pub store: Option<Secret>,
+    /// How errors name the store: `PODHOST_STORE` or `--store`, as it was given.
+    pub store_setting: String,
+    /// How long a replica's claim on a turn holds unless renewed.
+    pub lease: Duration,
     /// The credential callers send as `Authorization: Bearer …`.
     pub token: Option<Secret>,
     /// A file holding the credential, read at start (and hidden from commands).
@@ -69,6 +77,8 @@ pub struct ServeConfig {
     pub tls: TlsSettings,
     /// The model's context window, compaction threshold and inputs, as configured.
     pub limits: crate::chat::session::ChatLimits,
+    /// Start with an empty store even though session workspaces exist (see [`check_not_stranded`]).
+    pub start_afresh: bool,
     pub exec: ExecSettings,
 }
 
@@ -112,6 +122,47 @@ fn credential(args: &ServeConfig) -> Result<Option<String>, ServeError> {
         ));
     }
     Ok(token)
+}
+
+/// Refuses a data directory whose store is missing or empty while session workspaces exist:
+/// starting empty would answer 404 for every earlier invocation, which fails a whole
+/// evaluation. `start_afresh` starts anyway, loudly.
+fn check_not_stranded(
+    data: &Path,
+    spec: &StoreSpec,
+    stored: u64,
+    start_afresh: bool,
+) -> Result<(), ServeError> {
+    if stored > 0 {
+        return Ok(());
+    }
+    let sessions = std::fs::read_dir(data.join("sessions"))
+        .map(|d| d.filter_map(Result::ok).count())
+        .unwrap_or(0);
+    if sessions == 0 {
+        return Ok(());
+    }
+    let store = match spec {
+        StoreSpec::Sqlite(path) => format!(
+            "database {}",
+            path.file_name().unwrap_or_default().to_string_lossy()
+        ),
+        StoreSpec::Postgres(_) => format!("PostgreSQL database {spec}"),
+    };
+    let what = format!(
+        "the data directory {} holds {sessions} session workspace(s), but its {store} is \
+         missing or empty: every earlier invocation would be unknown (404), which fails a whole \
+         evaluation",
+        data.display()
+    );
+    if start_afresh {
+        warn!("{what}; starting afresh with an empty store (PODHOST_START_AFRESH)");
+        return Ok(());
+    }
+    Err(ServeError::Config(format!(
+        "{what}. Restore the database, or start with --start-afresh (PODHOST_START_AFRESH=true) \
+         to begin with an empty store"
+    )))
 }
 
 async fn resolve(listen: &str, setting: &str) -> Result<SocketAddr, ServeError> {
@@ -193,13 +244,21 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
         what: "could not find podhost's own executable".into(),
         source,
     })?;
+    let spec = StoreSpec::parse(
+        args.store.as_ref().map(Secret::expose),
+        &args.data,
+        &args.store_setting,
+    )
+    .map_err(ServeError::Config)?;
     let guards = state_guards(&args);
-    let db = args.data.join("podhost.sqlite");
-    // The store's files are made now on a first start: private at once, without a warning.
-    let fresh = !db.exists();
+    // An SQLite store's files are made now on a first start: private at once, without a warning.
+    let fresh = matches!(&spec, StoreSpec::Sqlite(db) if !db.exists());
     check_state(&guards, fresh)?;
-    let store = Store::open(&db)?;
+    let store = Store::open(&spec).await?;
     check_state(&guards, fresh)?;
+    let stored = store.count().await?;
+    check_not_stranded(&args.data, &spec, stored, args.start_afresh)?;
+    let store_engine = store.engine();
     let client = ModelClient::new(
         RetryPolicy {
             attempts: args.model_attempts,
@@ -216,6 +275,7 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
             retention: args.retention,
             orphan_grace: args.orphan_grace,
             cancel_wait: Duration::from_secs(5),
+            lease: args.lease,
             max_steps: args.max_steps,
             limits: args.limits.clone(),
             tools: tools(&args, supervisor),
@@ -239,6 +299,9 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
     info!(
         addr = %local,
         data = %args.data.display(),
+        store = %spec,
+        engine = store_engine,
+        replica = %engine.replica(),
         max_running = args.max_running,
         "podhost serve listening on http://{local}"
     );

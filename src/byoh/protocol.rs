@@ -53,11 +53,196 @@ pub struct ModelConnection {
 }
 
 impl ModelConnection {
+    /// What may be stored: the base URL with its own credentials replaced by `redacted`, and
+    /// any other credential value of the submission (the key, wherever it sits) by
+    /// `[redacted]`.
     pub fn stored(&self) -> ModelEndpoint {
         ModelEndpoint {
-            base_url: self.base_url.clone(),
+            base_url: self.stored_url(),
             model: self.model.clone(),
             generation_settings: self.generation_settings.clone().unwrap_or_default(),
+        }
+    }
+
+    fn stored_url(&self) -> String {
+        self.credentials().scrub(&redacted_url(&self.base_url))
+    }
+
+    /// Whether the base URL carries a credential (then it is kept in memory only, like the
+    /// key, and the store holds it redacted).
+    pub fn url_has_credentials(&self) -> bool {
+        self.stored_url() != self.base_url
+    }
+
+    /// Every credential value of the submission: the API key, and the user, password and
+    /// credential-named query values of the base URL.
+    pub fn credentials(&self) -> Credentials {
+        let mut values: Vec<String> = self.api_key.iter().map(|k| k.expose().to_owned()).collect();
+        values.extend(url_credentials(&self.base_url));
+        Credentials::new(values)
+    }
+}
+
+/// Query parameters whose values are credentials, by a part of their name.
+const CREDENTIAL_PARAMS: [&str; 7] = ["key", "token", "secret", "sig", "auth", "pass", "cred"];
+
+/// The credential values a URL carries: its user and password, and the values of query
+/// parameters named like a credential.
+fn url_credentials(url: &str) -> Vec<String> {
+    let Ok(u) = reqwest::Url::parse(url) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    if !u.username().is_empty() {
+        out.push(decode(u.username()));
+    }
+    if let Some(p) = u.password() {
+        out.push(decode(p));
+    }
+    for (k, v) in u.query_pairs() {
+        let k = k.to_ascii_lowercase();
+        if CREDENTIAL_PARAMS.iter().any(|c| k.contains(c)) && !v.is_empty() {
+            out.push(v.into_owned());
+        }
+    }
+    out
+}
+
+/// Percent-decodes a URL's user-info, as a client sends it.
+fn decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = (b[i] == b'%' && i + 2 < b.len())
+            .then(|| std::str::from_utf8(&b[i + 1..i + 3]).ok())
+            .flatten()
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match hex {
+            Some(byte) => {
+                out.push(byte);
+                i += 3;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `url` with its credentials replaced by `[redacted]` (an unparsable URL is kept as given: it
+/// cannot be called either).
+pub fn redacted_url(url: &str) -> String {
+    let Ok(mut u) = reqwest::Url::parse(url) else {
+        return url.to_owned();
+    };
+    let secrets = url_credentials(url);
+    if secrets.is_empty() {
+        return url.to_owned();
+    }
+    if !u.username().is_empty() {
+        let _ = u.set_username("redacted");
+    }
+    if u.password().is_some() {
+        let _ = u.set_password(Some("redacted"));
+    }
+    if u.query().is_some() {
+        let pairs: Vec<(String, String)> = u
+            .query_pairs()
+            .map(|(k, v)| {
+                let lower = k.to_ascii_lowercase();
+                let v = if CREDENTIAL_PARAMS.iter().any(|c| lower.contains(c)) {
+                    "redacted".to_owned()
+                } else {
+                    v.into_owned()
+                };
+                (k.into_owned(), v)
+            })
+            .collect();
+        u.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    u.to_string()
+}
+
+/// A submission's credential values (kept in memory only): what is replaced by `[redacted]` in
+/// everything podhost stores or returns, since a model may echo them. Values shorter than
+/// [`Credentials::MIN_CHARS`] are not scrubbed (they would mangle ordinary text; no real key is
+/// that short).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Credentials {
+    values: Vec<String>,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Credentials([{} redacted])", self.values.len())
+    }
+}
+
+impl Credentials {
+    /// The shortest value scrubbed.
+    pub const MIN_CHARS: usize = 8;
+
+    pub fn new(values: impl IntoIterator<Item = String>) -> Self {
+        let mut values: Vec<String> = values
+            .into_iter()
+            .filter(|v| v.chars().count() >= Self::MIN_CHARS)
+            .collect();
+        // Longest first, so a value that contains another is replaced whole.
+        values.sort_by_key(|v| std::cmp::Reverse(v.len()));
+        values.dedup();
+        Credentials { values }
+    }
+
+    /// Another submission's credentials join these (a resume brings a fresh key; the old one
+    /// may still be echoed).
+    pub fn merge(&mut self, other: &Credentials) {
+        let all = self
+            .values
+            .iter()
+            .chain(&other.values)
+            .cloned()
+            .collect::<Vec<_>>();
+        *self = Credentials::new(all);
+    }
+
+    /// Whether `text` holds a credential value outside the `[redacted]` placeholders (the fuzz
+    /// targets' check of what is stored).
+    #[cfg(feature = "fuzzing")]
+    pub fn leak_in(&self, text: &str) -> bool {
+        let text = text.replace("[redacted]", "\u{0}");
+        self.values.iter().any(|v| text.contains(v.as_str()))
+    }
+
+    /// `text` with every credential value replaced by `[redacted]`.
+    pub fn scrub(&self, text: &str) -> String {
+        let mut out = text.to_owned();
+        for v in &self.values {
+            if out.contains(v.as_str()) {
+                out = out.replace(v.as_str(), "[redacted]");
+            }
+        }
+        out
+    }
+
+    /// Scrubs every text a message carries: content, call ids, names and arguments.
+    pub fn scrub_message(&self, m: &mut ChatMessage) {
+        if self.values.is_empty() {
+            return;
+        }
+        let s = |t: &mut String| *t = self.scrub(t);
+        if let Some(c) = m.content.as_mut() {
+            s(c);
+        }
+        if let Some(id) = m.tool_call_id.as_mut() {
+            s(id);
+        }
+        for call in m.tool_calls.iter_mut().flatten() {
+            s(&mut call.id);
+            s(&mut call.function.name);
+            s(&mut call.function.arguments);
         }
     }
 }

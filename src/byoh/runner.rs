@@ -1,19 +1,36 @@
-//! Running BYOH turns in the background, taking up turns a restart interrupted, and sweeping
-//! old sessions.
+//! Running BYOH turns in the background under leases, taking up turns whose replica stopped,
+//! and sweeping old sessions.
 //!
 //! Owns: the task body of a turn (`drive`): its workspace and toolbox (built per turn, never
 //! held idle), the store-backed [`Front`] (every message, and the compacted view the model is
 //! sent, committed as they change), the model's limits for the turn (the settings, else what
-//! the server's model listing says), and the one status write that ends the turn; start-up
-//! recovery; the retention sweeper.
+//! the server's model listing says), and the one status write that ends the turn; the
+//! replica's background loops — lease renewal (which also hears, as a fallback, of
+//! cancellations and takeovers), the orphan reaper (takes up or fails turns whose lease ran
+//! out), the cancellation listener, and the retention sweeper.
 //!
 //! Invariants:
+//! * Every write of a turn carries its fence; a write refused as fenced, a renewal refused, or
+//!   a whole lease period without a successful renewal (the store unreachable, the process
+//!   paused) stops the turn at once — its commands are killed, and it writes nothing more.
 //! * A turn writes its end status only from `running`, so a cancellation that landed first
-//!   stands, and a turn stopped by shutdown stays `running` in the store for the next start.
-//! * A turn interrupted by a restart is resumed when it can call the model (no key needed, or a
-//!   retried submission brought one); otherwise it fails with a message that says why.
-//! * Each session's workspace is its own directory under the data directory, named from a hash
-//!   of the session id (ids never become paths).
+//!   stands; a turn stopped by shutdown stays `running` with its lease ended, for another
+//!   replica (or the next start) to take up.
+//! * A turn's end is written until it lands (a full disk empties), answered from memory by its
+//!   replica meanwhile: a finished turn is never stranded `running` — unless the replica loses
+//!   its lease meanwhile (the store refused its renewals too): then it stops, and the turn is
+//!   taken up from its transcript.
+//! * A turn whose replica stopped is resumed by another when it can call the model (no key
+//!   needed, or a retried submission brought one); otherwise it fails, `--orphan-grace-secs`
+//!   after its lease ran out, with a message that says why. Its transcript is durable, so the
+//!   turn goes on from its last committed step: a step whose tool call had started but whose
+//!   result was not committed is answered as interrupted, never run again; a model call whose
+//!   answer was not committed is made again (at-least-once).
+//! * Every turn runs under a `--max-running` permit, one taken up from a stopped replica too:
+//!   the reaper claims such a turn only with a permit free, so it stays an orphan (for another
+//!   replica, or a later round) while this one is full.
+//! * Each session's workspace is its own directory under the data directory (shared storage
+//!   every replica mounts), named from a hash of the session id (ids never become paths).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,11 +41,12 @@ use tracing::{info, warn};
 
 use super::engine::{Engine, Inner, Live};
 use super::protocol::Status;
-use super::store::{Store, now_ms};
+use super::store::{Store, StoreError, now_ms};
 use crate::agent::turn::{self, TurnEnd};
 use crate::chat::context::ContextView;
 use crate::chat::message::{ApiKey, ChatMessage};
 use crate::chat::session::{ChatTurn, Front, SessionError, Tail, repair_tail, step_limit_message};
+use crate::floor::backoff::{Backoff, sleep_or_cancel};
 use crate::floor::workspace::Workspace;
 use crate::tools::Toolbox;
 
@@ -47,19 +65,34 @@ fn session_dir_name(session_id: &str) -> String {
     format!("s-{}", &hex::encode(digest)[..32])
 }
 
-/// The store as a turn's front: every message is committed as it is made.
+/// The store as a turn's front: every message is committed as it is made, under the turn's
+/// fence.
 struct StoreFront {
     store: Store,
     id: String,
     live: Arc<Live>,
 }
 
+/// A store error of a turn: a fenced write stops the turn (and kills its commands) at once.
+fn turn_store_error(live: &Live, e: StoreError) -> SessionError {
+    if matches!(e, StoreError::Fenced(_)) {
+        live.lose();
+    }
+    SessionError::Store(e.to_string())
+}
+
 impl Front for StoreFront {
     async fn appended(&mut self, messages: &[ChatMessage]) -> Result<(), SessionError> {
+        // The model may echo a credential: nothing stored (and so nothing returned) holds one.
+        let credentials = self.live.credentials();
+        let mut stored = messages.to_vec();
+        for m in &mut stored {
+            credentials.scrub_message(m);
+        }
         self.store
-            .append(&self.id, messages.to_vec())
+            .append(&self.id, stored, &self.live.fence)
             .await
-            .map_err(|e| SessionError::Store(e.to_string()))
+            .map_err(|e| turn_store_error(&self.live, e))
     }
 
     fn api_key(&self) -> Option<ApiKey> {
@@ -68,9 +101,9 @@ impl Front for StoreFront {
 
     async fn compacted(&mut self, view: &ContextView) -> Result<(), SessionError> {
         self.store
-            .set_view(&self.id, view)
+            .set_view(&self.id, view, &self.live.fence)
             .await
-            .map_err(|e| SessionError::Store(e.to_string()))
+            .map_err(|e| turn_store_error(&self.live, e))
     }
 }
 
@@ -79,6 +112,7 @@ const RUNNING: &[Status] = &[Status::Running];
 /// Runs the turn of invocation `id` to its end and records how it ended.
 pub(super) async fn drive(inner: &Inner, id: &str, live: &Arc<Live>) {
     let store = &inner.store;
+    let fence = &live.fence;
     let started = std::time::Instant::now();
     let (changed, row) = match store
         .transition(
@@ -87,11 +121,15 @@ pub(super) async fn drive(inner: &Inner, id: &str, live: &Arc<Live>) {
             Status::Running,
             None,
             vec![],
+            Some(fence),
         )
         .await
     {
         Ok(r) => r,
         Err(e) => {
+            if matches!(e, StoreError::Fenced(_)) {
+                live.lose();
+            }
             warn!(invocation_id = id, error = %e, "could not start the turn");
             return;
         }
@@ -100,8 +138,15 @@ pub(super) async fn drive(inner: &Inner, id: &str, live: &Arc<Live>) {
         return;
     };
     info!(invocation_id = id, status = %Status::Running, "turn started");
+    live.remember(Some(row.status_row()));
     let _running = crate::floor::metrics::turn_running("byoh");
-    let end = run_turn(inner, id, live, &row.session_id, row.connection.clone()).await;
+    let mut conn = row.connection.clone();
+    if let Some(url) = live.base_url() {
+        conn.base_url = url;
+    }
+    let end = run_turn(inner, id, live, &row.session_id, conn).await;
+    // The task's own end write comes next: from here on the store answers.
+    live.remember(None);
     let (to, error, pending) = match end {
         Ok(Some(TurnEnd::Completed { .. })) => (Status::Completed, None, vec![]),
         Ok(Some(TurnEnd::InputRequired { calls })) => (
@@ -109,10 +154,13 @@ pub(super) async fn drive(inner: &Inner, id: &str, live: &Arc<Live>) {
             None,
             calls.into_iter().map(|c| c.id).collect(),
         ),
-        // Cancelled by `cancel` (which wrote the status) or by shutdown (the status stays
-        // `running`, for the next start to take up).
+        // Cancelled by `cancel` (which wrote the status), by a lost lease (another replica
+        // owns the turn now), or by shutdown (the status stays `running` and the lease ends,
+        // for another replica or the next start to take up).
         _ if live.cancel.is_cancelled() => {
-            return crate::floor::metrics::turn_ended("byoh", "cancelled");
+            crate::floor::metrics::turn_ended("byoh", "cancelled");
+            stopped(inner, id, live).await;
+            return;
         }
         Ok(Some(TurnEnd::Failed { message, .. })) => (Status::Failed, Some(message), vec![]),
         Ok(Some(TurnEnd::Yielded)) => (
@@ -129,19 +177,80 @@ pub(super) async fn drive(inner: &Inner, id: &str, live: &Arc<Live>) {
         Err(e) => (Status::Failed, Some(e.to_string()), vec![]),
     };
     crate::floor::metrics::turn_ended("byoh", to.as_str());
-    match store.transition(id, RUNNING, to, error, pending).await {
-        Ok((true, _)) => info!(
+    let error = error.map(|e| live.credentials().scrub(&e));
+    crate::failpoint!("serve.before_end");
+    // The end must land: until it does (a full disk), this replica answers it from memory and
+    // the write is tried again. A shutdown, a cancellation or a lost lease meanwhile stops
+    // trying (the store's status then stands, or the lease's next owner ends the turn).
+    let mut backoff = Backoff::new(END_RETRY_FIRST, END_RETRY_CAP);
+    let mut held = false;
+    loop {
+        match store
+            .transition(id, RUNNING, to, error.clone(), pending.clone(), Some(fence))
+            .await
+        {
+            Ok((true, _)) => {
+                live.remember(None);
+                info!(
+                    invocation_id = id,
+                    status = %to,
+                    duration_ms = started.elapsed().as_millis() as u64,
+                    "turn ended"
+                );
+                return;
+            }
+            Ok((false, row)) => {
+                live.remember(None);
+                info!(
+                    invocation_id = id,
+                    status = %row.map(|r| r.status.as_str()).unwrap_or("gone"),
+                    "turn ended after its status changed"
+                );
+                return;
+            }
+            Err(StoreError::Fenced(_)) => {
+                live.lose();
+                stopped(inner, id, live).await;
+                return;
+            }
+            Err(e) => {
+                if !held {
+                    held = true;
+                    let mut end = row.clone();
+                    end.status = to;
+                    end.error = error.clone();
+                    end.pending = pending.clone();
+                    end.finished_ms = to.is_terminal().then(now_ms);
+                    live.hold_end(end);
+                }
+                let delay = backoff.next_delay();
+                warn!(invocation_id = id, status = %to, error = %e, retry_in = ?delay, "could not record the turn's end; answering it from memory and trying again");
+                if !sleep_or_cancel(delay, &live.cancel).await {
+                    stopped(inner, id, live).await;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The first wait before a failed end write is tried again, and the longest.
+const END_RETRY_FIRST: Duration = Duration::from_millis(100);
+const END_RETRY_CAP: Duration = Duration::from_secs(5);
+
+/// After a turn's task stopped early: a lost lease is logged; at shutdown the lease is ended
+/// so that another replica can take the turn up without waiting for it to run out.
+async fn stopped(inner: &Inner, id: &str, live: &Live) {
+    if live.is_lost() {
+        warn!(
             invocation_id = id,
-            status = %to,
-            duration_ms = started.elapsed().as_millis() as u64,
-            "turn ended"
-        ),
-        Ok((false, row)) => info!(
-            invocation_id = id,
-            status = %row.map(|r| r.status.as_str()).unwrap_or("gone"),
-            "turn ended after its status changed"
-        ),
-        Err(e) => warn!(invocation_id = id, error = %e, "could not record the turn's end"),
+            epoch = live.fence.epoch,
+            "the turn's lease was lost: its commands were killed and it writes nothing more"
+        );
+    } else if inner.root.is_cancelled()
+        && let Err(e) = inner.store.release(id, &live.fence).await
+    {
+        warn!(invocation_id = id, error = %e, "could not end the lease at shutdown");
     }
 }
 
@@ -154,12 +263,15 @@ async fn run_turn(
     session_id: &str,
     conn: crate::chat::message::ModelEndpoint,
 ) -> Result<Option<TurnEnd>, SessionError> {
-    let store_err = |e: super::store::StoreError| SessionError::Store(e.to_string());
+    let store_err = |e: StoreError| turn_store_error(live, e);
     let store = &inner.store;
     let mut transcript = store.messages(id, 0).await.map_err(store_err)?;
     let (fill, tail) = repair_tail(&transcript);
     if !fill.is_empty() {
-        store.append(id, fill.clone()).await.map_err(store_err)?;
+        store
+            .append(id, fill.clone(), &live.fence)
+            .await
+            .map_err(store_err)?;
         transcript.extend(fill);
     }
     match tail {
@@ -169,8 +281,16 @@ async fn run_turn(
             }));
         }
         Tail::InputRequired(ids) => {
+            live.remember(None);
             store
-                .transition(id, RUNNING, Status::InputRequired, None, ids)
+                .transition(
+                    id,
+                    RUNNING,
+                    Status::InputRequired,
+                    None,
+                    ids,
+                    Some(&live.fence),
+                )
                 .await
                 .map_err(store_err)?;
             return Ok(None);
@@ -209,57 +329,53 @@ fn toolbox(inner: &Inner, session_id: &str) -> Result<Toolbox, String> {
     Ok(inner.config.tools.build(ws, Some(&tmp)))
 }
 
-/// The message of a turn that a restart interrupted and no retried submission took up.
+/// The message of a turn whose replica stopped and that no retried submission took up.
 pub fn orphan_message(grace: Duration) -> String {
     format!(
-        "podhost restarted while this turn was running. The model API key is never stored, so \
-         the turn could not go on, and no retried submission brought a fresh key within {} s.",
+        "the podhost replica running this turn stopped (a restart, a crash, or a lost lease). \
+         The model API key is never stored, so the turn could not go on, and no retried \
+         submission brought a fresh key within {} s.",
         grace.as_secs()
     )
 }
 
 impl Engine {
-    /// Takes up the turns a previous process left queued or running, and starts the sweeper.
-    pub async fn recover(&self) -> Result<(), super::store::StoreError> {
+    /// Starts the replica's background loops: lease renewal and the cancellation listener (on a
+    /// store replicas share), the orphan reaper (which first takes up what a previous process
+    /// left), the sweeper. On an SQLite store, which this process holds alone, the leases its
+    /// predecessor left end now, and its own never run out while it lives.
+    pub async fn recover(&self) -> Result<(), StoreError> {
         let inner = &self.inner;
-        for row in inner.store.unfinished().await? {
-            let id = row.invocation_id.clone();
-            let _lock = inner.lock(&id).await;
-            if !row.needs_key {
-                info!(invocation_id = %id, "resuming a turn interrupted by a restart");
-                let live = inner.register(&id, None);
-                let permit = inner.permits.clone().try_acquire_owned().ok();
-                self.spawn(id, live, permit);
-                continue;
-            }
+        let ended = inner.store.expire_leases().await?;
+        if ended > 0 {
+            info!(
+                turns = ended,
+                "taking up the turns a previous process left open"
+            );
+        }
+        let engine = self.clone();
+        inner.tracker.spawn(async move { engine.reap_loop().await });
+        if inner.store.is_shared() {
+            let engine = self.inner.clone();
+            inner
+                .tracker
+                .spawn(async move { renew_loop(&engine).await });
+        }
+        if let Some(mut cancels) = inner.store.cancellations() {
             let engine = self.inner.clone();
             inner.tracker.spawn(async move {
-                let grace = engine.config.orphan_grace;
-                tokio::select! {
-                    _ = engine.root.cancelled() => return,
-                    _ = tokio::time::sleep(grace) => {}
-                }
-                let _lock = engine.lock(&id).await;
-                if engine.live(&id).is_some() {
-                    return;
-                }
-                const OPEN: &[Status] = &[Status::Queued, Status::Running];
-                match engine
-                    .store
-                    .transition(
-                        &id,
-                        OPEN,
-                        Status::Failed,
-                        Some(orphan_message(grace)),
-                        vec![],
-                    )
-                    .await
-                {
-                    Ok((true, _)) => {
-                        warn!(invocation_id = %id, status = %Status::Failed, "interrupted turn had no key")
+                loop {
+                    let id = tokio::select! {
+                        _ = engine.root.cancelled() => return,
+                        id = cancels.recv() => match id {
+                            Some(id) => id,
+                            None => return,
+                        },
+                    };
+                    if let Some(live) = engine.live(&id) {
+                        info!(invocation_id = %id, "cancelled through another replica");
+                        live.stop_cancelled();
                     }
-                    Ok(_) => {}
-                    Err(e) => warn!(invocation_id = %id, error = %e, "could not fail the turn"),
                 }
             });
         }
@@ -268,6 +384,154 @@ impl Engine {
             .tracker
             .spawn(async move { sweep_loop(&engine).await });
         Ok(())
+    }
+
+    /// Every so often: claims orphans that need no key and runs them here; fails the ones that
+    /// need a key and waited the grace for a retried submission in vain.
+    async fn reap_loop(&self) {
+        let inner = &self.inner;
+        let every =
+            (inner.config.lease / 4).clamp(Duration::from_millis(100), Duration::from_secs(2));
+        loop {
+            match inner.store.orphans().await {
+                Ok(orphans) => {
+                    for o in orphans {
+                        self.reap(o).await;
+                    }
+                }
+                Err(e) => warn!(error = %e, "could not look for turns to take up"),
+            }
+            tokio::select! {
+                _ = inner.root.cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+        }
+    }
+
+    async fn reap(&self, o: super::store::Orphan) {
+        let inner = &self.inner;
+        let id = o.invocation_id.clone();
+        let _lock = inner.lock(&id).await;
+        if inner.live(&id).is_some() {
+            return;
+        }
+        if !o.needs_key {
+            // A slot first: a full replica leaves the turn to another, or to a later round.
+            let Ok(permit) = inner.permits.clone().try_acquire_owned() else {
+                return;
+            };
+            match inner.store.claim(&id, o.epoch, &inner.terms).await {
+                Ok(Some((_, fence))) => {
+                    info!(invocation_id = %id, epoch = fence.epoch, "resuming a turn whose replica stopped");
+                    let live = inner.register(&id, Default::default(), fence);
+                    self.spawn(id, live, Some(permit));
+                }
+                Ok(None) => {}
+                Err(e) => warn!(invocation_id = %id, error = %e, "could not take up a turn"),
+            }
+            return;
+        }
+        let grace = inner.config.orphan_grace;
+        if o.expired_for_ms < grace.as_millis() as i64 {
+            return;
+        }
+        match inner
+            .store
+            .fail_orphan(
+                &id,
+                o.epoch,
+                grace.as_millis() as i64,
+                orphan_message(grace),
+            )
+            .await
+        {
+            Ok(true) => {
+                warn!(invocation_id = %id, status = %Status::Failed, "a turn whose replica stopped had no key")
+            }
+            Ok(false) => {}
+            Err(e) => warn!(invocation_id = %id, error = %e, "could not fail the turn"),
+        }
+    }
+}
+
+/// Renews the leases of this replica's turns every third of a lease. A turn whose renewal is
+/// refused (taken over, expired, cancelled) stops at once; so do all of them once a whole lease
+/// period passed without a renewal (the store unreachable, or this process was paused).
+async fn renew_loop(inner: &Inner) {
+    let lease = inner.config.lease;
+    let mut tick = tokio::time::interval(lease / 3);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_ok = std::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = inner.root.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let held = inner.held();
+        if held.is_empty() {
+            last_ok = std::time::Instant::now();
+            continue;
+        }
+        if last_ok.elapsed() >= lease {
+            // Paused or cut off past the lease: another replica may own these turns now.
+            for (id, live) in &held {
+                warn!(invocation_id = %id, "no lease renewal for a whole lease period: stopping the turn");
+                live.lose();
+            }
+        }
+        let asked = std::time::Instant::now();
+        let list: Vec<(String, i64)> = held
+            .iter()
+            .map(|(id, l)| (id.clone(), l.fence.epoch))
+            .collect();
+        match inner.store.renew(&inner.terms, list).await {
+            Ok(renewed) => {
+                last_ok = asked;
+                let renewed: std::collections::HashSet<String> = renewed.into_iter().collect();
+                for (id, live) in held {
+                    if !renewed.contains(&id) && !live.cancel.is_cancelled() {
+                        lose_unless_ended(inner, &id, &live).await;
+                    }
+                }
+            }
+            Err(e) => warn!(error = %e, "could not renew the leases"),
+        }
+    }
+}
+
+/// A renewal was refused: the turn ended meanwhile (its task is finishing), was cancelled
+/// (stop it), or its lease is another replica's or ran out (lose it).
+async fn lose_unless_ended(inner: &Inner, id: &str, live: &Arc<Live>) {
+    let row = match inner.store.get(id).await {
+        Ok(row) => row,
+        Err(e) => {
+            warn!(invocation_id = %id, error = %e, "could not read a turn whose renewal was refused");
+            None
+        }
+    };
+    let Some(row) = row else {
+        live.lose();
+        return;
+    };
+    let ours = row.epoch == live.fence.epoch
+        && row.owner.as_deref() == Some(&*live.fence.owner)
+        && row.lease_left_ms.is_some_and(|l| l > 0);
+    match row.status {
+        Status::Cancelled => {
+            info!(invocation_id = %id, "cancelled through another replica");
+            live.stop_cancelled();
+        }
+        s if s.is_terminal() || s == Status::InputRequired => {
+            // Ended by this turn's own task (which is finishing), or by another claim.
+            if row.epoch != live.fence.epoch {
+                live.lose();
+            }
+        }
+        _ if ours => {}
+        _ => {
+            warn!(invocation_id = %id, epoch = live.fence.epoch, "the lease was lost: stopping the turn");
+            live.lose();
+        }
     }
 }
 

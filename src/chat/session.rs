@@ -3,11 +3,13 @@
 //!
 //! Owns: the transcript kept in memory for a turn, the tool list the model is offered, the
 //! system message that tells the model its working directory (sent first, never stored or
-//! returned), session-wide unique tool-call ids, the split of an answer that mixes `ask_user`
-//! with other calls, the repair of a transcript whose tail a crash interrupted, and the
-//! session's side of the context budget: what the model is sent of the transcript (its
-//! [`ContextView`], compacted by the loop and handed to the front to keep), the summary calls,
-//! and the files the model cannot read.
+//! returned), session-wide unique tool-call ids that keep the protocol's rules (no control
+//! characters, at most 512 characters, a function name on every call; `ask_user` without a
+//! question answered with an error, never a question for the user), the split of an answer
+//! that mixes `ask_user` with other calls, the repair of a transcript whose tail a crash
+//! interrupted, and the session's side of the context budget: what the model is sent of the
+//! transcript (its [`ContextView`], compacted by the loop and handed to the front to keep), the
+//! summary calls, and the files the model cannot read.
 //!
 //! Invariants:
 //! * Every message is handed to the [`Front`] as soon as it exists (the BYOH store commits it,
@@ -42,6 +44,20 @@ use crate::tools::{CallContext, ToolName, Toolbox, unknown_tool};
 
 /// The name of the tool whose calls are questions for the user.
 pub const ASK_USER: &str = "ask_user";
+
+/// The longest tool-call id kept as the model gave it.
+pub const MAX_CALL_ID_CHARS: usize = 512;
+
+/// The name given to a tool call the model made without a function name.
+pub const NO_NAME: &str = "unnamed_tool_call";
+
+/// The question of an `ask_user` call, when it has a non-empty one.
+fn question_of(call: &ToolCallBlock) -> Option<&str> {
+    call.args
+        .get("question")
+        .and_then(Value::as_str)
+        .filter(|q| !q.trim().is_empty())
+}
 
 /// What a front does with a session's messages and questions.
 #[allow(async_fn_in_trait)]
@@ -374,8 +390,9 @@ fn to_wire(call: &ToolCallBlock) -> ToolCall {
     ToolCall::new(call.id.clone(), call.name.clone(), arguments)
 }
 
+/// An `ask_user` call that asks something: the only calls that end a turn `input_required`.
 fn is_question(call: &ToolCallBlock) -> bool {
-    call.name == ASK_USER && call.raw.is_none()
+    call.name == ASK_USER && call.raw.is_none() && question_of(call).is_some()
 }
 
 impl<F: Front> TurnHost for ChatTurn<F> {
@@ -393,7 +410,9 @@ impl<F: Front> TurnHost for ChatTurn<F> {
     ) -> Result<Effect<ModelAnswer>, SessionError> {
         let messages = context::request_messages(self.sent());
         let body = ModelClient::body(&self.conn, &self.system, &messages, tool_specs());
-        Ok(Effect::Done(self.complete(&body, cancel).await))
+        let answer = self.complete(&body, cancel).await;
+        crate::failpoint!("serve.after_model");
+        Ok(Effect::Done(answer))
     }
 
     fn context(&self) -> Option<Context> {
@@ -508,18 +527,29 @@ impl<F: Front> TurnHost for ChatTurn<F> {
         Ok(true)
     }
 
-    /// Makes every call id unique across the session: an id the transcript already holds gets a
-    /// suffix. Depends only on the transcript and the answer.
-    fn prepare(&mut self, _step: u32, candidate: &mut Candidate) {
+    /// Makes every call fit the protocol's rules: an id with a control character or past
+    /// [`MAX_CALL_ID_CHARS`] is replaced by `call_<step>_<n>`, a call without a function name is
+    /// named [`NO_NAME`] (and answered with an error), and an id the transcript already holds
+    /// gets a suffix. Depends only on the transcript and the answer.
+    fn prepare(&mut self, step: u32, candidate: &mut Candidate) {
         let mut taken: HashSet<String> = self
             .transcript
             .iter()
             .flat_map(|m| m.calls().iter().map(|c| c.id.clone()))
             .collect();
+        let mut index = 0;
         for block in &mut candidate.output {
             let crate::agent::model::Block::ToolCall(call) = block else {
                 continue;
             };
+            index += 1;
+            if call.id.chars().any(char::is_control) || call.id.chars().count() > MAX_CALL_ID_CHARS
+            {
+                call.id = format!("call_{step}_{index}");
+            }
+            if call.name.trim().is_empty() {
+                call.name = NO_NAME.to_owned();
+            }
             let base = call.id.clone();
             let mut n = 1;
             while !taken.insert(call.id.clone()) {
@@ -546,7 +576,9 @@ impl<F: Front> TurnHost for ChatTurn<F> {
             ChatMessage::assistant(text, calls.into_iter().map(to_wire).collect())
         };
         self.answered.clear();
-        self.push(vec![message]).await
+        self.push(vec![message]).await?;
+        crate::failpoint!("serve.after_assistant_stored");
+        Ok(())
     }
 
     async fn tool(
@@ -555,15 +587,27 @@ impl<F: Front> TurnHost for ChatTurn<F> {
         call: &ToolCallBlock,
         cancel: &CancellationToken,
     ) -> Result<ToolEffect, SessionError> {
-        let outcome = if call.name == ASK_USER {
+        let outcome = if call.name == NO_NAME {
+            let mut tools = ToolName::ALL.map(ToolName::as_str).to_vec();
+            tools.push(ASK_USER);
+            ResultOutcome::failed(
+                codes::tool::INVALID_INPUT,
+                format!(
+                    "The tool call named no function. Call one of: {}.",
+                    tools.join(", ")
+                ),
+            )
+        } else if call.name == ASK_USER && question_of(call).is_none() {
+            ResultOutcome::failed(
+                codes::tool::INVALID_INPUT,
+                "ask_user needs a non-empty `question`: the one question for the user, complete \
+                 and self-contained.",
+            )
+        } else if call.name == ASK_USER {
             if !self.front.answers_questions() {
                 return Ok(ToolEffect::Ask);
             }
-            let question = call
-                .args
-                .get("question")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
+            let question = question_of(call).unwrap_or_default();
             match self.front.ask(question).await {
                 Some(answer) => ResultOutcome::Completed {
                     output: Value::String(answer),
@@ -574,11 +618,13 @@ impl<F: Front> TurnHost for ChatTurn<F> {
         } else {
             self.call_tool(call, cancel).await
         };
+        crate::failpoint!("serve.after_tool");
         self.push(vec![ChatMessage::tool(
             call.id.clone(),
             outcome.model_text(),
         )])
         .await?;
+        crate::failpoint!("serve.after_tool_stored");
         self.answered.insert(call.id.clone());
         Ok(ToolEffect::Done(outcome))
     }

@@ -98,7 +98,7 @@ pub enum Command {
     /// Run one workspace tool and print its outcome as JSON.
     Tool(ToolArgs),
     /// Serve the Oumi BYOH endpoint (submit, get_status, collect_output, cancel).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run one agent task in a local workspace against an OpenAI-compatible model: activity on
     /// stderr, the answer on stdout (or JSON Lines events with --json); exit 0 only with an
     /// answer.

@@ -21,9 +21,20 @@ pub struct ServeArgs {
     /// The address to listen on. Without a credential only a loopback address is allowed.
     #[arg(long, env = "PODHOST_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: String,
-    /// The data directory: the session store and one workspace per session.
+    /// The data directory: one workspace per session, and the SQLite store unless --store names
+    /// PostgreSQL. Replicas sharing a PostgreSQL store mount the same directory.
     #[arg(long, env = "PODHOST_DATA", default_value = "./podhost-data")]
     pub data: PathBuf,
+    /// The session store: a PostgreSQL URL (postgres://user:password@host:5432/db) for several
+    /// replicas; unset, SQLite in the data directory (one replica).
+    #[arg(long, env = "PODHOST_STORE", hide_env_values = true)]
+    pub store: Option<Secret>,
+    /// With a PostgreSQL store: seconds a replica's claim on a running turn holds unless renewed
+    /// (it renews every third of it); a replica that stops is noticed this long after, and its
+    /// turns are taken over.
+    #[arg(long, env = "PODHOST_LEASE_SECS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(2..=20))]
+    pub lease_secs: u64,
     /// The credential callers send as `Authorization: Bearer …` (prefer the environment or a
     /// file: a flag shows in the process list).
     #[arg(long, env = "PODHOST_TOKEN", hide_env_values = true)]
@@ -77,6 +88,10 @@ pub struct ServeArgs {
     /// Oumi retries); 0 for no floor.
     #[arg(long, env = "PODHOST_MIN_FREE_MB", default_value_t = 256)]
     pub min_free_mb: u64,
+    /// Start even though the data directory holds session workspaces while its database is
+    /// missing or empty (every earlier invocation is then unknown: 404).
+    #[arg(long, env = "PODHOST_START_AFRESH")]
+    pub start_afresh: bool,
     #[command(flatten)]
     pub tls: TlsArgs,
     #[command(flatten)]
@@ -170,6 +185,9 @@ impl ServeArgs {
             listen_setting: listen,
             listen: self.listen.clone(),
             data: self.data.clone(),
+            store: self.store.clone(),
+            store_setting: self.origins.name("PODHOST_STORE"),
+            lease: Duration::from_secs(self.lease_secs),
             token: self.token.clone(),
             token_file: self.token_file.clone(),
             max_running: self.max_running as usize,
@@ -192,6 +210,7 @@ impl ServeArgs {
                     .then(|| self.session_disk_mb.saturating_mul(1 << 20));
                 exec
             },
+            start_afresh: self.start_afresh,
         })
     }
 }

@@ -17,7 +17,7 @@
 //! * The key is never given to a command (`--env` refuses its variable), printed, or written to
 //!   an event.
 
-use std::io::{IsTerminal, Read};
+use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 
 use serde_json::{Map, Value};
@@ -314,7 +314,9 @@ pub async fn run(cfg: RunConfig, stop: Stop) -> Result<i32, LocalError> {
     if !cfg.json
         && let Some(answer) = &end.answer
     {
-        println!("{}", answer.trim_end_matches('\n'));
+        // A closed stdout (`podhost run … | head -1`) ends quietly, as in `podhost tool`.
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{}", answer.trim_end_matches('\n')).and_then(|()| out.flush());
     }
     sink.emit(Event::RunFinished {
         status: end.status,

@@ -5,7 +5,7 @@
 //! match), 2 when the input was refused before it could run, 130 or 143 when a signal stopped
 //! it (the command's whole process tree killed; the outcome so far is still printed).
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::PathBuf;
 
 use super::{LocalEnv, LocalError, Stop, toolbox, withheld_note};
@@ -67,7 +67,11 @@ pub async fn tool(args: ToolConfig, stop: Stop) -> Result<i32, LocalError> {
             &CallContext::new(stop.token().child_token()),
         )
         .await?;
-    println!("{}", serde_json::json!(outcome));
+    // A closed stdout (`… | head -c 1`) ends quietly: whoever stopped reading wants no more.
+    {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{}", serde_json::json!(outcome)).and_then(|()| out.flush());
+    }
     if let Some(signal) = stop.signal() {
         return Ok(signal.exit_code());
     }

@@ -31,7 +31,7 @@ async fn kill_9_mid_turn_then_restart_answers_failed_not_404() {
     assert_eq!(
         failed,
         json!({"protocol_version": "1", "session_id": "s", "invocation_id": "i", "status": "failed",
-               "error": {"message": "podhost restarted while this turn was running. The model API key is never stored, so the turn could not go on, and no retried submission brought a fresh key within 0 s."}})
+               "error": {"message": "the podhost replica running this turn stopped (a restart, a crash, or a lost lease). The model API key is never stored, so the turn could not go on, and no retried submission brought a fresh key within 0 s."}})
     );
 }
 

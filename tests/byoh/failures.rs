@@ -54,7 +54,13 @@ async fn model_errors_fail_the_turn_without_the_key_anywhere() {
     assert!(logs.contains("status=failed"), "{logs}");
     assert!(!logs.contains(KEY), "{logs}");
     assert!(!logs.contains("SECRET"), "{logs}");
-    // The store on disk does not hold it either.
+    // The store does not hold it either: its database (on PostgreSQL) or the files on disk.
+    if crate::harness::on_postgres() {
+        let url = crate::harness::store_url(&s.data).unwrap();
+        let dump = crate::pg::TestPg::dump(&url).await;
+        assert!(dump.contains("upstream exploded"), "{dump}");
+        assert!(!dump.contains(KEY), "{dump}");
+    }
     for entry in std::fs::read_dir(&s.data).unwrap() {
         let path = entry.unwrap().path();
         if path.is_file() {

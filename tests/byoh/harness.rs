@@ -1,4 +1,8 @@
 //! Starts the real `podhost serve` binary on a free loopback port and talks to it.
+//!
+//! The store is SQLite in the data directory, or — with `PODHOST_TEST_STORE=postgres` — a
+//! database of the throwaway PostgreSQL cluster, one per data directory (kept across restarts
+//! of the server on that directory), so that the same behaviour tests run against both.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -9,6 +13,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+use crate::pg::TestPg;
 use crate::support::podhost_bin;
 
 pub const TOKEN: &str = "test-credential-3f9a";
@@ -56,6 +61,27 @@ impl Options {
     }
 }
 
+/// Whether the behaviour tests run against PostgreSQL (`PODHOST_TEST_STORE=postgres`).
+pub fn on_postgres() -> bool {
+    std::env::var("PODHOST_TEST_STORE").is_ok_and(|v| v == "postgres")
+}
+
+/// The lease of the servers the tests start on PostgreSQL: short, so that a restart takes up
+/// the turns its predecessor left within the tests' timeouts.
+pub const TEST_LEASE_SECS: &str = "3";
+
+/// The PostgreSQL database of the data directory `data`, created on first use.
+pub fn store_url(data: &Path) -> Option<String> {
+    let file = data.with_extension("pg-url");
+    if let Ok(url) = std::fs::read_to_string(&file) {
+        return Some(url);
+    }
+    let url = TestPg::shared()?.fresh_db();
+    std::fs::create_dir_all(file.parent()?).unwrap();
+    std::fs::write(&file, &url).unwrap();
+    Some(url)
+}
+
 /// Spawns `podhost serve` with `opts` and the data directory `data`; returns the child and its
 /// captured stderr, or the exit status and stderr if it stopped before listening.
 pub fn spawn(data: &Path, opts: &Options) -> Result<(Child, String, Arc<Mutex<String>>), String> {
@@ -85,6 +111,14 @@ pub fn spawn(data: &Path, opts: &Options) -> Result<(Child, String, Arc<Mutex<St
     }
     for (k, v) in &opts.env {
         cmd.env(k, v);
+    }
+    let set = |k: &str| opts.env.iter().any(|(n, _)| n == k);
+    if on_postgres() && !set("PODHOST_STORE") {
+        let url = store_url(data).expect("PODHOST_TEST_STORE=postgres needs PostgreSQL");
+        cmd.env("PODHOST_STORE", url);
+    }
+    if !set("PODHOST_LEASE_SECS") && (on_postgres() || set("PODHOST_STORE")) {
+        cmd.env("PODHOST_LEASE_SECS", TEST_LEASE_SECS);
     }
     let mut child = cmd.spawn().expect("spawn podhost serve");
     let stderr = child.stderr.take().unwrap();

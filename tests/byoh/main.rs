@@ -4,6 +4,8 @@
 
 #[path = "../support/openai_fake.rs"]
 mod openai_fake;
+#[path = "../support/pg.rs"]
+mod pg;
 #[path = "../support/prometheus.rs"]
 mod prometheus;
 #[path = "../support/mod.rs"]
@@ -14,13 +16,17 @@ mod tls_front;
 mod harness;
 
 mod context;
+mod crash;
 mod durability;
 mod failures;
+mod faults;
 mod hardening;
 mod idempotency;
 mod isolation;
 mod metrics;
 mod operators;
+mod replicas;
 mod routes;
+mod store_config;
 mod tls;
 mod turns;

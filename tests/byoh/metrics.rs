@@ -211,8 +211,7 @@ async fn probes_need_no_credential_and_readiness_follows_the_store() {
     assert_eq!(health["revision"], env!("BUILD_GIT_REVISION"));
 
     // Another process holds the store's write lock: not ready, and the details say why.
-    let lock = rusqlite::Connection::open(s.data.join("podhost.sqlite")).unwrap();
-    lock.execute_batch("BEGIN IMMEDIATE;").unwrap();
+    let lock = WriteLock::take(&s).await;
     assert_eq!(
         open_get(&s, "/readyz").await,
         (
@@ -228,13 +227,66 @@ async fn probes_need_no_credential_and_readiness_follows_the_store() {
         (&health["status"], &health["store"]),
         (
             &json!("degraded"),
-            &json!({"writable": false, "error": "store query failed: database is locked"})
+            &json!({"writable": false, "error": lock.error()})
         )
     );
     // The lock is given back: ready again, and podhost served throughout.
-    lock.execute_batch("ROLLBACK;").unwrap();
+    lock.release().await;
     assert_eq!(open_get(&s, "/readyz").await, ok);
     let (code, body) = s.status("nope").await;
     assert_eq!(code, StatusCode::NOT_FOUND, "{body}");
     let _: Value = body;
+}
+
+/// The store's write lock, held by another process: SQLite's (`BEGIN IMMEDIATE`), or on
+/// PostgreSQL a lock on the invocations table that every write conflicts with.
+enum WriteLock {
+    Sqlite(rusqlite::Connection),
+    Postgres(tokio_postgres::Client, tokio::task::JoinHandle<()>),
+}
+
+impl WriteLock {
+    async fn take(s: &Serve) -> WriteLock {
+        if !crate::harness::on_postgres() {
+            let lock = rusqlite::Connection::open(s.data.join("podhost.sqlite")).unwrap();
+            lock.execute_batch("BEGIN IMMEDIATE;").unwrap();
+            return WriteLock::Sqlite(lock);
+        }
+        let url = crate::harness::store_url(&s.data).unwrap();
+        let (client, conn) =
+            tokio::time::timeout(T, tokio_postgres::connect(&url, tokio_postgres::NoTls))
+                .await
+                .unwrap()
+                .unwrap();
+        let driver = tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let lock = client.batch_execute("BEGIN; LOCK TABLE invocations IN EXCLUSIVE MODE;");
+        tokio::time::timeout(T, lock).await.unwrap().unwrap();
+        WriteLock::Postgres(client, driver)
+    }
+
+    /// The error the store's health names while the lock is held.
+    fn error(&self) -> &'static str {
+        match self {
+            WriteLock::Sqlite(_) => "store query failed: database is locked",
+            WriteLock::Postgres(..) => {
+                "store query failed: ERROR: canceling statement due to lock timeout"
+            }
+        }
+    }
+
+    async fn release(self) {
+        match self {
+            WriteLock::Sqlite(lock) => lock.execute_batch("ROLLBACK;").unwrap(),
+            WriteLock::Postgres(client, driver) => {
+                tokio::time::timeout(T, client.batch_execute("ROLLBACK;"))
+                    .await
+                    .unwrap()
+                    .unwrap();
+                drop(client);
+                tokio::time::timeout(T, driver).await.unwrap().unwrap();
+            }
+        }
+    }
 }

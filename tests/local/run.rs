@@ -314,3 +314,22 @@ async fn openai_variables_are_used_when_no_flag_says_otherwise_and_named() {
     );
     assert!(!out.stderr.contains(KEY) && !out.stdout.contains(KEY));
 }
+
+#[tokio::test]
+async fn an_answer_into_a_closed_stdout_ends_quietly() {
+    // `podhost run … | head -c 1`: the reader is gone before podhost writes a byte, so every
+    // write to stdout fails with EPIPE; the run still ends as it would have, without a panic.
+    for json in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = FakeModel::start("fake-model", Some(KEY)).await;
+        fake.push([Reply::text(&"All good.\n".repeat(10_000))]);
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let mut cmd = run_cmd(&fake, dir.path(), if json { &["--json"] } else { &[] });
+        cmd.arg("summarize").stdout(writer);
+        let out = output(cmd).await;
+        assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
+        assert_eq!(out.code, 0, "--json {json}: {}", out.stderr);
+        assert_eq!(fake.requests().len(), 1);
+    }
+}

@@ -38,7 +38,7 @@ async fn a_granted_run_podhost_cannot_read_ends_in_turn_failed() {
 }
 
 /// The fake core and an in-process pod with the holding handler.
-async fn in_process(
+pub(crate) async fn in_process(
     opts: CoreOptions,
     tweak: impl FnOnce(&mut Vec<(String, String)>),
 ) -> (

@@ -96,3 +96,114 @@ async fn a_seeded_disk_runs_nothing_and_is_recorded() {
     assert_eq!(marker(&dirs), json!({"status": "seeded"}));
     assert!(!dirs.workspace.join("never").exists());
 }
+
+/// The largest setup file podhost fetches (32 MiB, as the README says).
+const FETCH_MAX: usize = 32 << 20;
+
+/// A file server on 127.0.0.1:0 for setup files given by URL (commands reach 127.0.0.1
+/// directly: it is in `NO_PROXY`); `/big` answers one byte past the fetch limit.
+async fn file_server() -> (String, tokio_util::sync::CancellationToken) {
+    use axum::routing::get;
+    let app = axum::Router::new()
+        .route("/data.csv", get(|| async { "a,b\n1,2\n" }))
+        .route("/big", get(|| async { vec![b'x'; FETCH_MAX + 1] }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let s = stop.clone();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async move { s.cancelled().await })
+            .await;
+    });
+    (url, stop)
+}
+
+#[tokio::test]
+async fn a_setup_file_without_bytes_is_fetched_from_its_url_and_checked() {
+    let (url, _stop) = file_server().await;
+    let core = FakeCore::start(CoreOptions::default()).await;
+    let sha = "sha256:d1dcbc7ac6b8a6a1f4c2ca4bdb5f4d7a6ac9f1f4f25f1b2f9b6e53cb8f8fd3a1";
+    let good = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(b"a,b\n1,2\n"))
+    };
+    core.set_join_extras(json!({"setup": {"files": [
+        {"path": "in/data.csv", "url": format!("{url}/data.csv"), "sha256": good},
+        {"path": "in/other.csv", "url": format!("{url}/data.csv"), "sha256": sha},
+    ], "commands": ["touch never"]}}));
+    let dirs = PodDirs::new(&core);
+    let _pod = PodProcess::spawn(&pod_env(&core, &dirs));
+    core.wait_request(0, "lease").await;
+    assert_eq!(
+        std::fs::read_to_string(dirs.workspace.join("in/data.csv")).unwrap(),
+        "a,b\n1,2\n"
+    );
+    // The second file's bytes are not the ones the setup names: nothing is written, and the
+    // setup stops there.
+    assert!(!dirs.workspace.join("in/other.csv").exists());
+    assert!(!dirs.workspace.join("never").exists());
+    assert_eq!(
+        marker(&dirs),
+        json!({
+            "status": "failed",
+            "step": "file 2 (in/other.csv)",
+            "message": format!(
+                "the bytes of in/other.csv have SHA-256 {good}, not the {} the setup names; no \
+                 file was written",
+                sha.trim_start_matches("sha256:")
+            ),
+        })
+    );
+}
+
+#[tokio::test]
+async fn a_setup_file_with_no_bytes_and_no_url_fails_the_setup_and_writes_nothing() {
+    let (url, _stop) = file_server().await;
+    let core = FakeCore::start(CoreOptions::default()).await;
+    core.set_join_extras(json!({"setup": {"files": [
+        {"path": "in/empty.txt", "content": ""},
+        {"path": "in/config.json", "mode": "0644"},
+        {"path": "in/big.bin", "url": format!("{url}/big")},
+    ]}}));
+    let dirs = PodDirs::new(&core);
+    let _pod = PodProcess::spawn(&pod_env(&core, &dirs));
+    core.wait_request(0, "lease").await;
+    // An empty file given as such is written; one that names no bytes is not.
+    assert_eq!(
+        std::fs::read(dirs.workspace.join("in/empty.txt")).unwrap(),
+        b""
+    );
+    assert!(!dirs.workspace.join("in/config.json").exists());
+    assert_eq!(
+        marker(&dirs),
+        json!({
+            "status": "failed",
+            "step": "file 2 (in/config.json)",
+            "message": "in/config.json carries no bytes (base64 or content) and no url to fetch \
+                        them from; no file was written",
+        })
+    );
+
+    // A fetch past the limit fails with the limit named.
+    let core = FakeCore::start(CoreOptions::default()).await;
+    core.set_join_extras(json!({"setup": {"files": [
+        {"path": "in/big.bin", "url": format!("{url}/big?token=secret-in-query")},
+    ]}}));
+    let dirs = PodDirs::new(&core);
+    let pod = PodProcess::spawn(&pod_env(&core, &dirs));
+    core.wait_request(0, "lease").await;
+    assert!(!dirs.workspace.join("in/big.bin").exists());
+    assert_eq!(
+        marker(&dirs),
+        json!({
+            "status": "failed",
+            "step": "file 1 (in/big.bin)",
+            "message": format!(
+                "could not fetch {url}/big: it is past {} bytes",
+                FETCH_MAX
+            ),
+        })
+    );
+    assert!(pod.logs().iter().all(|l| !l.contains("secret-in-query")));
+}

@@ -61,6 +61,10 @@ pub enum Reply {
     Http(u16, Value),
     /// The fixture model.
     Fixture,
+    /// The model runs and is metered, and the answer is kept for the key, but this request's
+    /// connection drops before the answer's body is sent: the caller cannot know the fate.
+    /// A re-send under the same key with the same body collects the answer.
+    DropConnection(Value),
 }
 
 /// A candidate calling one tool.
@@ -152,6 +156,8 @@ struct Gate {
     report_usage: bool,
     /// The size of an artifact a media part names, by artifact id.
     file_sizes: Option<FileSizes>,
+    /// The gate's metering: `model_usage` rows per effect id (one per call the model ran).
+    usage: HashMap<String, usize>,
 }
 
 pub struct GateState {
@@ -252,6 +258,11 @@ impl FakeGates {
         self.state.gate.lock().unwrap().model_runs
     }
 
+    /// `model_usage` rows by effect id: a re-send that joins a call adds none.
+    pub fn usage_rows(&self) -> HashMap<String, usize> {
+        self.state.gate.lock().unwrap().usage.clone()
+    }
+
     /// Waits until `pred` holds of the gate's records.
     async fn wait_for<T>(&self, what: &str, pred: impl Fn(&Gate) -> Option<T>) -> T {
         let mut rx = self.state.changed.subscribe();
@@ -333,15 +344,29 @@ async fn model_call(State(st): State<Arc<GateState>>, headers: HeaderMap, body: 
         g.calls.len() - 1
     };
     st.changed.send_modify(|n| *n += 1);
-    let (status, answer) = st.answer(&call, raw).await;
+    let (status, answer, drop) = st.answer(&call, raw).await;
     st.gate.lock().unwrap().calls[index].status = status;
     st.gate.lock().unwrap().calls[index].answer = answer.clone();
     st.changed.send_modify(|n| *n += 1);
+    if drop {
+        // The status line goes out, then the body fails: hyper drops the connection.
+        let body = axum::body::Body::from_stream(futures_util::stream::once(async {
+            Err::<Bytes, std::io::Error>(std::io::Error::other("the gate's connection dropped"))
+        }));
+        return (StatusCode::OK, [("content-type", "application/json")], body).into_response();
+    }
     respond((status, answer))
 }
 
 impl GateState {
-    async fn answer(&self, call: &GateCall, raw: String) -> (u16, Value) {
+    /// The answer, and whether this request's connection drops before its body.
+    async fn answer(&self, call: &GateCall, raw: String) -> (u16, Value, bool) {
+        let mut drop = false;
+        let (status, value) = self.answer_inner(call, raw, &mut drop).await;
+        (status, value, drop)
+    }
+
+    async fn answer_inner(&self, call: &GateCall, raw: String, drop: &mut bool) -> (u16, Value) {
         let session = match call.token.as_deref().map(|t| self.journal.token_state(t)) {
             Some(TokenState::Current { session_id, run_id }) => (session_id, run_id),
             Some(TokenState::Stale) => return error(409, "run_stale", "The run is over"),
@@ -425,6 +450,7 @@ impl GateState {
                         Some(failure) => Reply::Outcome(failure),
                         None => {
                             g.model_runs += 1;
+                            *g.usage.entry(key.clone()).or_default() += 1;
                             match g.script.pop_front() {
                                 Some(r) => r,
                                 None => g.responder.clone().map_or(Reply::Fixture, |f| f(c)),
@@ -464,6 +490,12 @@ impl GateState {
                             .send_replace(Some((200, json!({"outcome": fixture(c)}))));
                     }
                     Reply::Hang => {}
+                    Reply::DropConnection(o) => {
+                        *drop = true;
+                        entry
+                            .answer
+                            .send_replace(Some((200, json!({"outcome": o}))));
+                    }
                 }
                 entry
             }

@@ -6,7 +6,9 @@
 //!   model intent must not carry `input`, and for every other effect the hash is recomputed
 //!   (a mismatch is `invalid` "The request hash does not match the request"). Rows replay:
 //!   `completed` for a finished row with the same hash, `effect_drift` for another hash,
-//!   `execute` + `rejoin` for a model call still `invoking`, the re-send count for a tool.
+//!   `execute` + `rejoin` for a model call still `invoking` or `uncertain` (its fate unknown),
+//!   `completed` with `tool.interrupted` for a sandbox or harness call still `invoking` that
+//!   another run asks for (a crash interrupted it), the re-send count for a tool.
 //!   Runtime targets are answered `completed` in the intent (core runs them). An MCP target
 //!   must name a tool the session discovered (`tool.unknown`) and the turn leaves enabled
 //!   (`tool.disabled`); an HTTP target a tool the manifest declares (`tool.unavailable`). A gate
@@ -91,6 +93,9 @@ pub struct Row {
     pub value: Option<Value>,
     /// Intents asked for this row (re-sends included).
     pub attempts: u32,
+    /// The run an intent of this row last answered `execute` (cleared when the test sets the
+    /// row, e.g. a person approving it).
+    pub executing_run: Option<String>,
 }
 
 /// A run core granted.
@@ -283,6 +288,7 @@ impl Journal {
         let row = s.rows.get_mut(effect_id).expect("no such row");
         row.status = status;
         row.value = value;
+        row.executing_run = None;
     }
 
     /// `TurnStart.outcomes` for a replay of `turn_id`'s segment: its completed rows.
@@ -530,9 +536,30 @@ impl Journal {
                     json!({"status": "completed", "outcome": {"value": row.value}})
                 }
                 Status::Pending => json!({"status": "pending"}),
+                // A model call whose fate is unknown: the next owner rejoins it at the gate
+                // (v5 §4), under the same key and body.
+                Status::Uncertain if row.kind == "model" => {
+                    row.status = Status::Invoking;
+                    json!({"status": "execute", "rejoin": true})
+                }
                 Status::Uncertain => json!({"status": "uncertain"}),
                 Status::Invoking if row.kind == "model" => {
                     json!({"status": "execute", "rejoin": true})
+                }
+                // A sandbox or harness call a crash interrupted (its run is gone, another
+                // asks): `tool.interrupted` at once (v5 §4); it is never run again.
+                Status::Invoking
+                    if row.executing_run.as_deref().is_some_and(|r| r != run_id)
+                        && matches!(
+                            row.intent["target"]["kind"].as_str(),
+                            Some("sandbox" | "harness")
+                        ) =>
+                {
+                    let value = json!({"kind": "failed", "code": "tool.interrupted",
+                                       "message": "The call was interrupted by a crash of its run"});
+                    row.status = Status::Completed;
+                    row.value = Some(value.clone());
+                    json!({"status": "completed", "outcome": {"value": value}})
                 }
                 Status::Invoking if row.attempts > 3 => {
                     let value = json!({"kind": "failed", "code": "tool.interrupted",
@@ -548,10 +575,14 @@ impl Journal {
                 {
                     json!({"status": "execute", "rejoin": true})
                 }
-                Status::Invoking => json!({"status": "execute"}),
+                Status::Invoking => {
+                    row.executing_run = Some(run_id.to_owned());
+                    json!({"status": "execute"})
+                }
                 Status::Approved => {
                     row.status = Status::Invoking;
                     row.attempts = 1;
+                    row.executing_run = Some(run_id.to_owned());
                     json!({"status": "execute"})
                 }
                 Status::Denied => {
@@ -605,6 +636,7 @@ impl Journal {
                 kind: e.kind,
                 intent: params.effect,
                 hash,
+                executing_run: (status == Status::Invoking).then(|| run_id.to_owned()),
                 status,
                 value,
                 attempts: 1,

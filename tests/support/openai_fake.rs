@@ -128,11 +128,15 @@ struct Shared {
     release: Notify,
     in_flight: AtomicUsize,
     in_flight_tx: watch::Sender<usize>,
+    /// Whether requests are recorded (they are always counted).
+    keep: std::sync::atomic::AtomicBool,
     stream_only: std::sync::atomic::AtomicBool,
     window: Mutex<Option<u64>>,
     vision: Mutex<bool>,
     listing: Mutex<Option<Value>>,
     keep_messages: Mutex<bool>,
+    /// The most requests answered at once since the start or the last reset.
+    max_in_flight: AtomicUsize,
 }
 
 /// The running fake. Stops when dropped.
@@ -170,11 +174,13 @@ impl FakeModel {
             release: Notify::new(),
             in_flight: AtomicUsize::new(0),
             in_flight_tx: watch::Sender::new(0),
+            keep: std::sync::atomic::AtomicBool::new(true),
             stream_only: std::sync::atomic::AtomicBool::new(false),
             window: Mutex::new(None),
             vision: Mutex::new(true),
             listing: Mutex::new(None),
             keep_messages: Mutex::new(true),
+            max_in_flight: AtomicUsize::new(0),
         });
         let app = Router::new()
             .route("/v1/chat/completions", post(complete))
@@ -239,6 +245,17 @@ impl FakeModel {
         self.shared.release.notify_waiters();
     }
 
+    /// Stops recording requests (a long benchmark's bodies would fill the memory); they are
+    /// still counted.
+    pub fn forget_requests(&self) {
+        self.shared.keep.store(false, Ordering::SeqCst);
+    }
+
+    /// How many requests arrived.
+    pub fn count(&self) -> usize {
+        *self.shared.count.borrow()
+    }
+
     pub fn requests(&self) -> Vec<Recorded> {
         self.shared.requests.lock().unwrap().clone()
     }
@@ -251,6 +268,17 @@ impl FakeModel {
             .unwrap_or_else(|_| panic!("the model did not receive {n} requests in {timeout:?}"))
             .unwrap();
         self.requests()
+    }
+
+    /// The most requests answered at once since the start or [`reset_max_in_flight`]
+    /// (Self::reset_max_in_flight).
+    pub fn max_in_flight(&self) -> usize {
+        self.shared.max_in_flight.load(Ordering::SeqCst)
+    }
+
+    pub fn reset_max_in_flight(&self) {
+        let now = self.shared.in_flight.load(Ordering::SeqCst);
+        self.shared.max_in_flight.store(now, Ordering::SeqCst);
     }
 
     /// Waits until no request is being answered (a hanging one was dropped by its client).
@@ -357,7 +385,8 @@ async fn complete(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    s.in_flight.fetch_add(1, Ordering::SeqCst);
+    let now = s.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    s.max_in_flight.fetch_max(now, Ordering::SeqCst);
     s.in_flight_tx.send_modify(|n| *n += 1);
     let _guard = InFlight(s.clone());
     let body: Value = match serde_json::from_slice(&body) {
@@ -369,23 +398,25 @@ async fn complete(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let tokens = request_tokens(&body);
-    let recorded_body = if *s.keep_messages.lock().unwrap() {
-        body.clone()
-    } else {
-        let mut b = body.clone();
-        b["messages"] = json!(body["messages"].as_array().map_or(0, Vec::len));
-        b
-    };
-    s.requests.lock().unwrap().push(Recorded {
-        authorization: authorization.clone(),
-        headers: headers
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or_default().to_owned()))
-            .collect(),
-        body: recorded_body,
-        at: Instant::now(),
-        tokens,
-    });
+    if s.keep.load(Ordering::SeqCst) {
+        let recorded_body = if *s.keep_messages.lock().unwrap() {
+            body.clone()
+        } else {
+            let mut b = body.clone();
+            b["messages"] = json!(body["messages"].as_array().map_or(0, Vec::len));
+            b
+        };
+        s.requests.lock().unwrap().push(Recorded {
+            authorization: authorization.clone(),
+            headers: headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or_default().to_owned()))
+                .collect(),
+            body: recorded_body,
+            at: Instant::now(),
+            tokens,
+        });
+    }
     s.count.send_modify(|c| *c += 1);
 
     let keys = s.keys.lock().unwrap().clone();

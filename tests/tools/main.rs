@@ -6,5 +6,6 @@ mod support;
 
 mod bash;
 mod cli;
+mod cli_pipe;
 mod files;
 mod search;

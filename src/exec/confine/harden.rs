@@ -19,8 +19,8 @@ pub struct Hardened {
 }
 
 /// Makes podhost non-dumpable and removes secret variables (`PODHOST_*` and `NYLORUN_*` names
-/// holding TOKEN, KEY, SECRET, PASSWORD or CREDENTIAL) from its environment, overwriting their
-/// values in place first.
+/// holding TOKEN, KEY, SECRET, PASSWORD or CREDENTIAL, and `PODHOST_STORE`, a database URL that
+/// may hold a password) from its environment, overwriting their values in place first.
 ///
 /// Call it in `main` of every front but the supervisor, after the configuration has been read
 /// and before any other thread exists (changing the environment is not thread-safe).
@@ -47,9 +47,13 @@ pub fn take_secret_env(name: &str) -> Option<String> {
     value
 }
 
+/// Variables that hold a secret although their names say nothing of it.
+const SECRET_NAMES: [&str; 1] = ["PODHOST_STORE"];
+
 fn is_secret_name(name: &str) -> bool {
-    (name.starts_with("PODHOST_") || name.starts_with("NYLORUN_"))
-        && SECRET_WORDS.iter().any(|w| name.contains(w))
+    SECRET_NAMES.contains(&name)
+        || ((name.starts_with("PODHOST_") || name.starts_with("NYLORUN_"))
+            && SECRET_WORDS.iter().any(|w| name.contains(w)))
 }
 
 /// Overwrites the variable's value where it lies (in the initial block `/proc/<pid>/environ`
@@ -82,6 +86,7 @@ mod tests {
         for name in [
             "PODHOST_TOKEN",
             "PODHOST_MODEL_API_KEY",
+            "PODHOST_STORE",
             "NYLORUN_HOST_TOKEN",
             "NYLORUN_JOIN_SECRET",
         ] {
@@ -89,6 +94,7 @@ mod tests {
         }
         for name in [
             "PODHOST_WORKSPACE",
+            "PODHOST_STORE_PATH",
             "NYLORUN_SANDBOX_ID",
             "GITHUB_TOKEN",
             "PATH",

@@ -15,6 +15,8 @@
 //!   taking it twice, and the next offset is always the `received` core answers. A commit whose
 //!   answer was lost is reconciled by its key (a `begin` with a written key answers `written`).
 //! * An upload podhost opened and cannot finish is aborted before the error is returned.
+//! * `run_not_held` and `ownership_lost` are reported to the run's [`RunLoss`] (when given), which
+//!   stops and releases the run: it is no longer podhost's.
 //! * `not_found`, `limit_exceeded` and `invalid` from core become [`ArtifactError`] variants with
 //!   core's own message; a commit past a total is [`Committed::Refused`] (or
 //!   [`ArtifactError::Refused`] for a file).
@@ -40,6 +42,7 @@ pub use folder::{FolderFile, FolderStart, FolderTarget, FolderUpload};
 pub use model::{READ_ARTIFACT_MAX_BYTES, read_artifact_definition, read_for_model};
 
 use crate::nylorun::link::channel::{CallError, Channel, parse_answer};
+use crate::nylorun::link::lease::RunLoss;
 use crate::nylorun::link::protocol::{ErrorCode, MAX_PAYLOAD, TurnLimits};
 
 /// How long one artifact request may wait for its answer before it counts as lost.
@@ -187,6 +190,8 @@ pub struct Artifacts {
     run_id: String,
     limits: TurnLimits,
     request_timeout: Duration,
+    /// Told when core says the run is no longer held.
+    loss: Option<RunLoss>,
 }
 
 impl Artifacts {
@@ -196,7 +201,15 @@ impl Artifacts {
             run_id,
             limits,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            loss: None,
         }
+    }
+
+    /// Reports `run_not_held` and `ownership_lost` answers to the run's lease, which stops the
+    /// run and releases it.
+    pub fn with_loss(mut self, loss: RunLoss) -> Self {
+        self.loss = Some(loss);
+        self
     }
 
     /// How long a request waits for its answer before it is sent again.
@@ -225,7 +238,7 @@ impl Artifacts {
     /// Sends `params` as `method`, again as they were when the answer is lost (no answer in
     /// time, or `unavailable`), at most [`ATTEMPTS`] times. Returns the answer and whether an
     /// earlier attempt's answer was lost.
-    async fn send<R: DeserializeOwned>(
+    async fn send<R: DeserializeOwned + serde::Serialize>(
         &self,
         method: &'static str,
         op: &'static str,
@@ -251,7 +264,12 @@ impl Artifacts {
                 })) if !last => {
                     tracing::warn!(run_id = %self.run_id, %method, op, %message, attempt, "core is unavailable; sending again");
                 }
-                Ok(Err(e)) => return Err(ArtifactError::from_call(op, e)),
+                Ok(Err(e)) => {
+                    if let Some(loss) = &self.loss {
+                        loss.check(method, &e);
+                    }
+                    return Err(ArtifactError::from_call(op, e));
+                }
                 Err(_) => {
                     call.abort().await;
                     tracing::warn!(run_id = %self.run_id, %method, op, attempt, timeout = ?self.request_timeout, "no answer in time; sending again");
@@ -411,7 +429,10 @@ impl Artifacts {
         let open = match answer {
             WriteAnswer::Written(w) => return Ok(w.into()),
             WriteAnswer::Refused(r) => return Err(ArtifactError::Refused(r.into())),
-            WriteAnswer::Open(o) if !inline => o,
+            WriteAnswer::Open(o) if !inline => {
+                o.check().map_err(|m| ArtifactError::bad("begin", m))?;
+                o
+            }
             WriteAnswer::Open(o) => {
                 self.abort(&o.upload_id).await;
                 return Err(ArtifactError::bad(
@@ -463,6 +484,7 @@ impl Artifacts {
         let mut offset = open.received;
         let mut stalls = 0;
         while offset < size {
+            crate::failpoint!("pod.mid_upload");
             let end = (offset as usize + self.chunk_bytes()).min(bytes.len());
             let chunk = Chunk {
                 run_id: self.run_id.clone(),

@@ -1,9 +1,12 @@
 //! The wire types of `artifact.read`, `artifact.write` and `definition.file` (v5 §3, §4b).
 //!
-//! Invariants: what podhost sends and what core answers to the artifact requests is strict
-//! (unknown fields refused, optional fields omitted, never `null`), as v5 §11 says of every v5
-//! message. `definition.file`'s answer is the exception: v5 gives its params but not its answer
-//! (v2 answered `{base64}`), so [`DefinitionFileAnswer`] reads `base64` and ignores the rest.
+//! Invariants: what podhost sends is strict (unknown fields refused, optional fields omitted,
+//! never `null`), as v5 §11 says of every v5 message. What core answers is read leniently:
+//! unknown fields are ignored (and logged once, by `parse_answer`) — v5 is frozen, so this is
+//! defence, not conformance: a core that adds a field must not stop every artifact operation.
+//! The fields podhost uses are typed and required, and checked where a wrong value would
+//! mislead (`OpenAnswer::check`). `definition.file`'s answer: v5 gives its params but not its
+//! answer (v2 answered `{base64}`), so [`DefinitionFileAnswer`] reads `base64` and `eof`.
 //!
 //! Assumption: v5 names the `sha256` fields of `artifact.write` and of an artifact's metadata
 //! without their format. podhost sends lowercase hex; the manifest's skill
@@ -36,7 +39,7 @@ pub struct ReadParams {
 
 /// `artifact.read` answer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub struct ReadAnswer {
     /// The version read.
     pub artifact: ArtifactMeta,
@@ -50,7 +53,7 @@ pub struct ReadAnswer {
 
 /// `ArtifactMetaSchema`: one version of an artifact.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub struct ArtifactMeta {
     pub artifact_id: String,
     /// `file` or `folder`.
@@ -160,7 +163,7 @@ pub struct UploadRef {
 
 /// Every `artifact.write` answer, by `status`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "status", rename_all = "lowercase", deny_unknown_fields)]
+#[serde(tag = "status", rename_all = "lowercase")]
 pub enum WriteAnswer {
     Open(OpenAnswer),
     Written(WrittenAnswer),
@@ -170,7 +173,7 @@ pub enum WriteAnswer {
 
 /// `{status: "open", uploadId, maxBytes, received, maxFileBytes?, maxEntries?}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub struct OpenAnswer {
     pub upload_id: String,
     /// What the upload may hold (files: the file limit or what is left of a total).
@@ -185,9 +188,19 @@ pub struct OpenAnswer {
     pub max_entries: Option<u64>,
 }
 
+impl OpenAnswer {
+    /// An upload needs an id to send its chunks under.
+    pub fn check(&self) -> Result<(), String> {
+        if self.upload_id.is_empty() {
+            return Err("an open upload with an empty uploadId".to_owned());
+        }
+        Ok(())
+    }
+}
+
 /// `{status: "written", artifact, created, unchanged?}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub struct WrittenAnswer {
     pub artifact: ArtifactMeta,
     /// False when the key was already written, or the folder version was unchanged.
@@ -200,7 +213,7 @@ pub struct WrittenAnswer {
 /// `{status: "refused", reason, message, limit}`: a commit past the Tenant's or the Agent's
 /// total; nothing is stored.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub struct RefusedAnswer {
     /// `tenant_total` or `environment_total`.
     pub reason: String,
@@ -226,11 +239,11 @@ pub struct DefinitionFileParams {
 
 /// `definition.file` answer, read leniently (see the module docs): `base64`, and `eof` when
 /// core says it.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DefinitionFileAnswer {
     pub base64: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eof: Option<bool>,
 }
 
@@ -264,7 +277,7 @@ mod tests {
     }
 
     #[test]
-    fn answers_are_strict() {
+    fn answers_ignore_unknown_fields() {
         let open: WriteAnswer = serde_json::from_value(
             json!({"status": "open", "uploadId": "u", "maxBytes": 10, "received": 0}),
         )
@@ -275,11 +288,22 @@ mod tests {
         ));
         let aborted: WriteAnswer = serde_json::from_value(json!({"status": "aborted"})).unwrap();
         assert_eq!(aborted, WriteAnswer::Aborted {});
-        assert!(
+        assert_eq!(
             serde_json::from_value::<WriteAnswer>(
                 json!({"status": "open", "uploadId": "u", "maxBytes": 10, "received": 0, "x": 1})
             )
-            .is_err()
+            .unwrap(),
+            open
+        );
+        let meta: ArtifactMeta = serde_json::from_value(json!({
+            "artifactId": "a", "kind": "file", "name": "n", "version": 1, "size": 2,
+            "tenantWide": false, "labels": ["x"]}))
+        .unwrap();
+        assert_eq!(meta.version, 1);
+        // What podhost uses is still required.
+        assert!(
+            serde_json::from_value::<WriteAnswer>(json!({"status": "open", "uploadId": "u"}))
+                .is_err()
         );
         assert!(serde_json::from_value::<WriteAnswer>(json!({"status": "later"})).is_err());
         let lenient: DefinitionFileAnswer =

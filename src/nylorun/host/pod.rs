@@ -366,7 +366,15 @@ impl Host {
             }
         };
         let answer = match answer {
-            Ok(Ok(a)) if a.api == HARNESS_API_VERSION => a,
+            Ok(Ok(a)) if a.api == HARNESS_API_VERSION && a.check().is_ok() => a,
+            Ok(Ok(a)) if a.api == HARNESS_API_VERSION => {
+                let why = a.check().err().unwrap_or_default();
+                tracing::error!(%why, "core's hello answer is not one podhost can use");
+                channel
+                    .close(1002, "unusable hello answer", Duration::from_secs(1))
+                    .await;
+                return Ended::Lost;
+            }
             Ok(Ok(a)) => {
                 tracing::error!(api = a.api, "core answered hello with another API version");
                 channel

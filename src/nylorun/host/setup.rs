@@ -9,6 +9,10 @@
 //! * The shape is assumed and read leniently (see [`Setup`]).
 //! * Files are written through the toolbox (`Toolbox::replace_file`): the write tool's path
 //!   rules and confinement, atomically under the file's lock, with `mode` when given.
+//! * A file's bytes are inline (`base64`, else `content`), or fetched from its `url` with `curl`
+//!   run as a setup command is (the pod's egress proxy and trust bundle), at most
+//!   [`SETUP_FETCH_MAX_BYTES`]; a `sha256` is checked either way. A file with no bytes and no
+//!   `url` fails the setup with a reason: podhost never writes an empty stand-in for a file.
 //! * Commands run through the bash tool, in order, one at a time with the pod's; each gets
 //!   its `timeout` (seconds, at most the bash tool's 600), else 600: setup commands install
 //!   things and the bash default of 120 s is often too short.
@@ -23,9 +27,11 @@ use std::path::Path;
 
 use base64::Engine as _;
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use crate::nylorun::link::protocol::{Setup, SetupCommand, SetupFile};
+use crate::tools::files::FileRead;
 use crate::tools::{CallContext, ToolName, ToolOutcome, Toolbox};
 
 /// The marker file under the harness root.
@@ -34,6 +40,8 @@ pub const SETUP_MARKER: &str = "setup-done";
 const SETUP_TIMEOUT_SECS: u64 = 600;
 /// Characters of a failing command's stderr kept in the log.
 const STDERR_TAIL_CHARS: usize = 2000;
+/// The largest input file fetched from a `url`.
+pub const SETUP_FETCH_MAX_BYTES: u64 = 32 << 20;
 
 /// How the setup went.
 #[derive(Clone, Debug, PartialEq)]
@@ -104,7 +112,7 @@ pub async fn apply_once(
 
 async fn apply(toolbox: &Toolbox, setup: &Setup, cancel: &CancellationToken) -> SetupResult {
     for (i, file) in setup.files.iter().enumerate() {
-        let err = match write_file(toolbox, file).await {
+        let err = match write_file(toolbox, file, i, cancel).await {
             Ok(()) => continue,
             Err(e) => e,
         };
@@ -177,14 +185,40 @@ fn parse_mode(v: &Value) -> Option<u32> {
     .filter(|m| *m <= 0o7777)
 }
 
-async fn write_file(toolbox: &Toolbox, file: &SetupFile) -> Result<(), String> {
-    let bytes = match (&file.base64, &file.content) {
-        (Some(b64), _) => base64::engine::general_purpose::STANDARD
+async fn write_file(
+    toolbox: &Toolbox,
+    file: &SetupFile,
+    index: usize,
+    cancel: &CancellationToken,
+) -> Result<(), String> {
+    let bytes = match (&file.base64, &file.content, &file.url) {
+        (Some(b64), _, _) => base64::engine::general_purpose::STANDARD
             .decode(b64.trim())
             .map_err(|e| format!("base64 of {} does not decode: {e}", file.path))?,
-        (None, Some(text)) => text.clone().into_bytes(),
-        (None, None) => Vec::new(),
+        (None, Some(text), _) => text.clone().into_bytes(),
+        (None, None, Some(url)) => fetch(toolbox, url, index, cancel).await?,
+        (None, None, None) => {
+            return Err(format!(
+                "{} carries no bytes (base64 or content) and no url to fetch them from; no file \
+                 was written",
+                file.path
+            ));
+        }
     };
+    if let Some(want) = &file.sha256 {
+        let want = want
+            .trim()
+            .trim_start_matches("sha256:")
+            .to_ascii_lowercase();
+        let got = hex::encode(Sha256::digest(&bytes));
+        if got != want {
+            return Err(format!(
+                "the bytes of {} have SHA-256 {got}, not the {want} the setup names; no file \
+                 was written",
+                file.path
+            ));
+        }
+    }
     let mode = match &file.mode {
         Some(v) => Some(
             parse_mode(v)
@@ -195,6 +229,82 @@ async fn write_file(toolbox: &Toolbox, file: &SetupFile) -> Result<(), String> {
     match toolbox.replace_file(&file.path, bytes, mode).await {
         Ok(written) => written,
         Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Fetches `url` with `curl` in the sandbox, as a setup command runs (the egress proxy and
+/// trust bundle in its environment; the URL passed as a variable, never through the shell's
+/// parser), into a temporary file in the workspace that podhost then reads and removes.
+async fn fetch(
+    toolbox: &Toolbox,
+    url: &str,
+    index: usize,
+    cancel: &CancellationToken,
+) -> Result<Vec<u8>, String> {
+    // In the workspace, where commands may write; removed once read.
+    let out = format!(".podhost-setup-{}-{index}.part", std::process::id());
+    let command = "curl --fail --silent --show-error --location --proto '=http,https' \
+                   --max-filesize \"$SETUP_FILE_MAX\" --output \"$SETUP_FILE_OUT\" \
+                   -- \"$SETUP_FILE_URL\"";
+    let input = json!({"command": command, "timeout": SETUP_TIMEOUT_SECS});
+    let ctx = CallContext {
+        cancel: cancel.child_token(),
+        env: vec![
+            ("SETUP_FILE_URL".to_owned(), url.to_owned()),
+            ("SETUP_FILE_OUT".to_owned(), out.clone()),
+            (
+                "SETUP_FILE_MAX".to_owned(),
+                SETUP_FETCH_MAX_BYTES.to_string(),
+            ),
+        ],
+    };
+    let fetched = toolbox.call(ToolName::Bash.as_str(), &input, &ctx).await;
+    let result = match fetched {
+        Ok(ToolOutcome::Completed { output }) => {
+            let code = output.get("exitCode").and_then(Value::as_i64).unwrap_or(-1);
+            if code == 0 {
+                match toolbox.read_bytes(&out, SETUP_FETCH_MAX_BYTES).await {
+                    Ok(FileRead::Bytes(b)) => Ok(b),
+                    Ok(FileRead::Missing) => Err("the fetch wrote no file".to_owned()),
+                    Ok(FileRead::Failed(ToolOutcome::Failed { message, .. })) => {
+                        Err(format!("the fetched file could not be read: {message}"))
+                    }
+                    Ok(FileRead::Failed(_)) => Err("the fetched file could not be read".to_owned()),
+                    Err(e) => Err(e.to_string()),
+                }
+            } else {
+                let stderr = output.get("stderr").and_then(Value::as_str).unwrap_or("");
+                let why = if code == 63 {
+                    format!("it is past {SETUP_FETCH_MAX_BYTES} bytes")
+                } else {
+                    format!("curl exit code {code}: {}", tail_chars(stderr.trim(), 500))
+                };
+                Err(why)
+            }
+        }
+        Ok(ToolOutcome::Failed { code, message, .. }) => Err(format!("{code}: {message}")),
+        Err(e) => Err(e.to_string()),
+    };
+    // The temporary file goes either way (a partial one too).
+    let rm = json!({"command": "rm -f -- \"$SETUP_FILE_OUT\"", "timeout": 10});
+    let ctx = CallContext {
+        cancel: cancel.child_token(),
+        env: vec![("SETUP_FILE_OUT".to_owned(), out)],
+    };
+    let _ = toolbox.call(ToolName::Bash.as_str(), &rm, &ctx).await;
+    result.map_err(|why| format!("could not fetch {}: {why}", redact_url(url)))
+}
+
+/// A URL as logged: without any user-info (a credential) or query string.
+fn redact_url(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut u) => {
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.set_query(None);
+            u.to_string()
+        }
+        Err(_) => "(an unparsable url)".to_owned(),
     }
 }
 
@@ -215,6 +325,15 @@ mod tests {
         assert_eq!(parse_mode(&json!("644")), Some(0o644));
         assert_eq!(parse_mode(&json!("rwx")), None);
         assert_eq!(parse_mode(&json!(0o17777)), None);
+    }
+
+    #[test]
+    fn urls_are_logged_without_credentials() {
+        assert_eq!(
+            redact_url("https://user:pw@example.com/a/b.tgz?token=x"),
+            "https://example.com/a/b.tgz"
+        );
+        assert_eq!(redact_url("not a url"), "(an unparsable url)");
     }
 
     #[test]

@@ -16,6 +16,8 @@
 //!   every pending request fails `unavailable` and every handler is cancelled.
 //! * Nothing larger than [`MAX_PAYLOAD`] is sent: an answer that would be is replaced by a
 //!   `limit_exceeded` error.
+//! * Core's answers are parsed leniently ([`parse_answer`]): unknown fields are ignored and
+//!   logged once; frames and the requests core sends stay strict.
 //!
 //! Non-goals: opening the socket (`connect`), what requests mean (`lease`, `workspace`),
 //! reconnecting (`pod`).
@@ -309,7 +311,7 @@ impl Channel {
     }
 
     /// Sends `method` and waits for its typed answer.
-    pub async fn request<P: Serialize, R: DeserializeOwned>(
+    pub async fn request<P: Serialize, R: DeserializeOwned + Serialize>(
         &self,
         method: &str,
         params: &P,
@@ -349,12 +351,83 @@ impl Channel {
     }
 }
 
-/// Parses a result into the method's type.
-pub fn parse_answer<R: DeserializeOwned>(method: &str, value: Value) -> Result<R, CallError> {
-    serde_json::from_value(value).map_err(|e| CallError::BadAnswer {
+/// Parses core's answer into the method's type. Fields podhost does not know are accepted and
+/// ignored — v5 is frozen, so this is defence: a core that adds a field must not stop every
+/// lease or artifact operation — and each one is logged once per process (by method and path).
+/// What podhost sends stays strict where the spec is.
+pub fn parse_answer<R: DeserializeOwned + Serialize>(
+    method: &str,
+    value: Value,
+) -> Result<R, CallError> {
+    let parsed = R::deserialize(&value).map_err(|e| CallError::BadAnswer {
         method: method.to_owned(),
         message: e.to_string(),
-    })
+    })?;
+    if let Ok(known) = serde_json::to_value(&parsed) {
+        for path in unknown_fields(&value, &known) {
+            note_unknown_field("core", method, &path);
+        }
+    }
+    Ok(parsed)
+}
+
+/// The paths of fields in `got` that the typed value `known` (parsed from `got` and serialized
+/// back) does not carry: the fields the type ignored. A `null` is taken as an absent optional.
+pub fn unknown_fields(got: &Value, known: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    collect_unknown(got, known, "", &mut out);
+    out
+}
+
+fn collect_unknown(got: &Value, known: &Value, at: &str, out: &mut Vec<String>) {
+    match (got, known) {
+        (Value::Object(g), Value::Object(k)) => {
+            for (name, v) in g {
+                let path = if at.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{at}.{name}")
+                };
+                match k.get(name) {
+                    Some(kv) => collect_unknown(v, kv, &path, out),
+                    None if v.is_null() => {}
+                    None => out.push(path),
+                }
+            }
+        }
+        (Value::Array(g), Value::Array(k)) => {
+            for (v, kv) in g.iter().zip(k) {
+                collect_unknown(v, kv, &format!("{at}[]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Logs, once per process, that `peer`'s answer to `method` carries a field podhost ignores.
+pub fn note_unknown_field(peer: &str, method: &str, path: &str) {
+    if first_sighting(method, path) {
+        tracing::warn!(%peer, %method, field = %path, "an answer carries a field podhost does not know; ignored");
+    }
+}
+
+/// The unknown fields already logged: at most this many are remembered.
+const UNKNOWN_FIELDS_KEPT: usize = 1024;
+
+/// True the first time `method`'s `path` is seen (and while fewer than
+/// [`UNKNOWN_FIELDS_KEPT`] are remembered, so a hostile peer cannot grow the set).
+fn first_sighting(method: &str, path: &str) -> bool {
+    static SEEN: std::sync::OnceLock<Mutex<std::collections::HashSet<String>>> =
+        std::sync::OnceLock::new();
+    let mut seen = SEEN
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    let key = format!("{method} {path}");
+    if seen.contains(&key) || seen.len() >= UNKNOWN_FIELDS_KEPT {
+        return false;
+    }
+    seen.insert(key)
 }
 
 /// One of podhost's requests in flight. Dropping it before its answer sends core `abort`.
@@ -746,6 +819,28 @@ mod tests {
         let cut = trim_reason(&long);
         assert_eq!(cut.len(), 120);
         assert_eq!(trim_reason("short"), "short");
+    }
+
+    #[test]
+    fn answers_accept_unknown_fields_and_name_them() {
+        use crate::nylorun::link::protocol::RenewAnswer;
+        use serde_json::json;
+        let got = json!({"ok": true, "token": "t", "later": {"x": 1}, "tokenExpiresAt": null,
+                         "also": [1]});
+        let answer: RenewAnswer = parse_answer("lease.renew", got.clone()).unwrap();
+        assert!(answer.ok);
+        let known = serde_json::to_value(&answer).unwrap();
+        let mut unknown = unknown_fields(&got, &known);
+        unknown.sort();
+        assert_eq!(unknown, vec!["also".to_owned(), "later".to_owned()]);
+        let nested = json!({"a": [{"b": 1, "c": 2}]});
+        let known = json!({"a": [{"b": 1}]});
+        assert_eq!(unknown_fields(&nested, &known), vec!["a[].c".to_owned()]);
+        // Each is logged once.
+        assert!(first_sighting("m-test", "p"));
+        assert!(!first_sighting("m-test", "p"));
+        // A field podhost uses must still be right.
+        assert!(parse_answer::<RenewAnswer>("lease.renew", json!({"ok": "yes"})).is_err());
     }
 
     #[test]

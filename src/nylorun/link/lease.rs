@@ -12,6 +12,11 @@
 //! * A run's token is a child of its connection's: losing the connection stops its runs.
 //! * `shutdown` and `ownership.lost` end in `lease.release` with that reason, whatever the turn
 //!   code returns; `cancel` and `deadline` let the turn code report `turn.failed` (cancelled).
+//! * A run's end (its output or its release) waits for core's answer as long as the run is held:
+//!   renewals go on meanwhile, and podhost gives up only when the run is lost (a renewal refused,
+//!   `ownership.lost`), the connection goes, or at shutdown (the pod closes the connection at its
+//!   deadline). v5 sets no time limit on a settle; a core slow under load must not lose a
+//!   turn's output. Only the release of a run already lost is bounded (`request_timeout`).
 //!
 //! Non-goals: running a turn. [`RunHandler`] is where the turn code
 //! ([`TurnRunner`](crate::nylorun::turn::run::TurnRunner)) plugs in.
@@ -21,14 +26,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use serde::de::IgnoredAny;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::nylorun::link::channel::{CallError, Channel, parse_answer};
+use crate::nylorun::link::channel::{CallError, Channel, parse_answer, to_params};
 use crate::nylorun::link::protocol::{
     CancelParams, CancelReason, ErrorCode, LeaseAnswer, ReleaseParams, ReleaseReason, RenewAnswer,
     RunGrant, RunRef, RunToken, methods,
@@ -126,6 +130,40 @@ impl RunState {
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
             .and_then(|(_, m)| m.clone())
+    }
+}
+
+/// What the turn code tells the lease when core answers one of the run's own requests (a
+/// journal or artifact request) `run_not_held` or `ownership_lost`: the run is no longer
+/// podhost's. It stops the run as a refused renewal does, so it ends in `lease.release`
+/// (`ownership.lost`), never in an output. Cheap to clone.
+#[derive(Clone)]
+pub struct RunLoss {
+    state: Arc<RunState>,
+}
+
+impl std::fmt::Debug for RunLoss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunLoss")
+            .field("run_id", &self.state.run_id())
+            .finish()
+    }
+}
+
+impl RunLoss {
+    /// True when `e` says the run is no longer held; then the run is stopped for it.
+    pub fn check(&self, method: &str, e: &CallError) -> bool {
+        let lost = matches!(
+            e,
+            CallError::Remote {
+                code: ErrorCode::RunNotHeld | ErrorCode::OwnershipLost,
+                ..
+            }
+        );
+        if lost && self.state.stop(StopReason::OwnershipLost, None) {
+            tracing::warn!(run_id = %self.state.run_id(), %method, error = %e, "core says the run is no longer held; stopping it");
+        }
+        lost
     }
 }
 
@@ -253,6 +291,13 @@ impl RunHandle {
     pub fn channel(&self) -> &Channel {
         &self.channel
     }
+
+    /// What the run's own requests report a loss of the run to.
+    pub fn loss(&self) -> RunLoss {
+        RunLoss {
+            state: self.state.clone(),
+        }
+    }
 }
 
 /// How the turn code ends a run.
@@ -281,7 +326,8 @@ pub struct LeaseConfig {
     pub pause: Duration,
     /// After aborting a waiting lease, how long to listen for a grant already on its way.
     pub abort_wait: Duration,
-    /// Bound on `lease.release` and output requests.
+    /// Bound on the `lease.release` of a run that is no longer held (lost, or granted as
+    /// leasing stopped); a held run's end waits for its answer without a bound.
     pub request_timeout: Duration,
 }
 
@@ -361,7 +407,7 @@ impl Leaser {
                         && let Some(run_id) = run_id_of(&v)
                     {
                         tracing::info!(%run_id, "a run was granted as the lease was aborted; releasing it");
-                        self.release(&run_id, ReleaseReason::Shutdown).await;
+                        self.release_unheld(&run_id, ReleaseReason::Shutdown).await;
                     }
                     return;
                 }
@@ -378,7 +424,16 @@ impl Leaser {
                 }
             };
             let run_id = run_id_of(&value);
-            match parse_answer::<LeaseAnswer>(methods::LEASE, value) {
+            let parsed = parse_answer::<LeaseAnswer>(methods::LEASE, value).and_then(|a| {
+                a.run
+                    .check()
+                    .map(|()| a)
+                    .map_err(|message| CallError::BadAnswer {
+                        method: methods::LEASE.to_owned(),
+                        message,
+                    })
+            });
+            match parsed {
                 Ok(answer) => {
                     if self.drive(answer).await && !self.pause().await {
                         return;
@@ -387,7 +442,7 @@ impl Leaser {
                 Err(e) => {
                     tracing::error!(slot, error = %e, "core granted a run podhost cannot read");
                     if let Some(run_id) = run_id {
-                        self.release(&run_id, ReleaseReason::Shutdown).await;
+                        self.release_unheld(&run_id, ReleaseReason::Shutdown).await;
                     }
                     if !self.pause().await {
                         return;
@@ -459,8 +514,10 @@ impl Leaser {
                 }
             }
         };
+        // The run stays held (renewed, and reachable by `cancel`) until core answers its end.
+        let given_back = self.finish(&run, end).await;
         self.runs.remove(&run_id);
-        self.finish(&run, end).await
+        given_back
     }
 
     /// One `lease.renew`.
@@ -513,17 +570,17 @@ impl Leaser {
             }
             Some(reason @ (StopReason::Shutdown | StopReason::OwnershipLost)) => {
                 if let Some(r) = reason.release() {
-                    self.release(run_id, r).await;
+                    self.release(run, r).await;
                 }
                 false
             }
             stopped => match end {
                 Some(RunEnd::Output { method, output }) => {
-                    self.output(run_id, method, output).await;
+                    self.output(run, method, output).await;
                     false
                 }
                 Some(RunEnd::Release(r)) => {
-                    self.release(run_id, r).await;
+                    self.release(run, r).await;
                     stopped.is_none()
                 }
                 None => {
@@ -539,27 +596,98 @@ impl Leaser {
                             "thrown": {"message": "the turn code stopped without an output"},
                         }),
                     };
-                    self.output(run_id, methods::TURN_FAILED, output).await;
+                    self.output(run, methods::TURN_FAILED, output).await;
                     false
                 }
             },
         }
     }
 
-    async fn output(&self, run_id: &str, method: &'static str, output: Value) {
-        let sent = tokio::time::timeout(
-            self.cfg.request_timeout,
-            self.channel.request::<_, IgnoredAny>(method, &output),
-        )
-        .await;
-        match sent {
-            Ok(Ok(_)) => tracing::info!(%run_id, %method, "run output sent"),
-            Ok(Err(e)) => tracing::warn!(%run_id, %method, error = %e, "run output not taken"),
-            Err(_) => tracing::warn!(%run_id, %method, "run output got no answer in time"),
+    async fn output(&self, run: &RunState, method: &'static str, output: Value) {
+        let run_id = run.run_id();
+        match self.send_end(run, method, output).await {
+            Ok(()) => tracing::info!(%run_id, %method, "run output sent"),
+            Err(why) => tracing::warn!(%run_id, %method, %why, "run output not taken"),
         }
     }
 
-    async fn release(&self, run_id: &str, reason: ReleaseReason) {
+    async fn release(&self, run: &RunState, reason: ReleaseReason) {
+        let run_id = run.run_id();
+        let params = ReleaseParams {
+            run_id: run_id.to_owned(),
+            reason,
+        };
+        let sent = match to_params(methods::LEASE_RELEASE, &params) {
+            Ok(p) => self.send_end(run, methods::LEASE_RELEASE, p).await,
+            Err(e) => Err(EndUnanswered::Refused(e)),
+        };
+        match sent {
+            Ok(()) => tracing::info!(%run_id, reason = reason.as_str(), "run released"),
+            Err(why) => {
+                tracing::warn!(%run_id, reason = reason.as_str(), %why, "release not taken")
+            }
+        }
+    }
+
+    /// Sends a run's end and waits for core's answer while the run is held: renewing it on its
+    /// schedule, giving up when the run is lost or the connection goes. A run already lost
+    /// when its end is sent waits at most `request_timeout`.
+    async fn send_end(
+        &self,
+        run: &RunState,
+        method: &'static str,
+        params: Value,
+    ) -> Result<(), EndUnanswered> {
+        let mut call = self
+            .channel
+            .call(method, params)
+            .await
+            .map_err(EndUnanswered::Refused)?;
+        crate::failpoint!("pod.after_output_sent");
+        let lost = |run: &RunState| {
+            matches!(
+                run.stop_reason(),
+                Some(StopReason::OwnershipLost | StopReason::ConnectionLost)
+            )
+        };
+        let bound = lost(run).then(|| Instant::now() + self.cfg.request_timeout);
+        // A stop that comes while the answer is awaited: a loss ends the wait.
+        let mut stop_seen = run.cancel.is_cancelled();
+        let mut renew_at = Instant::now() + self.renew_every;
+        let started = Instant::now();
+        loop {
+            let renewing = matches!(
+                run.stop_reason(),
+                None | Some(StopReason::Cancel | StopReason::Deadline)
+            );
+            tokio::select! {
+                answer = call.response() => {
+                    return match answer {
+                        Ok(_) => Ok(()),
+                        Err(e) => Err(EndUnanswered::Refused(e)),
+                    };
+                }
+                _ = tokio::time::sleep_until(renew_at), if renewing => {
+                    tracing::debug!(run_id = %run.run_id(), %method, waited = ?started.elapsed(), "still waiting for core's answer; renewing");
+                    self.renew(run).await;
+                    renew_at = Instant::now() + self.renew_every;
+                }
+                _ = run.cancel.cancelled(), if !stop_seen => stop_seen = true,
+                _ = tokio::time::sleep_until(bound.unwrap_or_else(Instant::now)), if bound.is_some() => {
+                    call.abort().await;
+                    return Err(EndUnanswered::NoAnswer(self.cfg.request_timeout));
+                }
+            }
+            if bound.is_none() && lost(run) {
+                call.abort().await;
+                return Err(EndUnanswered::Lost(started.elapsed()));
+            }
+        }
+    }
+
+    /// `lease.release` of a run podhost does not hold as a [`RunState`] (granted as leasing
+    /// stopped, or unreadable): bounded by `request_timeout`.
+    async fn release_unheld(&self, run_id: &str, reason: ReleaseReason) {
         let params = ReleaseParams {
             run_id: run_id.to_owned(),
             reason,
@@ -567,7 +695,7 @@ impl Leaser {
         let sent = tokio::time::timeout(
             self.cfg.request_timeout,
             self.channel
-                .request::<_, IgnoredAny>(methods::LEASE_RELEASE, &params),
+                .request::<_, Value>(methods::LEASE_RELEASE, &params),
         )
         .await;
         match sent {
@@ -580,6 +708,17 @@ impl Leaser {
             }
         }
     }
+}
+
+/// Why a run's end got no answer.
+#[derive(Debug, thiserror::Error)]
+enum EndUnanswered {
+    #[error("{0}")]
+    Refused(CallError),
+    #[error("the run was lost after {0:?} of waiting for core's answer")]
+    Lost(Duration),
+    #[error("no answer within {0:?} for a run no longer held")]
+    NoAnswer(Duration),
 }
 
 /// `run.runId` of a lease answer, even one that does not otherwise parse.

@@ -5,8 +5,12 @@
 //! keep secrets out of logs.
 //!
 //! Invariants:
-//! * Harness API messages are strict (v5 §11: "v5's schemas are strict"): every struct that
-//!   crosses the WebSocket refuses unknown fields, and optional fields are omitted, never `null`.
+//! * What podhost sends, and the frames and requests core sends it, are strict (v5 §11: "v5's
+//!   schemas are strict"): unknown fields refused, optional fields omitted, never `null`.
+//! * Core's answers (`hello`, `lease`, `lease.renew`) accept and ignore fields podhost does not
+//!   know ([`parse_answer`](super::channel::parse_answer) logs each once): v5 is frozen, so
+//!   this is defence — a core that adds a field must not stop every lease. The fields podhost
+//!   uses are checked (`check`).
 //! * A token's `Debug` and `Display` print `[redacted]`; only [`Secret::expose`] gives its value,
 //!   and only the code that puts it on the wire calls it.
 //!
@@ -229,7 +233,7 @@ pub struct Features {
 
 /// `hello` result.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub struct HelloAnswer {
     /// The message version core speaks: 5.
     pub api: u32,
@@ -241,9 +245,22 @@ pub struct HelloAnswer {
     pub renew_every_ms: u64,
 }
 
+impl HelloAnswer {
+    /// The fields podhost relies on: the Tenant (workspace keys) and a renewal interval.
+    pub fn check(&self) -> Result<(), String> {
+        if self.tenant_id.is_empty() {
+            return Err("hello's tenantId is empty".to_owned());
+        }
+        if self.renew_every_ms == 0 {
+            return Err("hello's renewEveryMs is 0".to_owned());
+        }
+        Ok(())
+    }
+}
+
 /// `hello` result's `sandbox`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub struct SandboxInfo {
     /// The backend name, or `null`.
     pub backend: Option<String>,
@@ -256,7 +273,7 @@ pub struct LeaseParams {}
 
 /// `lease` result.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub struct LeaseAnswer {
     /// The granted run.
     pub run: RunGrant,
@@ -266,7 +283,7 @@ pub struct LeaseAnswer {
 
 /// `RunGrant` (v5 §2).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub struct RunGrant {
     /// Core's id of the run; every run request names it.
     pub run_id: String,
@@ -281,6 +298,22 @@ pub struct RunGrant {
     /// When `token` expires (ISO 8601).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_expires_at: Option<String>,
+}
+
+impl RunGrant {
+    /// The ids every request of the run names: none may be empty.
+    pub fn check(&self) -> Result<(), String> {
+        for (name, v) in [
+            ("runId", &self.run_id),
+            ("sessionId", &self.session_id),
+            ("turnId", &self.turn_id),
+        ] {
+            if v.is_empty() {
+                return Err(format!("the grant's {name} is empty"));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// `turn.start.limits` (`HarnessLimitsSchema`, v5 §3): the Tenant's Runtime limits a harness
@@ -330,7 +363,7 @@ pub struct RunRef {
 
 /// `lease.renew` result: `{ok: true, token?, tokenExpiresAt?}` or `{ok: false}`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[serde(rename_all = "camelCase")]
 pub struct RenewAnswer {
     /// False: the run is over; stop it.
     pub ok: bool,
@@ -626,8 +659,8 @@ pub struct HostJoinAnswer {
 }
 
 /// The Agent's setup as a join carries it. v5 says only "its input files and setup commands";
-/// this shape is an assumption, read leniently: `{files?: [{path, base64? | content?, mode?}],
-/// commands?: [string | {command, timeout?}]}`.
+/// this shape is an assumption, read leniently: `{files?: [{path, base64? | content? | url?,
+/// sha256?, mode?}], commands?: [string | {command, timeout?}]}`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Setup {
     #[serde(default)]
@@ -647,6 +680,13 @@ pub struct SetupFile {
     /// The text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Where to fetch the bytes from when neither `base64` nor `content` carries them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// The bytes' SHA-256 (hex, optionally `sha256:`-prefixed), checked before the file is
+    /// written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
     /// Permission bits: a number (`420`) or an octal string (`"0644"`, `"755"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<Value>,
@@ -728,6 +768,31 @@ mod tests {
         assert!(bad.check().is_err());
         let zero: Frame = serde_json::from_value(json!({"t":"abort","id":0})).unwrap();
         assert!(zero.check().is_err());
+    }
+
+    #[test]
+    fn core_answers_ignore_unknown_fields_and_check_what_podhost_uses() {
+        let grant: LeaseAnswer = serde_json::from_value(json!({
+            "run": {"runId": "r", "sessionId": "s", "turnId": "t", "epoch": 1, "token": "x",
+                    "priority": "high"},
+            "input": {}, "offeredAt": 5,
+        }))
+        .unwrap();
+        assert_eq!(grant.run.check(), Ok(()));
+        let empty: RunGrant = serde_json::from_value(
+            json!({"runId": "", "sessionId": "s", "turnId": "t", "epoch": 1}),
+        )
+        .unwrap();
+        assert_eq!(empty.check(), Err("the grant's runId is empty".to_owned()));
+        let hello: HelloAnswer = serde_json::from_value(json!({
+            "api": 5, "tenantId": "tn", "sandbox": {"backend": null, "region": "x"},
+            "renewEveryMs": 0, "motd": "hi",
+        }))
+        .unwrap();
+        assert_eq!(hello.check(), Err("hello's renewEveryMs is 0".to_owned()));
+        let renew: RenewAnswer =
+            serde_json::from_value(json!({"ok": false, "reason": "settled"})).unwrap();
+        assert!(!renew.ok);
     }
 
     #[test]

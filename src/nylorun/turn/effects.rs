@@ -11,6 +11,8 @@
 //!   `input` (the prompt never crosses twice).
 //! * A replayed outcome is used only when its hash is the intent's: another hash is drift, and
 //!   the turn fails.
+//! * `run_not_held` / `ownership_lost` from core stop the run (its [`RunLoss`]): the segment
+//!   ends in a release, as after a refused renewal.
 //!
 //! Non-goals: running anything (`run`), the Model Gate (`gates`).
 
@@ -25,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use crate::floor::text::clip_chars;
 use crate::nylorun::link::canonical::request_hash;
 use crate::nylorun::link::channel::{CallError, Channel};
+use crate::nylorun::link::lease::RunLoss;
 use crate::nylorun::link::protocol::ErrorCode;
 use crate::nylorun::turn::turn_start::{OutcomeBody, RecordedOutcome};
 
@@ -238,6 +241,8 @@ pub struct Journal {
     run_id: String,
     replay: HashMap<String, RecordedOutcome>,
     cancel: CancellationToken,
+    /// Told when core says the run is no longer held.
+    loss: Option<RunLoss>,
 }
 
 impl Journal {
@@ -246,6 +251,7 @@ impl Journal {
         run_id: String,
         outcomes: Vec<RecordedOutcome>,
         cancel: CancellationToken,
+        loss: Option<RunLoss>,
     ) -> Self {
         let replay = outcomes
             .into_iter()
@@ -256,6 +262,7 @@ impl Journal {
             run_id,
             replay,
             cancel,
+            loss,
         }
     }
 
@@ -286,6 +293,7 @@ impl Journal {
                 replayed: true,
             });
         }
+        crate::failpoint!("pod.before_intent");
         let params = json!({"runId": self.run_id, "effect": intent.wire(), "requestHash": hash});
         let answer = self
             .request(methods::EFFECT_INTENT, params, &intent.effect_id)
@@ -378,12 +386,16 @@ impl Journal {
         what: &str,
     ) -> Result<Value, JournalError> {
         let started = std::time::Instant::now();
+        if self.cancel.is_cancelled() {
+            return Err(JournalError::Stopped);
+        }
         let result = tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => return Err(JournalError::Stopped),
             r = tokio::time::timeout(JOURNAL_TIMEOUT, async {
                 let mut call = self.channel.call(method, params).await?;
                 call.response().await
             }) => r,
-            _ = self.cancel.cancelled() => return Err(JournalError::Stopped),
         };
         tracing::debug!(%method, %what, ms = started.elapsed().as_secs_f64() * 1000.0, "journal request answered");
         match result {
@@ -403,6 +415,10 @@ impl Journal {
                 message,
                 ..
             })) => Err(JournalError::TurnCancelled(message)),
+            // The run is another owner's now: it is stopped and released, never failed.
+            Ok(Err(e)) if self.loss.as_ref().is_some_and(|l| l.check(method, &e)) => {
+                Err(JournalError::Stopped)
+            }
             Ok(Err(e)) => Err(JournalError::Call(e)),
         }
     }

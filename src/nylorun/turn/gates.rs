@@ -7,8 +7,13 @@
 //! Invariants:
 //! * podhost never retries a call on its own: a call whose answer was lost is sent again only
 //!   when core answers its intent `execute` with `rejoin` (same key, same bytes).
-//! * Every failure is an outcome with a code (`transient`, `auth`, `invalid_request`, …), never a
-//!   Rust error: the loop fails the turn as `model.<code>`.
+//! * Every failure the gate answered, or that happened before the call left podhost (the gate
+//!   could not be reached), is an outcome with a code (`transient`, `auth`, `invalid_request`,
+//!   …), never a Rust error: the loop fails the turn as `model.<code>`.
+//! * A call whose fate is unknown — the connection dropped or timed out after the request was
+//!   sent — is [`CallFate::Unknown`], never a definite failure: the gate may have run it (and
+//!   metered it). The turn reports it as `effect.outcome {error}`, so the effect becomes
+//!   `uncertain` and the next owner rejoins it under the same key (v5 §4).
 //! * The run token is sent as a header and appears in no error message or log line.
 //!
 //! Non-goals: the Tool Gate (MCP and HTTP tools are not offered yet).
@@ -22,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agent::model::{ModelAnswer, ModelFailure};
 use crate::floor::codes;
+use crate::nylorun::link::channel::note_unknown_field;
 use crate::nylorun::link::protocol::RunToken;
 
 /// The gate's own provider timeout is 600 s; the client waits a little longer (v2 notes §4.3).
@@ -49,6 +55,15 @@ pub struct ModelRequest<'a> {
 /// A call that did not end with an answer because the run stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stopped;
+
+/// What became of a model call.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CallFate {
+    /// The gate answered (a candidate or a failure), or the call never left podhost.
+    Answered(ModelAnswer),
+    /// The request was sent and its answer lost: the gate may have run it. Why, for the record.
+    Unknown(String),
+}
 
 /// The gates at `NYLORUN_GATES_URL`.
 #[derive(Clone, Debug)]
@@ -84,13 +99,13 @@ impl Gates {
         &self,
         req: ModelRequest<'_>,
         cancel: &CancellationToken,
-    ) -> Result<ModelAnswer, Stopped> {
+    ) -> Result<CallFate, Stopped> {
         let Some(token) = req.token else {
-            return Ok(ModelAnswer::Failed(ModelFailure::new(
+            return Ok(CallFate::Answered(ModelAnswer::Failed(ModelFailure::new(
                 codes::model::TRANSIENT,
                 "podhost holds no run token for this run, so it cannot call the Model Gate",
                 true,
-            )));
+            ))));
         };
         let mut builder = self
             .http
@@ -110,21 +125,27 @@ impl Gates {
             let response = builder.send().await.map_err(transport)?;
             let status = response.status();
             crate::floor::metrics::model_http_status("model_gate", status.as_u16());
-            let bytes = response.bytes().await.map_err(transport)?;
-            Ok::<_, ModelFailure>(answer(status, &bytes))
+            let bytes = response.bytes().await.map_err(|e| {
+                CallFate::Unknown(format!(
+                    "The Model Gate's answer ({}) was lost: {}",
+                    status.as_u16(),
+                    e.without_url()
+                ))
+            })?;
+            Ok::<_, CallFate>(answer(status, &bytes))
         };
         let result = tokio::select! {
             r = call => Ok(match r {
-                Ok(a) => a,
-                Err(f) => ModelAnswer::Failed(f),
+                Ok(a) => CallFate::Answered(a),
+                Err(fate) => fate,
             }),
             _ = cancel.cancelled() => Err(Stopped),
         };
         crate::floor::metrics::model_call(
             "model_gate",
             match &result {
-                Ok(ModelAnswer::Failed(_)) => "failed",
-                Ok(_) => "ok",
+                Ok(CallFate::Answered(ModelAnswer::Failed(_)) | CallFate::Unknown(_)) => "failed",
+                Ok(CallFate::Answered(_)) => "ok",
                 Err(Stopped) => "cancelled",
             },
             started.elapsed(),
@@ -156,25 +177,38 @@ impl Gates {
     }
 }
 
-/// A lost, unreachable or timed-out call: `transient` (v2 notes §4.3).
-fn transport(e: reqwest::Error) -> ModelFailure {
+/// A call that failed in transport. Not connected: nothing was sent, a definite `transient`
+/// failure (v2 notes §4.3). Anything later (a dropped connection, a timeout): the request may
+/// have reached the gate, so its fate is unknown.
+fn transport(e: reqwest::Error) -> CallFate {
+    if e.is_connect() {
+        return CallFate::Answered(ModelAnswer::Failed(ModelFailure::new(
+            codes::model::TRANSIENT,
+            format!("The Model Gate could not be reached: {}", e.without_url()),
+            true,
+        )));
+    }
     let what = if e.is_timeout() {
         "timed out"
-    } else if e.is_connect() {
-        "could not be reached"
     } else {
         "lost the call"
     };
-    ModelFailure::new(
-        codes::model::TRANSIENT,
-        format!("The Model Gate {what}: {}", e.without_url()),
-        true,
-    )
+    CallFate::Unknown(format!("The Model Gate {what}: {}", e.without_url()))
 }
 
 /// The outcome an HTTP answer stands for.
 fn answer(status: StatusCode, body: &[u8]) -> ModelAnswer {
     let json: Option<Value> = serde_json::from_slice(body).ok();
+    // The gate may add fields to its answers: ignored, each logged once.
+    for key in json
+        .iter()
+        .filter_map(Value::as_object)
+        .flat_map(|o| o.keys())
+    {
+        if key != "outcome" && key != "error" {
+            note_unknown_field("the Model Gate", "model-calls", key);
+        }
+    }
     if status == StatusCode::OK {
         let outcome = json.as_ref().and_then(|v| v.get("outcome"));
         return match outcome.map(ModelAnswer::from_value) {

@@ -60,7 +60,7 @@ use crate::nylorun::turn::context::{self as pod_context, MemoryPin};
 use crate::nylorun::turn::effects::{
     self, Decision, Intent, Journal, JournalError, Recorded, SegmentIds,
 };
-use crate::nylorun::turn::gates::{Gates, GatesError, ModelRequest};
+use crate::nylorun::turn::gates::{CallFate, Gates, GatesError, ModelRequest};
 use crate::nylorun::turn::instructions::{Offer, Route};
 use crate::nylorun::turn::shaping::{ENTRY_ENVELOPE_BYTES, json_len};
 use crate::nylorun::turn::spill::fit_outcome;
@@ -185,6 +185,7 @@ async fn run_segment(shared: Arc<Shared>, run: RunHandle) -> RunEnd {
         run_id.clone(),
         std::mem::take(&mut ts.outcomes),
         run.cancelled(),
+        Some(run.loss()),
     );
     let mut segment = match Segment::open(shared, run, ts, journal).await {
         Ok(s) => s,
@@ -335,7 +336,8 @@ impl Segment {
             entries.push(transcript::input_entry(&cp.turn_id, m));
         }
 
-        let artifacts = Artifacts::new(run.channel().clone(), run_id.clone(), ts.limits.clone());
+        let artifacts = Artifacts::new(run.channel().clone(), run_id.clone(), ts.limits.clone())
+            .with_loss(run.loss());
         let mut files = Files::new(ts.model.as_ref(), ts.limits.model_file_bytes);
         pod_context::learn_files(&artifacts, &entries, &mut files).await;
         if run.cancelled().is_cancelled() {
@@ -482,7 +484,23 @@ impl Segment {
                     )
                     .await;
                 let answer = match sent {
-                    Ok(a) if !cancel.is_cancelled() => a,
+                    Ok(CallFate::Answered(a)) if !cancel.is_cancelled() => a,
+                    Ok(CallFate::Unknown(why)) if !cancel.is_cancelled() => {
+                        // The gate may have run it: the effect becomes uncertain, and the next
+                        // owner rejoins it under its key (v5 §4).
+                        tracing::warn!(%effect_id, %why, "the model call's fate is unknown");
+                        match self.journal.outcome_error(&effect_id, &why).await? {
+                            Recorded::Uncertain => {
+                                self.uncertain = true;
+                                return Ok(Effect::Wait(effect_id));
+                            }
+                            Recorded::Completed(value) => {
+                                return ModelAnswer::from_value(&value).map(Effect::Done).map_err(
+                                    |e| Fault::Internal(format!("the outcome of {effect_id}: {e}")),
+                                );
+                            }
+                        }
+                    }
                     _ => return Err(self.stopped_in_model_call(&effect_id).await),
                 };
                 tracing::debug!(%effect_id, ms = started.elapsed().as_secs_f64() * 1000.0, "model call answered");
@@ -513,6 +531,12 @@ impl Segment {
             .map_err(|e| Fault::Internal(format!("the outcome of {effect_id}: {e}")))
     }
 
+    /// The run's artifacts within `limits`; a loss of the run they hear of stops it.
+    fn artifacts(&self, limits: TurnLimits) -> Artifacts {
+        Artifacts::new(self.run.channel().clone(), self.run_id.clone(), limits)
+            .with_loss(self.run.loss())
+    }
+
     fn current_token(&self) -> Option<crate::nylorun::link::protocol::RunToken> {
         self.run.token()
     }
@@ -538,8 +562,7 @@ impl Segment {
             record_entry_bytes: self.call_budget(),
             ..self.limits().clone()
         };
-        let artifacts = Artifacts::new(self.run.channel().clone(), self.run_id.clone(), limits);
-        fit_outcome(&artifacts, effect_id, tool_name, value).await
+        fit_outcome(&self.artifacts(limits), effect_id, tool_name, value).await
     }
 
     /// The skill whose folder a sandbox call's input names, if any.
@@ -582,7 +605,12 @@ impl Segment {
             Ok(outcome) => {
                 let value = serde_json::to_value(&outcome)
                     .map_err(|e| Fault::Internal(format!("could not encode an outcome: {e}")))?;
-                Ok(self.fit(effect_id, tool_name, value).await)
+                let fitted = self.fit(effect_id, tool_name, value).await;
+                // The spill may have learned the run is no longer ours.
+                if self.cancel.is_cancelled() {
+                    return Err(Fault::Stopped);
+                }
+                Ok(fitted)
             }
             Err(e) => {
                 tracing::error!(%effect_id, %tool, error = %e, "a tool call failed in podhost");
@@ -740,18 +768,14 @@ impl TurnHost for Segment {
                 rejoin,
             } => (traceparent, rejoin),
         };
+        crate::failpoint!("pod.after_execute");
         let produced: Result<Value, String> = match route {
             Route::Sandbox(tool) => {
                 self.run_sandbox(tool, &effect_id, &call.name, &args, traceparent)
                     .await?
             }
             Route::ReadArtifact => {
-                let artifacts = Artifacts::new(
-                    self.run.channel().clone(),
-                    self.run_id.clone(),
-                    self.limits().clone(),
-                );
-                let outcome = read_for_model(&artifacts, &args).await;
+                let outcome = read_for_model(&self.artifacts(self.limits().clone()), &args).await;
                 if self.cancel.is_cancelled() {
                     return Err(Fault::Stopped);
                 }
@@ -787,10 +811,12 @@ impl TurnHost for Segment {
                 "message": format!("{} is run by core, which did not run it", call.name),
             })),
         };
+        crate::failpoint!("pod.after_tool");
         let recorded = match produced {
             Ok(value) => self.journal.outcome(&effect_id, value).await?,
             Err(error) => self.journal.outcome_error(&effect_id, &error).await?,
         };
+        crate::failpoint!("pod.after_outcome");
         Ok(ToolEffect::Done(match recorded {
             Recorded::Completed(v) => self.remote_seen(route, v),
             Recorded::Uncertain => ResultOutcome::failed(

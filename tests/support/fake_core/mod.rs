@@ -52,6 +52,8 @@ pub struct CoreOptions {
     pub renew_every_ms: u64,
     /// WebSocket pings to each connection at this interval.
     pub ping_every: Option<Duration>,
+    /// Core's answers (hello, lease, renew, outputs) carry fields a later core might add.
+    pub answer_extras: bool,
 }
 
 impl Default for CoreOptions {
@@ -64,6 +66,7 @@ impl Default for CoreOptions {
             join_token: "join-token-1".into(),
             renew_every_ms: 60_000,
             ping_every: None,
+            answer_extras: false,
         }
     }
 }
@@ -138,6 +141,11 @@ pub struct CoreState {
     silent: Mutex<HashSet<u64>>,
     /// Called with each request's method and params before it is answered.
     request_hook: Mutex<Option<RequestHook>>,
+    /// Requests of these methods wait, unanswered and unsettled, until the test lets them go
+    /// (a core slow to settle); `(conn, id, method, params)` of each waiting one.
+    slow: Mutex<(HashSet<String>, Vec<session::SlowRequest>)>,
+    /// Scripted refusals by method: `(code, message)` for the next requests of that method.
+    refusals: Mutex<HashMap<String, VecDeque<(String, String)>>>,
     // ---- leases ----
     grants: Mutex<VecDeque<Value>>,
     waiting: Mutex<VecDeque<(u64, u64)>>,
@@ -189,6 +197,8 @@ impl FakeCore {
             next_conn: AtomicU64::new(1),
             silent: Mutex::default(),
             request_hook: Mutex::default(),
+            slow: Mutex::default(),
+            refusals: Mutex::default(),
             grants: Mutex::default(),
             waiting: Mutex::default(),
             held: Mutex::default(),

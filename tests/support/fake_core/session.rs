@@ -12,11 +12,14 @@
 //! its workspace) (`invalid`); a method it does not know (`invalid`). An `abort` drops the
 //! waiting lease it names and answers nothing.
 //!
-//! The test can script a refusal of the next `hello`, make core fall silent on a connection (no
-//! answers, no pings), look at each request before it is answered, send messages, requests,
-//! aborts and raw frames, and close the connection.
+//! The test can script a refusal of the next `hello` or of the next request of any method (a
+//! `run_not_held`/`ownership_lost` one also ends core's hold on the run), hold a method's
+//! requests unanswered until it lets them go (a core slow to settle), make core fall silent on a
+//! connection (no answers, no pings), have core's answers carry fields a later core might add,
+//! look at each request before it is answered, send messages, requests, aborts and raw frames,
+//! and close the connection.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -42,6 +45,9 @@ pub(super) struct Conn {
     pub(super) close: CancellationToken,
 }
 
+/// A request held by [`FakeCore::slow_answers`]: `(conn, id, method, params)`.
+pub(super) type SlowRequest = (u64, u64, String, Value);
+
 impl FakeCore {
     /// The next hello is answered with this error.
     pub fn refuse_hello(&self, code: &str, message: &str) {
@@ -61,6 +67,50 @@ impl FakeCore {
     /// waiting for the answer while it runs (e.g. to look at the pod as a release arrives).
     pub fn on_request(&self, hook: impl Fn(&str, &Value) + Send + Sync + 'static) {
         *self.state.request_hook.lock().unwrap() = Some(Arc::new(hook));
+    }
+
+    /// Requests of method `m` are held unanswered (and unsettled) until [`answer_slow`]
+    /// (Self::answer_slow): a core slow to settle. Renewals meanwhile are answered as usual.
+    pub fn slow_answers(&self, m: &str) {
+        self.state.slow.lock().unwrap().0.insert(m.to_owned());
+    }
+
+    /// The requests held by [`slow_answers`](Self::slow_answers) so far: `(method, params)`.
+    pub fn slow_pending(&self) -> Vec<(String, Value)> {
+        let slow = self.state.slow.lock().unwrap();
+        slow.1
+            .iter()
+            .map(|(_, _, m, p)| (m.clone(), p.clone()))
+            .collect()
+    }
+
+    /// Answers every held request now (answers nothing to a connection that is gone), and stops
+    /// holding new ones.
+    pub fn answer_slow(&self) {
+        let held = {
+            let mut slow = self.state.slow.lock().unwrap();
+            slow.0.clear();
+            std::mem::take(&mut slow.1)
+        };
+        for (conn, rid, m, p) in held {
+            let c = self.state.conns.lock().unwrap().get(&conn).cloned();
+            if let (Some(c), Some(answer)) = (c, self.state.answer(conn, rid, &m, p)) {
+                self.state.send_answer(&c, conn, rid, answer);
+            }
+        }
+    }
+
+    /// The next request of method `m` is refused with `code`. For `run_not_held` and
+    /// `ownership_lost` core also stops holding the run the request names (another owner has
+    /// it now): its later requests are `run_not_held`.
+    pub fn refuse_next(&self, m: &str, code: &str, message: &str) {
+        self.state
+            .refusals
+            .lock()
+            .unwrap()
+            .entry(m.to_owned())
+            .or_default()
+            .push_back((code.to_owned(), message.to_owned()));
     }
 
     fn conn(&self, conn: u64) -> Arc<Conn> {
@@ -263,14 +313,40 @@ impl CoreState {
                 if let Some(hook) = hook {
                     hook(&m, &p);
                 }
-                match self.answer(id, rid, &m, p) {
-                    Some(Ok(r)) => self.send(conn, id, json!({"t": "res", "id": rid, "ok": true, "r": r})),
-                    Some(Err((code, message))) => self.send(
-                        conn,
-                        id,
-                        json!({"t": "res", "id": rid, "ok": false, "e": {"code": code, "message": message}}),
-                    ),
-                    None => {}
+                let refusal = self
+                    .refusals
+                    .lock()
+                    .unwrap()
+                    .get_mut(&m)
+                    .and_then(VecDeque::pop_front);
+                if let Some((code, message)) = refusal {
+                    if let Some(run_id) = p["runId"].as_str()
+                        && ["run_not_held", "ownership_lost"].contains(&code.as_str())
+                    {
+                        self.held.lock().unwrap().remove(run_id);
+                        self.journal.run_over(run_id);
+                        self.artifacts.on_run_end(run_id);
+                    }
+                    self.send_answer(conn, id, rid, Err((code, message)));
+                    return;
+                }
+                {
+                    let mut slow = self.slow.lock().unwrap();
+                    if slow.0.contains(&m) {
+                        slow.1.push((id, rid, m, p));
+                        return;
+                    }
+                }
+                if let Some(mut answer) = self.answer(id, rid, &m, p) {
+                    if self.opts.answer_extras
+                        && let Ok(Value::Object(o)) = &mut answer
+                    {
+                        o.insert("laterField".to_owned(), json!({"added": "by a later core"}));
+                        if let Some(Value::Object(sandbox)) = o.get_mut("sandbox") {
+                            sandbox.insert("region".to_owned(), json!("eu"));
+                        }
+                    }
+                    self.send_answer(conn, id, rid, answer);
                 }
             }
             ("req", false, Some(rid)) => self.send(
@@ -291,6 +367,17 @@ impl CoreState {
                     reason: "invalid frame".into(),
                 })));
             }
+        }
+    }
+
+    fn send_answer(&self, conn: &Conn, id: u64, rid: u64, answer: Result<Value, (String, String)>) {
+        match answer {
+            Ok(r) => self.send(conn, id, json!({"t": "res", "id": rid, "ok": true, "r": r})),
+            Err((code, message)) => self.send(
+                conn,
+                id,
+                json!({"t": "res", "id": rid, "ok": false, "e": {"code": code, "message": message}}),
+            ),
         }
     }
 

@@ -38,6 +38,7 @@ impl Artifacts {
         match self.write("begin", WriteParams::Begin(begin)).await?.0 {
             WriteAnswer::Written(w) => Ok(FolderStart::Written(w.into())),
             WriteAnswer::Open(o) => {
+                o.check().map_err(|m| ArtifactError::bad("begin", m))?;
                 let (Some(max_file_bytes), Some(max_entries)) = (o.max_file_bytes, o.max_entries)
                 else {
                     self.abort(&o.upload_id).await;
@@ -112,6 +113,7 @@ impl FolderUpload<'_> {
         file: &FolderFile,
         inline: Option<&[u8]>,
     ) -> Result<u64, ArtifactError> {
+        crate::failpoint!("pod.mid_export");
         let a = self.artifacts;
         let entry = FileEntry {
             run_id: a.run_id.clone(),

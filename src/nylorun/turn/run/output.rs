@@ -11,7 +11,6 @@ use serde_json::{Value, json};
 
 use super::{Fault, STATE_VERSION, Segment};
 use crate::agent::turn::TurnEnd;
-use crate::nylorun::artifacts::Artifacts;
 use crate::nylorun::artifacts::export::export_outputs;
 use crate::nylorun::link::lease::{RunEnd, RunHandle, StopReason};
 use crate::nylorun::link::protocol::{ReleaseReason, methods};
@@ -170,7 +169,7 @@ impl Segment {
             std::time::Duration::from_secs(30),
             self.run
                 .channel()
-                .request::<_, serde::de::IgnoredAny>(methods::EVENT, &params),
+                .request::<_, Value>(methods::EVENT, &params),
         )
         .await;
         match sent {
@@ -205,11 +204,7 @@ impl Segment {
                     }
                 };
                 if self.ts.has_sandbox() {
-                    let artifacts = Artifacts::new(
-                        self.run.channel().clone(),
-                        run_id.clone(),
-                        self.limits().clone(),
-                    );
+                    let artifacts = self.artifacts(self.limits().clone());
                     let outputs = self.shared.toolbox.workspace().root().join("outputs");
                     let report = export_outputs(
                         &artifacts,
@@ -221,6 +216,10 @@ impl Segment {
                     tracing::info!(%run_id, ?report, "outputs folder exported");
                     for (kind, payload) in report.claims() {
                         self.claim(kind, payload).await;
+                    }
+                    // Core said the run is another owner's: it is released, not completed.
+                    if self.cancel.is_cancelled() {
+                        return stopped_end(&self.run, None);
                     }
                 }
                 RunEnd::Output {

@@ -1,0 +1,746 @@
+//! The PostgreSQL engine of the store: one database shared by every replica.
+//!
+//! Owns: a connection pool (reads and writes alike, so reads never wait behind another
+//! request's write), and a listener connection that hears cancellations announced by other
+//! replicas (`LISTEN podhost_cancel`), reconnecting when it drops.
+//!
+//! Invariants:
+//! * A decision that depends on a row (a resume, a conditional status change) reads it
+//!   `FOR UPDATE` in the transaction that writes it, so replicas' concurrent requests are
+//!   decided one after the other on the latest commit.
+//! * A write of a turn first updates its row under the fence's conditions (owner, epoch, open,
+//!   lease unexpired); the row lock it takes serializes it against a takeover, so a write after
+//!   a takeover cannot land.
+//! * Lease times are the database's clock (`podhost_now_ms()`).
+//! * A cancellation is announced (`pg_notify`) in the transaction that writes it, so it is
+//!   heard once it is committed; missed announcements (a dropped listener) are caught up by the
+//!   owner's lease renewals, which fail for a cancelled turn.
+//!
+//! Non-goals: TLS to the database (connections are plain; `sslmode=require` is refused with an
+//! error that says so): run PostgreSQL on a trusted network or behind a local TLS proxy.
+
+use std::str::FromStr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+use tokio_postgres::config::SslMode;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{AsyncMessage, NoTls, Row};
+use tracing::{info, warn};
+
+use super::{
+    COLUMNS, Fence, InvocationRow, LeaseTerms, Orphan, ResumeOutcome, StartOutcome, StatusRow,
+    StoreError, from_json, judge_resume, judge_transition, migrate, parse_status, to_json,
+};
+use crate::byoh::protocol::Status;
+use crate::chat::message::{ChatMessage, ModelEndpoint};
+
+/// Connections the pool opens at most.
+const POOL_SIZE: usize = 16;
+/// The channel cancellations are announced on.
+const CANCEL_CHANNEL: &str = "podhost_cancel";
+
+/// Parses and checks a connection string; errors name it as `setting`.
+pub(super) fn config(url: &str, setting: &str) -> Result<tokio_postgres::Config, String> {
+    let config = tokio_postgres::Config::from_str(url).map_err(|e| {
+        format!(
+            "{setting}: {:?} is not a valid PostgreSQL connection string: {e}",
+            super::redact(url)
+        )
+    })?;
+    if config.get_ssl_mode() == SslMode::Require {
+        return Err(format!(
+            "{setting}: {:?} asks for sslmode=require, but podhost connects to \
+             PostgreSQL without TLS: use a trusted network (sslmode=disable) or a local TLS proxy",
+            super::redact(url)
+        ));
+    }
+    Ok(config)
+}
+
+fn pool_err(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Pool(e.to_string())
+}
+
+/// A handle on the PostgreSQL store. Cheap to clone.
+#[derive(Clone)]
+pub struct Postgres {
+    pool: Pool,
+    cancels: Arc<Mutex<Option<mpsc::Receiver<String>>>>,
+}
+
+impl std::fmt::Debug for Postgres {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Postgres").finish_non_exhaustive()
+    }
+}
+
+fn select() -> String {
+    format!("SELECT {COLUMNS}, podhost_now_ms() FROM invocations")
+}
+
+fn read_row(r: &Row) -> Result<InvocationRow, StoreError> {
+    let status: String = r.try_get(2)?;
+    let connection: String = r.try_get(4)?;
+    let pending: String = r.try_get(7)?;
+    let last_resume: String = r.try_get(8)?;
+    let lease_until: Option<i64> = r.try_get(13)?;
+    let now: i64 = r.try_get(14)?;
+    Ok(InvocationRow {
+        invocation_id: r.try_get(0)?,
+        session_id: r.try_get(1)?,
+        status: parse_status(&status)?,
+        error: r.try_get(3)?,
+        connection: from_json("connection", &connection)?,
+        needs_key: r.try_get(5)?,
+        output_start: r.try_get::<_, i64>(6)? as usize,
+        pending: from_json("pending", &pending)?,
+        last_resume: from_json("last_resume", &last_resume)?,
+        finished_ms: r.try_get(9)?,
+        swept: r.try_get(10)?,
+        owner: r.try_get(11)?,
+        epoch: r.try_get(12)?,
+        lease_left_ms: lease_until.map(|u| u - now),
+    })
+}
+
+/// Appends `messages` after the transcript's last; answers the transcript's new length.
+async fn append(
+    tx: &deadpool_postgres::Transaction<'_>,
+    id: &str,
+    messages: &[ChatMessage],
+) -> Result<usize, StoreError> {
+    let next: i64 = tx
+        .query_one(
+            "SELECT COALESCE(MAX(seq) + 1, 0) FROM messages WHERE invocation_id = $1",
+            &[&id],
+        )
+        .await?
+        .try_get(0)?;
+    let bodies = messages
+        .iter()
+        .map(to_json)
+        .collect::<Result<Vec<_>, _>>()?;
+    if !bodies.is_empty() {
+        tx.execute(
+            "INSERT INTO messages (invocation_id, seq, body) \
+             SELECT $1, $2 + t.ord - 1, t.body FROM unnest($3::text[]) WITH ORDINALITY AS t(body, ord)",
+            &[&id, &next, &bodies],
+        )
+        .await?;
+    }
+    Ok(next as usize + bodies.len())
+}
+
+async fn get_in(
+    tx: &deadpool_postgres::Transaction<'_>,
+    id: &str,
+    lock: bool,
+) -> Result<Option<InvocationRow>, StoreError> {
+    let sql = format!(
+        "{} WHERE invocation_id = $1{}",
+        select(),
+        if lock { " FOR UPDATE" } else { "" }
+    );
+    tx.query_opt(&sql, &[&id])
+        .await?
+        .as_ref()
+        .map(read_row)
+        .transpose()
+}
+
+impl Postgres {
+    /// Connects, migrates the schema (or refuses a newer one), opens the pool and starts the
+    /// cancellation listener.
+    pub async fn open(url: &str) -> Result<Postgres, StoreError> {
+        let config = config(url, "the store").map_err(|why| StoreError::Open {
+            what: super::redact(url),
+            why,
+        })?;
+        let open_err = |e: tokio_postgres::Error| StoreError::Open {
+            what: super::redact(url),
+            why: e.to_string(),
+        };
+        let (mut client, conn) =
+            tokio::time::timeout(Duration::from_secs(30), config.connect(NoTls))
+                .await
+                .map_err(|_| StoreError::Open {
+                    what: super::redact(url),
+                    why: "no answer within 30 s".into(),
+                })?
+                .map_err(open_err)?;
+        let driver = tokio::spawn(conn);
+        let migrated = migrate::postgres(&mut client, None).await;
+        drop(client);
+        let _ = driver.await;
+        migrated?;
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(Duration::from_secs(10)))
+            .create_timeout(Some(Duration::from_secs(10)))
+            .recycle_timeout(Some(Duration::from_secs(5)))
+            .build()
+            .map_err(|e| StoreError::Open {
+                what: super::redact(url),
+                why: e.to_string(),
+            })?;
+        let (tx, rx) = mpsc::channel(1024);
+        tokio::spawn(listen(config, tx));
+        Ok(Postgres {
+            pool,
+            cancels: Arc::new(Mutex::new(Some(rx))),
+        })
+    }
+
+    pub fn cancellations(&self) -> Option<mpsc::Receiver<String>> {
+        self.cancels
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.pool.get().await.map_err(pool_err)
+    }
+
+    /// An update that matches no row, in a transaction rolled back at once: it needs what a
+    /// write needs (a connection, a primary that is not read-only, the row-exclusive lock on
+    /// `invocations`, waited for at most `wait`) and changes nothing.
+    pub async fn check_writable(&self, wait: Duration) -> Result<(), StoreError> {
+        let mut c = tokio::time::timeout(wait, self.client())
+            .await
+            .map_err(|_| StoreError::Pool(format!("no connection within {wait:?}")))??;
+        let tx = c.transaction().await?;
+        // The lock's wait is what is checked; the statement's bound only keeps a stuck server
+        // from holding the connection.
+        let ms = wait.as_millis().max(1);
+        tx.batch_execute(&format!(
+            "SET LOCAL lock_timeout = {ms}; SET LOCAL statement_timeout = {}; \
+             UPDATE invocations SET updated_ms = updated_ms WHERE false",
+            ms * 2
+        ))
+        .await?;
+        tx.rollback().await?;
+        Ok(())
+    }
+
+    pub async fn count(&self) -> Result<u64, StoreError> {
+        let c = self.client().await?;
+        let n: i64 = c
+            .query_one("SELECT COUNT(*) FROM invocations", &[])
+            .await?
+            .try_get(0)?;
+        Ok(n as u64)
+    }
+
+    pub async fn status(&self, id: &str) -> Result<Option<StatusRow>, StoreError> {
+        let c = self.client().await?;
+        let stmt = c
+            .prepare_cached(
+                "SELECT session_id, status, error FROM invocations WHERE invocation_id = $1",
+            )
+            .await?;
+        let Some(r) = c.query_opt(&stmt, &[&id]).await? else {
+            return Ok(None);
+        };
+        let status: String = r.try_get(1)?;
+        Ok(Some(StatusRow {
+            session_id: r.try_get(0)?,
+            status: parse_status(&status)?,
+            error: r.try_get(2)?,
+        }))
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Option<InvocationRow>, StoreError> {
+        let c = self.client().await?;
+        let stmt = c
+            .prepare_cached(&format!("{} WHERE invocation_id = $1", select()))
+            .await?;
+        c.query_opt(&stmt, &[&id])
+            .await?
+            .as_ref()
+            .map(read_row)
+            .transpose()
+    }
+
+    pub async fn insert_start(
+        &self,
+        row: InvocationRow,
+        messages: Vec<ChatMessage>,
+        terms: &LeaseTerms,
+    ) -> Result<StartOutcome, StoreError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let inserted = tx
+            .execute(
+                "INSERT INTO invocations (invocation_id, session_id, status, connection, \
+                 needs_key, output_start, created_ms, updated_ms, owner, epoch, lease_until_ms) \
+                 VALUES ($1, $2, 'queued', $3, $4, $5, podhost_now_ms(), podhost_now_ms(), $6, 1, \
+                 podhost_now_ms() + $7) ON CONFLICT DO NOTHING",
+                &[
+                    &row.invocation_id,
+                    &row.session_id,
+                    &to_json(&row.connection)?,
+                    &row.needs_key,
+                    &(messages.len() as i64),
+                    &&*terms.owner,
+                    &terms.ttl_ms,
+                ],
+            )
+            .await?;
+        if inserted == 0 {
+            // A conflict: the invocation exists (a retry), or its session holds another one.
+            if let Some(existing) = get_in(&tx, &row.invocation_id, false).await? {
+                return Ok(StartOutcome::Exists(Box::new(existing)));
+            }
+            let other = tx
+                .query_opt(
+                    "SELECT invocation_id FROM invocations WHERE session_id = $1",
+                    &[&row.session_id],
+                )
+                .await?;
+            return match other {
+                Some(r) => Ok(StartOutcome::SessionTaken(r.try_get(0)?)),
+                None => Err(StoreError::Corrupt(format!(
+                    "inserting invocation {:?} conflicted with a row that is gone",
+                    row.invocation_id
+                ))),
+            };
+        }
+        append(&tx, &row.invocation_id, &messages).await?;
+        tx.commit().await?;
+        Ok(StartOutcome::Inserted(terms.fence(1)))
+    }
+
+    pub async fn apply_resume(
+        &self,
+        id: &str,
+        ids: Vec<String>,
+        messages: Vec<ChatMessage>,
+        connection: ModelEndpoint,
+        needs_key: bool,
+        terms: &LeaseTerms,
+    ) -> Result<ResumeOutcome, StoreError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let Some(row) = get_in(&tx, id, true).await? else {
+            return Ok(ResumeOutcome::NotFound);
+        };
+        let epoch = row.epoch + 1;
+        if let Some(outcome) = judge_resume(row, &ids) {
+            return Ok(outcome);
+        }
+        let end = append(&tx, id, &messages).await? as i64;
+        tx.execute(
+            "UPDATE invocations SET status = 'queued', pending = '[]', last_resume = $2, \
+             output_start = $3, connection = $4, needs_key = $5, updated_ms = podhost_now_ms(), \
+             owner = $6, epoch = $7, lease_until_ms = podhost_now_ms() + $8 \
+             WHERE invocation_id = $1",
+            &[
+                &id,
+                &to_json(&ids)?,
+                &end,
+                &to_json(&connection)?,
+                &needs_key,
+                &&*terms.owner,
+                &epoch,
+                &terms.ttl_ms,
+            ],
+        )
+        .await?;
+        let row = get_in(&tx, id, false)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("invocation {id:?} vanished")))?;
+        tx.commit().await?;
+        Ok(ResumeOutcome::Applied(row, terms.fence(epoch)))
+    }
+
+    pub async fn claim(
+        &self,
+        id: &str,
+        epoch: i64,
+        terms: &LeaseTerms,
+    ) -> Result<Option<(InvocationRow, Fence)>, StoreError> {
+        let c = self.client().await?;
+        let row = c
+            .query_opt(
+                &format!(
+                    "UPDATE invocations SET owner = $2, epoch = epoch + 1, \
+                     lease_until_ms = podhost_now_ms() + $3, updated_ms = podhost_now_ms() \
+                     WHERE invocation_id = $1 AND epoch = $4 \
+                     AND status IN ('queued', 'running') \
+                     AND (lease_until_ms IS NULL OR lease_until_ms <= podhost_now_ms()) \
+                     RETURNING {COLUMNS}, podhost_now_ms()"
+                ),
+                &[&id, &&*terms.owner, &terms.ttl_ms, &epoch],
+            )
+            .await?;
+        let Some(row) = row.as_ref().map(read_row).transpose()? else {
+            return Ok(None);
+        };
+        let fence = terms.fence(row.epoch);
+        Ok(Some((row, fence)))
+    }
+
+    pub async fn transition(
+        &self,
+        id: &str,
+        from: &'static [Status],
+        to: Status,
+        error: Option<String>,
+        pending: Vec<String>,
+        fence: Option<&Fence>,
+    ) -> Result<(bool, Option<InvocationRow>), StoreError> {
+        if to != Status::Running && crate::failpoint_fails!("serve.store_full") {
+            // What PostgreSQL answers when its disk is full (SQLSTATE 53100).
+            let c = self.client().await?;
+            c.batch_execute(
+                "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = 'disk_full', \
+                 MESSAGE = 'could not extend file: No space left on device'; END $$",
+            )
+            .await?;
+        }
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let Some(row) = get_in(&tx, id, true).await? else {
+            return Ok((false, None));
+        };
+        if !judge_transition(&row, from, fence)? {
+            return Ok((false, Some(row)));
+        }
+        let open = super::OPEN.contains(&to);
+        let terminal = to.is_terminal();
+        tx.execute(
+            "UPDATE invocations SET status = $2, error = $3, pending = $4, \
+             updated_ms = podhost_now_ms(), \
+             finished_ms = CASE WHEN $5 THEN podhost_now_ms() END, \
+             lease_until_ms = CASE WHEN $6 THEN lease_until_ms END \
+             WHERE invocation_id = $1",
+            &[
+                &id,
+                &to.as_str(),
+                &error,
+                &to_json(&pending)?,
+                &terminal,
+                &open,
+            ],
+        )
+        .await?;
+        if to == Status::Cancelled {
+            tx.execute("SELECT pg_notify($1, $2)", &[&CANCEL_CHANNEL, &id])
+                .await?;
+        }
+        let row = get_in(&tx, id, false).await?;
+        tx.commit().await?;
+        Ok((true, row))
+    }
+
+    pub async fn append(
+        &self,
+        id: &str,
+        messages: Vec<ChatMessage>,
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let held = tx
+            .execute(
+                "UPDATE invocations SET updated_ms = podhost_now_ms() WHERE invocation_id = $1 \
+                 AND owner = $2 AND epoch = $3 AND status IN ('queued', 'running') \
+                 AND lease_until_ms > podhost_now_ms()",
+                &[&id, &&*fence.owner, &fence.epoch],
+            )
+            .await?;
+        if held == 0 {
+            return Err(StoreError::Fenced(id.to_owned()));
+        }
+        append(&tx, id, &messages).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn messages(&self, id: &str, from: usize) -> Result<Vec<ChatMessage>, StoreError> {
+        let c = self.client().await?;
+        let stmt = c
+            .prepare_cached(
+                "SELECT body FROM messages WHERE invocation_id = $1 AND seq >= $2 ORDER BY seq",
+            )
+            .await?;
+        let rows = c.query(&stmt, &[&id, &(from as i64)]).await?;
+        rows.iter()
+            .map(|r| from_json("message", r.try_get::<_, &str>(0)?))
+            .collect()
+    }
+
+    pub async fn set_view(&self, id: &str, view: String, fence: &Fence) -> Result<(), StoreError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let held = tx
+            .execute(
+                "UPDATE invocations SET updated_ms = podhost_now_ms() WHERE invocation_id = $1 \
+                 AND owner = $2 AND epoch = $3 AND status IN ('queued', 'running') \
+                 AND lease_until_ms > podhost_now_ms()",
+                &[&id, &&*fence.owner, &fence.epoch],
+            )
+            .await?;
+        if held == 0 {
+            return Err(StoreError::Fenced(id.to_owned()));
+        }
+        tx.execute(
+            "INSERT INTO contexts (invocation_id, view) VALUES ($1, $2) \
+             ON CONFLICT (invocation_id) DO UPDATE SET view = excluded.view",
+            &[&id, &view],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn view(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let c = self.client().await?;
+        let row = c
+            .query_opt("SELECT view FROM contexts WHERE invocation_id = $1", &[&id])
+            .await?;
+        Ok(row.map(|r| r.try_get::<_, String>(0)).transpose()?)
+    }
+
+    pub async fn renew(
+        &self,
+        terms: &LeaseTerms,
+        held: Vec<(String, i64)>,
+    ) -> Result<Vec<String>, StoreError> {
+        if held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (ids, epochs): (Vec<String>, Vec<i64>) = held.into_iter().unzip();
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                "UPDATE invocations SET lease_until_ms = podhost_now_ms() + $2 \
+                 FROM unnest($3::text[], $4::bigint[]) AS h(id, ep) \
+                 WHERE invocation_id = h.id AND epoch = h.ep AND owner = $1 \
+                 AND status IN ('queued', 'running') AND lease_until_ms > podhost_now_ms() \
+                 RETURNING invocation_id",
+                &[&&*terms.owner, &terms.ttl_ms, &ids, &epochs],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| Ok(r.try_get::<_, String>(0)?))
+            .collect()
+    }
+
+    pub async fn release(&self, id: &str, fence: &Fence) -> Result<(), StoreError> {
+        let c = self.client().await?;
+        c.execute(
+            "UPDATE invocations SET lease_until_ms = podhost_now_ms() WHERE invocation_id = $1 \
+             AND owner = $2 AND epoch = $3 AND lease_until_ms > podhost_now_ms()",
+            &[&id, &&*fence.owner, &fence.epoch],
+        )
+        .await?;
+        Ok(())
+    }
+
+    pub async fn orphans(&self) -> Result<Vec<Orphan>, StoreError> {
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                "SELECT invocation_id, epoch, needs_key, \
+                 podhost_now_ms() - COALESCE(lease_until_ms, updated_ms) \
+                 FROM invocations WHERE status IN ('queued', 'running') \
+                 AND (lease_until_ms IS NULL OR lease_until_ms <= podhost_now_ms())",
+                &[],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Orphan {
+                    invocation_id: r.try_get(0)?,
+                    epoch: r.try_get(1)?,
+                    needs_key: r.try_get(2)?,
+                    expired_for_ms: r.try_get(3)?,
+                })
+            })
+            .collect()
+    }
+
+    pub async fn fail_orphan(
+        &self,
+        id: &str,
+        epoch: i64,
+        grace_ms: i64,
+        message: String,
+    ) -> Result<bool, StoreError> {
+        let c = self.client().await?;
+        let n = c
+            .execute(
+                "UPDATE invocations SET status = 'failed', error = $2, \
+                 updated_ms = podhost_now_ms(), finished_ms = podhost_now_ms(), \
+                 epoch = epoch + 1, lease_until_ms = NULL \
+                 WHERE invocation_id = $1 AND epoch = $3 AND status IN ('queued', 'running') \
+                 AND COALESCE(lease_until_ms, updated_ms) + $4 <= podhost_now_ms()",
+                &[&id, &message, &epoch, &grace_ms],
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    pub async fn expire_leases(&self) -> Result<usize, StoreError> {
+        // Other replicas may hold live leases here: never end them wholesale.
+        Ok(0)
+    }
+
+    pub async fn sweep(&self, cutoff_ms: i64) -> Result<Vec<String>, StoreError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let rows = tx
+            .query(
+                "UPDATE invocations SET swept = TRUE, pending = '[]', last_resume = '[]' \
+                 WHERE swept = FALSE AND status IN ('completed', 'failed', 'cancelled') \
+                 AND finished_ms < $1 RETURNING invocation_id, session_id",
+                &[&cutoff_ms],
+            )
+            .await?;
+        let ids: Vec<String> = rows
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, _>>()?;
+        tx.execute(
+            "DELETE FROM messages WHERE invocation_id = ANY($1)",
+            &[&ids],
+        )
+        .await?;
+        tx.execute(
+            "DELETE FROM contexts WHERE invocation_id = ANY($1)",
+            &[&ids],
+        )
+        .await?;
+        tx.commit().await?;
+        rows.iter()
+            .map(|r| Ok(r.try_get::<_, String>(1)?))
+            .collect()
+    }
+
+    #[allow(dead_code)] // the uid pool's hook (see `Store::allocate_uid`)
+    pub async fn allocate_uid(
+        &self,
+        session_id: &str,
+        owner: &str,
+        first: u32,
+        count: u32,
+    ) -> Result<Option<u32>, StoreError> {
+        let c = self.client().await?;
+        let (first, last) = (i64::from(first), i64::from(first) + i64::from(count) - 1);
+        // Another replica may take the uid found between the look and the insert: look again.
+        for _ in 0..=count.min(1000) {
+            if let Some(r) = c
+                .query_opt(
+                    "SELECT uid FROM session_uids WHERE session_id = $1",
+                    &[&session_id],
+                )
+                .await?
+            {
+                return Ok(u32::try_from(r.try_get::<_, i64>(0)?).ok());
+            }
+            let free: Option<i64> = c
+                .query_one(
+                    "SELECT MIN(c) FROM (SELECT $1::bigint AS c UNION ALL SELECT uid + 1 FROM \
+                     session_uids WHERE uid BETWEEN $1 AND $2) AS cand \
+                     WHERE c <= $2 AND c NOT IN (SELECT uid FROM session_uids)",
+                    &[&first, &last],
+                )
+                .await?
+                .try_get(0)?;
+            let Some(uid) = free else {
+                return Ok(None);
+            };
+            let params: [&(dyn ToSql + Sync); 3] = [&uid, &session_id, &owner];
+            let inserted = c
+                .execute(
+                    "INSERT INTO session_uids (uid, session_id, owner, claimed_ms) \
+                     VALUES ($1, $2, $3, podhost_now_ms()) ON CONFLICT DO NOTHING",
+                    &params,
+                )
+                .await?;
+            if inserted == 1 {
+                return Ok(u32::try_from(uid).ok());
+            }
+        }
+        Err(StoreError::Pool(format!(
+            "could not allocate a uid for session {session_id:?}: every try raced another replica"
+        )))
+    }
+
+    #[allow(dead_code)] // the uid pool's hook (see `Store::release_uid`)
+    pub async fn release_uid(&self, session_id: &str) -> Result<(), StoreError> {
+        let c = self.client().await?;
+        c.execute(
+            "DELETE FROM session_uids WHERE session_id = $1",
+            &[&session_id],
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+/// Hears cancellations other replicas announce, for as long as the receiver lives;
+/// reconnects (with a growing pause) when the connection drops.
+async fn listen(config: tokio_postgres::Config, tx: mpsc::Sender<String>) {
+    let mut pause = Duration::from_millis(200);
+    while !tx.is_closed() {
+        match listen_once(&config, &tx).await {
+            Ok(()) => return,
+            Err(e) => {
+                warn!(error = %e, "the cancellation listener lost its connection; reconnecting")
+            }
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(5));
+    }
+}
+
+async fn listen_once(
+    config: &tokio_postgres::Config,
+    tx: &mpsc::Sender<String>,
+) -> Result<(), String> {
+    let (client, mut conn) = config.connect(NoTls).await.map_err(|e| e.to_string())?;
+    let forward = tx.clone();
+    let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+    let mut pump = tokio::spawn(async move {
+        while let Some(m) = messages.next().await {
+            match m {
+                Ok(AsyncMessage::Notification(n)) => {
+                    // A full queue drops the announcement; the owner's renewal catches it.
+                    let _ = forward.try_send(n.payload().to_owned());
+                }
+                Ok(_) => {}
+                Err(e) => return e.to_string(),
+            }
+        }
+        "the connection closed".to_owned()
+    });
+    if let Err(e) = client
+        .batch_execute(&format!("LISTEN {CANCEL_CHANNEL}"))
+        .await
+    {
+        pump.abort();
+        return Err(e.to_string());
+    }
+    info!("listening for cancellations announced by other replicas");
+    let result = tokio::select! {
+        why = &mut pump => Err(why.unwrap_or_else(|e| e.to_string())),
+        _ = tx.closed() => Ok(()),
+    };
+    pump.abort();
+    result
+}

@@ -1,0 +1,770 @@
+//! The SQLite engine of the store: one file in the data directory, for one replica.
+//!
+//! Owns: the writer thread and its connection, a pool of read-only connections, and the lock on
+//! the data directory that keeps a second process off the same store.
+//!
+//! Invariants:
+//! * One thread owns the writing connection and runs every write in turn, so each write is
+//!   atomic against every other (a check-and-insert cannot race a duplicate submission).
+//! * Reads run on their own read-only connections on blocking threads: in WAL mode they see
+//!   the last commit and never wait behind a write.
+//! * Callers never block an async thread on the database.
+//! * Only one process opens a data directory's store at a time (an exclusive `flock` on
+//!   `podhost.lock`, released by the kernel when the process dies), so leases left in it at
+//!   start are its predecessor's.
+//! * Submissions' acceptance, questions and end states are committed synchronously
+//!   (`synchronous = FULL` for that write); messages and `running` may ride on the next sync.
+//!
+//! Non-goals: sharing one store between machines (that is PostgreSQL's).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use nix::fcntl::{Flock, FlockArg};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, params};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use super::{
+    COLUMNS, Fence, InvocationRow, LeaseTerms, Orphan, ResumeOutcome, StartOutcome, StatusRow,
+    StoreError, from_json, judge_resume, judge_transition, migrate, now_ms, parse_status, to_json,
+};
+use crate::byoh::protocol::Status;
+use crate::chat::message::{ChatMessage, ModelEndpoint};
+
+type Job = Box<dyn FnOnce(&mut Connection) + Send>;
+
+/// Read-only connections open at most at once.
+const READERS: usize = 8;
+/// How long a statement waits for a lock another connection holds.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A handle on the SQLite store. Cheap to clone.
+#[derive(Clone)]
+pub struct Sqlite {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    writer: mpsc::Sender<Job>,
+    idle: Mutex<Vec<Connection>>,
+    readers: Semaphore,
+    /// Held for the life of the store.
+    _lock: Flock<File>,
+}
+
+impl std::fmt::Debug for Sqlite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sqlite")
+            .field("path", &self.inner.path)
+            .finish()
+    }
+}
+
+fn open_err(path: &Path) -> impl Fn(rusqlite::Error) -> StoreError + '_ {
+    move |e| StoreError::Open {
+        what: path.display().to_string(),
+        why: e.to_string(),
+    }
+}
+
+/// Takes the data directory's lock, or says who holds it.
+fn lock_dir(path: &Path) -> Result<Flock<File>, StoreError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let lock_path = dir.join("podhost.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| StoreError::Open {
+            what: lock_path.display().to_string(),
+            why: e.to_string(),
+        })?;
+    Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| StoreError::Open {
+        what: path.display().to_string(),
+        why: if errno == nix::errno::Errno::EWOULDBLOCK {
+            format!(
+                "another podhost serve is using it ({} is locked); an SQLite store serves one \
+                 process — stop the other one, or use PostgreSQL (--store postgres://…) for \
+                 several replicas",
+                lock_path.display()
+            )
+        } else {
+            format!("could not lock {}: {errno}", lock_path.display())
+        },
+    })
+}
+
+fn read_row(r: &Row<'_>, now: i64) -> rusqlite::Result<Result<InvocationRow, StoreError>> {
+    let status: String = r.get(2)?;
+    let connection: String = r.get(4)?;
+    let pending: String = r.get(7)?;
+    let last_resume: String = r.get(8)?;
+    let lease_until: Option<i64> = r.get(13)?;
+    let row = (|| -> Result<InvocationRow, StoreError> {
+        Ok(InvocationRow {
+            invocation_id: r.get(0)?,
+            session_id: r.get(1)?,
+            status: parse_status(&status)?,
+            error: r.get(3)?,
+            connection: from_json("connection", &connection)?,
+            needs_key: r.get(5)?,
+            output_start: r.get::<_, i64>(6)? as usize,
+            pending: from_json("pending", &pending)?,
+            last_resume: from_json("last_resume", &last_resume)?,
+            finished_ms: r.get(9)?,
+            swept: r.get(10)?,
+            owner: r.get(11)?,
+            epoch: r.get(12)?,
+            lease_left_ms: lease_until.map(|u| u - now),
+        })
+    })();
+    Ok(row)
+}
+
+fn get(c: &Connection, id: &str) -> Result<Option<InvocationRow>, StoreError> {
+    let now = now_ms();
+    c.query_row(
+        &format!("SELECT {COLUMNS} FROM invocations WHERE invocation_id = ?1"),
+        [id],
+        |r| read_row(r, now),
+    )
+    .optional()?
+    .transpose()
+}
+
+fn must_get(c: &Connection, id: &str) -> Result<InvocationRow, StoreError> {
+    get(c, id)?.ok_or_else(|| StoreError::Corrupt(format!("invocation {id:?} vanished")))
+}
+
+fn append(c: &Connection, id: &str, messages: &[ChatMessage]) -> Result<usize, StoreError> {
+    let mut next: i64 = c.query_row(
+        "SELECT COALESCE(MAX(seq) + 1, 0) FROM messages WHERE invocation_id = ?1",
+        [id],
+        |r| r.get(0),
+    )?;
+    let mut stmt =
+        c.prepare_cached("INSERT INTO messages (invocation_id, seq, body) VALUES (?1, ?2, ?3)")?;
+    for m in messages {
+        stmt.execute(params![id, next, to_json(m)?])?;
+        next += 1;
+    }
+    Ok(next as usize)
+}
+
+fn read_messages(c: &Connection, id: &str, from: usize) -> Result<Vec<ChatMessage>, StoreError> {
+    let mut stmt = c.prepare_cached(
+        "SELECT body FROM messages WHERE invocation_id = ?1 AND seq >= ?2 ORDER BY seq",
+    )?;
+    let bodies = stmt
+        .query_map(params![id, from as i64], |r| r.get::<_, String>(0))?
+        .collect::<rusqlite::Result<Vec<String>>>()?;
+    bodies.iter().map(|b| from_json("message", b)).collect()
+}
+
+/// A write transaction that takes the write lock at once (no upgrade from a read later).
+fn begin(c: &mut Connection) -> Result<Transaction<'_>, StoreError> {
+    Ok(c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?)
+}
+
+impl Sqlite {
+    /// Opens (creating) the store at `path`, migrates it, and starts its writer thread.
+    pub fn open(path: &Path) -> Result<Sqlite, StoreError> {
+        let lock = lock_dir(path)?;
+        let conn = Connection::open(path).map_err(open_err(path))?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(open_err(path))?;
+        // Commits that callers act on (a submission's acceptance, end states) go through
+        // `durable`, which syncs them.
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(open_err(path))?;
+        conn.pragma_update(None, "foreign_keys", "ON")
+            .map_err(open_err(path))?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(open_err(path))?;
+        let conn = migrate::sqlite(conn, None)?;
+        Self::start(path, conn, lock)
+    }
+
+    /// Opens the store at `path` with its schema brought only to `version`: a store as the
+    /// podhost of that schema wrote it (tests of upgrades).
+    #[cfg(test)]
+    pub fn open_at_version(path: &Path, version: i32) -> Result<(), StoreError> {
+        let conn = Connection::open(path).map_err(open_err(path))?;
+        migrate::sqlite(conn, Some(version))?;
+        Ok(())
+    }
+
+    fn start(path: &Path, conn: Connection, lock: Flock<File>) -> Result<Sqlite, StoreError> {
+        let (tx, mut rx) = mpsc::channel::<Job>(1024);
+        std::thread::Builder::new()
+            .name("podhost-store".into())
+            .spawn(move || {
+                let mut conn = conn;
+                while let Some(job) = rx.blocking_recv() {
+                    job(&mut conn);
+                }
+            })
+            .map_err(|e| StoreError::Open {
+                what: path.display().to_string(),
+                why: format!("could not start the store thread: {e}"),
+            })?;
+        Ok(Sqlite {
+            inner: Arc::new(Inner {
+                path: path.to_owned(),
+                writer: tx,
+                idle: Mutex::new(Vec::new()),
+                readers: Semaphore::new(READERS),
+                _lock: lock,
+            }),
+        })
+    }
+
+    /// Runs `f` on the writer thread.
+    async fn write<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
+    {
+        let (done, answer) = oneshot::channel();
+        let job: Job = Box::new(move |c| {
+            let _ = done.send(f(c));
+        });
+        self.inner
+            .writer
+            .send(job)
+            .await
+            .map_err(|_| StoreError::Stopped)?;
+        answer.await.map_err(|_| StoreError::Stopped)?
+    }
+
+    /// Runs `f` on the writer thread with its commit synced to disk before it counts.
+    async fn durable<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
+    {
+        self.write(move |c| {
+            c.pragma_update(None, "synchronous", "FULL")?;
+            let r = f(c);
+            c.pragma_update(None, "synchronous", "NORMAL")?;
+            r
+        })
+        .await
+    }
+
+    /// Runs `f` on a read-only connection on a blocking thread.
+    async fn read<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
+    {
+        let _permit = self
+            .inner
+            .readers
+            .acquire()
+            .await
+            .map_err(|_| StoreError::Stopped)?;
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let idle = inner
+                .idle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pop();
+            let conn = match idle {
+                Some(c) => c,
+                None => {
+                    let c = Connection::open_with_flags(
+                        &inner.path,
+                        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                    )?;
+                    c.busy_timeout(BUSY_TIMEOUT)?;
+                    c
+                }
+            };
+            let r = f(&conn);
+            inner
+                .idle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(conn);
+            r
+        })
+        .await
+        .map_err(|_| StoreError::Stopped)?
+    }
+
+    /// Takes the write lock within `wait` and gives it back at once (`BEGIN IMMEDIATE;
+    /// ROLLBACK`) on the writer's connection.
+    pub async fn check_writable(&self, wait: Duration) -> Result<(), StoreError> {
+        self.write(move |c| {
+            c.busy_timeout(wait)?;
+            let checked = c.execute_batch("BEGIN IMMEDIATE; ROLLBACK;");
+            // What every other statement runs with.
+            c.busy_timeout(BUSY_TIMEOUT)?;
+            Ok(checked?)
+        })
+        .await
+    }
+
+    pub async fn count(&self) -> Result<u64, StoreError> {
+        self.read(|c| {
+            Ok(c.query_row("SELECT COUNT(*) FROM invocations", [], |r| {
+                r.get::<_, i64>(0)
+            })? as u64)
+        })
+        .await
+    }
+
+    pub async fn status(&self, id: &str) -> Result<Option<StatusRow>, StoreError> {
+        let id = id.to_owned();
+        self.read(move |c| {
+            let row: Option<(String, String, Option<String>)> = c
+                .prepare_cached(
+                    "SELECT session_id, status, error FROM invocations WHERE invocation_id = ?1",
+                )?
+                .query_row([&id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .optional()?;
+            row.map(|(session_id, status, error)| {
+                Ok(StatusRow {
+                    session_id,
+                    status: parse_status(&status)?,
+                    error,
+                })
+            })
+            .transpose()
+        })
+        .await
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Option<InvocationRow>, StoreError> {
+        let id = id.to_owned();
+        self.read(move |c| get(c, &id)).await
+    }
+
+    pub async fn insert_start(
+        &self,
+        row: InvocationRow,
+        messages: Vec<ChatMessage>,
+        terms: &LeaseTerms,
+    ) -> Result<StartOutcome, StoreError> {
+        let terms = terms.clone();
+        self.durable(move |c| {
+            let tx = begin(c)?;
+            if let Some(existing) = get(&tx, &row.invocation_id)? {
+                return Ok(StartOutcome::Exists(Box::new(existing)));
+            }
+            let other: Option<String> = tx
+                .query_row(
+                    "SELECT invocation_id FROM invocations WHERE session_id = ?1",
+                    [&row.session_id],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            if let Some(other) = other {
+                return Ok(StartOutcome::SessionTaken(other));
+            }
+            let now = now_ms();
+            tx.execute(
+                "INSERT INTO invocations (invocation_id, session_id, status, connection, \
+                 needs_key, output_start, created_ms, updated_ms, owner, epoch, lease_until_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8, 1, ?9)",
+                params![
+                    row.invocation_id,
+                    row.session_id,
+                    Status::Queued.as_str(),
+                    to_json(&row.connection)?,
+                    row.needs_key,
+                    messages.len() as i64,
+                    now,
+                    &*terms.owner,
+                    now + terms.ttl_ms,
+                ],
+            )?;
+            append(&tx, &row.invocation_id, &messages)?;
+            tx.commit()?;
+            Ok(StartOutcome::Inserted(terms.fence(1)))
+        })
+        .await
+    }
+
+    pub async fn apply_resume(
+        &self,
+        id: &str,
+        ids: Vec<String>,
+        messages: Vec<ChatMessage>,
+        connection: ModelEndpoint,
+        needs_key: bool,
+        terms: &LeaseTerms,
+    ) -> Result<ResumeOutcome, StoreError> {
+        let id = id.to_owned();
+        let terms = terms.clone();
+        self.durable(move |c| {
+            let tx = begin(c)?;
+            let Some(row) = get(&tx, &id)? else {
+                return Ok(ResumeOutcome::NotFound);
+            };
+            let epoch = row.epoch + 1;
+            if let Some(outcome) = judge_resume(row, &ids) {
+                return Ok(outcome);
+            }
+            let end = append(&tx, &id, &messages)?;
+            let now = now_ms();
+            tx.execute(
+                "UPDATE invocations SET status = ?2, pending = '[]', last_resume = ?3, \
+                 output_start = ?4, connection = ?5, needs_key = ?6, updated_ms = ?7, \
+                 owner = ?8, epoch = ?9, lease_until_ms = ?10 WHERE invocation_id = ?1",
+                params![
+                    id,
+                    Status::Queued.as_str(),
+                    to_json(&ids)?,
+                    end as i64,
+                    to_json(&connection)?,
+                    needs_key,
+                    now,
+                    &*terms.owner,
+                    epoch,
+                    now + terms.ttl_ms,
+                ],
+            )?;
+            let row = must_get(&tx, &id)?;
+            tx.commit()?;
+            Ok(ResumeOutcome::Applied(row, terms.fence(epoch)))
+        })
+        .await
+    }
+
+    pub async fn claim(
+        &self,
+        id: &str,
+        epoch: i64,
+        terms: &LeaseTerms,
+    ) -> Result<Option<(InvocationRow, Fence)>, StoreError> {
+        let id = id.to_owned();
+        let terms = terms.clone();
+        self.write(move |c| {
+            let tx = begin(c)?;
+            let now = now_ms();
+            let n = tx.execute(
+                "UPDATE invocations SET owner = ?2, epoch = epoch + 1, lease_until_ms = ?3, \
+                 updated_ms = ?4 WHERE invocation_id = ?1 AND epoch = ?5 \
+                 AND status IN ('queued', 'running') \
+                 AND (lease_until_ms IS NULL OR lease_until_ms <= ?4)",
+                params![id, &*terms.owner, now + terms.ttl_ms, now, epoch],
+            )?;
+            if n == 0 {
+                return Ok(None);
+            }
+            let row = must_get(&tx, &id)?;
+            tx.commit()?;
+            let fence = terms.fence(row.epoch);
+            Ok(Some((row, fence)))
+        })
+        .await
+    }
+
+    pub async fn transition(
+        &self,
+        id: &str,
+        from: &'static [Status],
+        to: Status,
+        error: Option<String>,
+        pending: Vec<String>,
+        fence: Option<&Fence>,
+    ) -> Result<(bool, Option<InvocationRow>), StoreError> {
+        let id = id.to_owned();
+        let fence = fence.cloned();
+        let op =
+            move |c: &mut Connection| {
+                if to != Status::Running && crate::failpoint_fails!("serve.store_full") {
+                    return Err(rusqlite::Error::SqliteFailure(
+                        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+                        Some("database or disk is full".to_owned()),
+                    )
+                    .into());
+                }
+                let tx = begin(c)?;
+                let Some(row) = get(&tx, &id)? else {
+                    return Ok((false, None));
+                };
+                if !judge_transition(&row, from, fence.as_ref())? {
+                    return Ok((false, Some(row)));
+                }
+                let now = now_ms();
+                let finished = to.is_terminal().then_some(now);
+                // A lease lives while the turn is open; any other status ends it.
+                let open = super::OPEN.contains(&to);
+                tx.execute(
+                "UPDATE invocations SET status = ?2, error = ?3, pending = ?4, updated_ms = ?5, \
+                 finished_ms = ?6, lease_until_ms = CASE WHEN ?7 THEN lease_until_ms END \
+                 WHERE invocation_id = ?1",
+                params![id, to.as_str(), error, to_json(&pending)?, now, finished, open],
+            )?;
+                let row = get(&tx, &id)?;
+                tx.commit()?;
+                Ok((true, row))
+            };
+        // End states and questions are what callers act on: sync them; `running` need not be.
+        if to == Status::Running {
+            self.write(op).await
+        } else {
+            self.durable(op).await
+        }
+    }
+
+    pub async fn append(
+        &self,
+        id: &str,
+        messages: Vec<ChatMessage>,
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        let id = id.to_owned();
+        let fence = fence.clone();
+        self.write(move |c| {
+            let tx = begin(c)?;
+            let now = now_ms();
+            let held = tx.execute(
+                "UPDATE invocations SET updated_ms = ?2 WHERE invocation_id = ?1 AND owner = ?3 \
+                 AND epoch = ?4 AND status IN ('queued', 'running') AND lease_until_ms > ?2",
+                params![id, now, &*fence.owner, fence.epoch],
+            )?;
+            if held == 0 {
+                return Err(StoreError::Fenced(id));
+            }
+            append(&tx, &id, &messages)?;
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn messages(&self, id: &str, from: usize) -> Result<Vec<ChatMessage>, StoreError> {
+        let id = id.to_owned();
+        self.read(move |c| read_messages(c, &id, from)).await
+    }
+
+    pub async fn set_view(&self, id: &str, view: String, fence: &Fence) -> Result<(), StoreError> {
+        let id = id.to_owned();
+        let fence = fence.clone();
+        self.durable(move |c| {
+            let tx = begin(c)?;
+            let now = now_ms();
+            let held = tx.execute(
+                "UPDATE invocations SET updated_ms = ?2 WHERE invocation_id = ?1 AND owner = ?3 \
+                 AND epoch = ?4 AND status IN ('queued', 'running') AND lease_until_ms > ?2",
+                params![id, now, &*fence.owner, fence.epoch],
+            )?;
+            if held == 0 {
+                return Err(StoreError::Fenced(id));
+            }
+            tx.execute(
+                "INSERT INTO contexts (invocation_id, view) VALUES (?1, ?2) \
+                 ON CONFLICT (invocation_id) DO UPDATE SET view = excluded.view",
+                params![id, view],
+            )?;
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn view(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let id = id.to_owned();
+        self.read(move |c| {
+            Ok(c.query_row(
+                "SELECT view FROM contexts WHERE invocation_id = ?1",
+                [&id],
+                |r| r.get(0),
+            )
+            .optional()?)
+        })
+        .await
+    }
+
+    pub async fn renew(
+        &self,
+        terms: &LeaseTerms,
+        held: Vec<(String, i64)>,
+    ) -> Result<Vec<String>, StoreError> {
+        let terms = terms.clone();
+        self.write(move |c| {
+            let tx = begin(c)?;
+            let now = now_ms();
+            let mut renewed = Vec::with_capacity(held.len());
+            {
+                let mut stmt = tx.prepare_cached(
+                    "UPDATE invocations SET lease_until_ms = ?2 WHERE invocation_id = ?1 \
+                     AND owner = ?3 AND epoch = ?4 AND status IN ('queued', 'running') \
+                     AND lease_until_ms > ?5",
+                )?;
+                for (id, epoch) in held {
+                    if stmt.execute(params![id, now + terms.ttl_ms, &*terms.owner, epoch, now])?
+                        == 1
+                    {
+                        renewed.push(id);
+                    }
+                }
+            }
+            tx.commit()?;
+            Ok(renewed)
+        })
+        .await
+    }
+
+    pub async fn release(&self, id: &str, fence: &Fence) -> Result<(), StoreError> {
+        let id = id.to_owned();
+        let fence = fence.clone();
+        self.write(move |c| {
+            c.execute(
+                "UPDATE invocations SET lease_until_ms = ?2 WHERE invocation_id = ?1 \
+                 AND owner = ?3 AND epoch = ?4 AND lease_until_ms > ?2",
+                params![id, now_ms(), &*fence.owner, fence.epoch],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn orphans(&self) -> Result<Vec<Orphan>, StoreError> {
+        self.read(|c| {
+            let now = now_ms();
+            let mut stmt = c.prepare_cached(
+                "SELECT invocation_id, epoch, needs_key, COALESCE(lease_until_ms, updated_ms) \
+                 FROM invocations WHERE status IN ('queued', 'running') \
+                 AND (lease_until_ms IS NULL OR lease_until_ms <= ?1)",
+            )?;
+            let rows = stmt.query_map([now], |r| {
+                Ok(Orphan {
+                    invocation_id: r.get(0)?,
+                    epoch: r.get(1)?,
+                    needs_key: r.get(2)?,
+                    expired_for_ms: now - r.get::<_, i64>(3)?,
+                })
+            })?;
+            Ok(rows.collect::<rusqlite::Result<_>>()?)
+        })
+        .await
+    }
+
+    pub async fn fail_orphan(
+        &self,
+        id: &str,
+        epoch: i64,
+        grace_ms: i64,
+        message: String,
+    ) -> Result<bool, StoreError> {
+        let id = id.to_owned();
+        self.durable(move |c| {
+            let now = now_ms();
+            let n = c.execute(
+                "UPDATE invocations SET status = 'failed', error = ?2, updated_ms = ?3, \
+                 finished_ms = ?3, epoch = epoch + 1, lease_until_ms = NULL \
+                 WHERE invocation_id = ?1 AND epoch = ?4 AND status IN ('queued', 'running') \
+                 AND COALESCE(lease_until_ms, updated_ms) + ?5 <= ?3",
+                params![id, message, now, epoch, grace_ms],
+            )?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    pub async fn expire_leases(&self) -> Result<usize, StoreError> {
+        self.write(|c| {
+            Ok(c.execute(
+                "UPDATE invocations SET lease_until_ms = ?1 \
+                 WHERE status IN ('queued', 'running')",
+                [now_ms()],
+            )?)
+        })
+        .await
+    }
+
+    pub async fn sweep(&self, cutoff_ms: i64) -> Result<Vec<String>, StoreError> {
+        self.write(move |c| {
+            let tx = begin(c)?;
+            let sessions: Vec<(String, String)> = {
+                let mut stmt = tx.prepare(
+                    "SELECT invocation_id, session_id FROM invocations WHERE swept = 0 \
+                     AND status IN ('completed', 'failed', 'cancelled') AND finished_ms < ?1",
+                )?;
+                let rows = stmt.query_map([cutoff_ms], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                rows.collect::<rusqlite::Result<_>>()?
+            };
+            for (id, _) in &sessions {
+                tx.execute("DELETE FROM messages WHERE invocation_id = ?1", [id])?;
+                tx.execute("DELETE FROM contexts WHERE invocation_id = ?1", [id])?;
+                tx.execute(
+                    "UPDATE invocations SET swept = 1, pending = '[]', last_resume = '[]' \
+                     WHERE invocation_id = ?1",
+                    [id],
+                )?;
+            }
+            tx.commit()?;
+            Ok(sessions.into_iter().map(|(_, s)| s).collect())
+        })
+        .await
+    }
+
+    #[allow(dead_code)] // the uid pool's hook (see `Store::allocate_uid`)
+    pub async fn allocate_uid(
+        &self,
+        session_id: &str,
+        owner: &str,
+        first: u32,
+        count: u32,
+    ) -> Result<Option<u32>, StoreError> {
+        let (session_id, owner) = (session_id.to_owned(), owner.to_owned());
+        self.write(move |c| {
+            let tx = begin(c)?;
+            let held: Option<i64> = tx
+                .query_row(
+                    "SELECT uid FROM session_uids WHERE session_id = ?1",
+                    [&session_id],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            if let Some(uid) = held {
+                return Ok(u32::try_from(uid).ok());
+            }
+            let last = i64::from(first) + i64::from(count) - 1;
+            // The lowest free uid of the range: `first` itself, or one past a taken one.
+            let free: Option<i64> = tx
+                .query_row(
+                    "SELECT MIN(c) FROM (SELECT ?1 AS c UNION ALL SELECT uid + 1 FROM \
+                     session_uids WHERE uid BETWEEN ?1 AND ?2) \
+                     WHERE c <= ?2 AND c NOT IN (SELECT uid FROM session_uids)",
+                    params![i64::from(first), last],
+                    |r| r.get(0),
+                )
+                .optional()?
+                .flatten();
+            let Some(uid) = free else {
+                return Ok(None);
+            };
+            tx.execute(
+                "INSERT INTO session_uids (uid, session_id, owner, claimed_ms) \
+                 VALUES (?1, ?2, ?3, ?4)",
+                params![uid, session_id, owner, now_ms()],
+            )?;
+            tx.commit()?;
+            Ok(u32::try_from(uid).ok())
+        })
+        .await
+    }
+
+    #[allow(dead_code)] // the uid pool's hook (see `Store::release_uid`)
+    pub async fn release_uid(&self, session_id: &str) -> Result<(), StoreError> {
+        let session_id = session_id.to_owned();
+        self.write(move |c| {
+            c.execute(
+                "DELETE FROM session_uids WHERE session_id = ?1",
+                [&session_id],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+}

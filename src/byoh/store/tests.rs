@@ -1,0 +1,746 @@
+//! The store's behaviour, one set of tests run against both engines: SQLite in a temporary
+//! directory, and a real PostgreSQL (a throwaway cluster, see `tests/support/pg.rs`).
+
+use std::time::Duration;
+
+use pretty_assertions::assert_eq;
+
+use super::*;
+use crate::chat::message::ToolCall;
+
+#[path = "../../../tests/support/pg.rs"]
+mod pg;
+
+/// A store to test, and what keeps it alive.
+struct Fixture {
+    store: Store,
+    spec: StoreSpec,
+    _dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn sqlite() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("podhost.sqlite");
+        Fixture {
+            store: Store::Sqlite(sqlite::Sqlite::open(&path).unwrap()),
+            spec: StoreSpec::Sqlite(path),
+            _dir: dir,
+        }
+    }
+
+    async fn postgres() -> Option<Fixture> {
+        let pg = pg::TestPg::shared()?;
+        let spec = StoreSpec::Postgres(Secret::new(pg.fresh_db()));
+        Some(Fixture {
+            store: Store::open(&spec).await.unwrap(),
+            spec,
+            _dir: tempfile::tempdir().unwrap(),
+        })
+    }
+
+    /// Another replica's handle on the same store (PostgreSQL), or the same handle (SQLite,
+    /// which one process holds).
+    async fn other(&self) -> Store {
+        match &self.spec {
+            StoreSpec::Sqlite(_) => self.store.clone(),
+            StoreSpec::Postgres(_) => Store::open(&self.spec).await.unwrap(),
+        }
+    }
+}
+
+/// Runs each named test body against both engines.
+macro_rules! both_engines {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test]
+            async fn sqlite() {
+                tokio::time::timeout(super::T, super::$name(super::Fixture::sqlite()))
+                    .await
+                    .unwrap();
+            }
+            #[tokio::test]
+            async fn postgres() {
+                if let Some(f) = super::Fixture::postgres().await {
+                    tokio::time::timeout(super::T, super::$name(f)).await.unwrap();
+                }
+            }
+        }
+    )*};
+}
+
+const T: Duration = Duration::from_secs(30);
+
+both_engines!(
+    starts_resumes_and_transitions,
+    one_of_two_concurrent_starts_inserts,
+    a_claim_fences_the_previous_owner,
+    an_expired_lease_fences_and_makes_an_orphan,
+    only_one_replica_claims_an_orphan,
+    orphans_needing_a_key_fail_after_the_grace,
+    cancel_fences_the_owner_and_is_announced,
+    renewals_answer_what_is_still_held,
+    uids_are_unique_across_replicas,
+    a_newer_schema_is_refused,
+    a_store_of_the_previous_schema_is_upgraded,
+    sweeping_keeps_a_tombstone,
+    a_context_view_is_kept_fenced_and_swept,
+);
+
+fn terms(owner: &str, ttl_ms: i64) -> LeaseTerms {
+    LeaseTerms {
+        owner: owner.into(),
+        ttl_ms,
+    }
+}
+
+fn row(id: &str, session: &str) -> InvocationRow {
+    let mut r = InvocationRow::new(id, session, ModelEndpoint::default());
+    r.needs_key = true;
+    r
+}
+
+fn ask(id: &str) -> ChatMessage {
+    ChatMessage::assistant(
+        String::new(),
+        vec![ToolCall::new(id, "ask_user", "{}".into())],
+    )
+}
+
+async fn start(store: &Store, id: &str, t: &LeaseTerms) -> Fence {
+    match store
+        .insert_start(
+            row(id, &format!("s-{id}")),
+            vec![ChatMessage::user("hi")],
+            t,
+        )
+        .await
+        .unwrap()
+    {
+        StartOutcome::Inserted(f) => f,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Waits (polling the store, as a replica would) until the lease of `id` ran out.
+async fn until_expired(store: &Store, id: &str) {
+    while !store.get(id).await.unwrap().unwrap().is_orphan() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn starts_resumes_and_transitions(f: Fixture) {
+    let store = &f.store;
+    let a = terms("a", 60_000);
+    let msgs = vec![ChatMessage::user("hi")];
+    let StartOutcome::Inserted(fence) = store
+        .insert_start(row("i", "s"), msgs.clone(), &a)
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(fence, a.fence(1));
+    assert!(matches!(
+        store.insert_start(row("i", "s"), msgs.clone(), &a).await.unwrap(),
+        StartOutcome::Exists(r) if r.epoch == 1 && r.owner.as_deref() == Some("a")
+    ));
+    assert!(matches!(
+        store.insert_start(row("j", "s"), msgs.clone(), &a).await.unwrap(),
+        StartOutcome::SessionTaken(other) if other == "i"
+    ));
+    store.append("i", vec![ask("q")], &fence).await.unwrap();
+    assert_eq!(
+        store.status("i").await.unwrap().unwrap().status,
+        Status::Queued
+    );
+    assert_eq!(store.status("nope").await.unwrap(), None);
+    let (changed, after) = store
+        .transition(
+            "i",
+            OPEN,
+            Status::InputRequired,
+            None,
+            vec!["q".into()],
+            Some(&fence),
+        )
+        .await
+        .unwrap();
+    assert!(changed);
+    // Waiting for input, the turn holds no lease.
+    assert_eq!(after.unwrap().lease_left_ms, None);
+    let resume = |ids: &[&str]| {
+        let store = store.clone();
+        let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
+        let b = terms("b", 60_000);
+        async move {
+            let msgs = ids
+                .iter()
+                .map(|i| ChatMessage::tool(i.clone(), "x"))
+                .collect();
+            store
+                .apply_resume("i", ids, msgs, ModelEndpoint::default(), false, &b)
+                .await
+                .unwrap()
+        }
+    };
+    assert!(matches!(resume(&["z"]).await, ResumeOutcome::Mismatch(m)
+        if m == "the resume answers tool call(s) [\"z\"], which are not pending; the pending calls are [\"q\"]"));
+    let ResumeOutcome::Applied(applied, fence2) = resume(&["q"]).await else {
+        panic!()
+    };
+    // The resume was claimed by the replica that took it.
+    assert_eq!(fence2, terms("b", 0).fence(2));
+    assert_eq!(
+        (
+            applied.output_start,
+            applied.status,
+            applied.owner.as_deref()
+        ),
+        (3, Status::Queued, Some("b"))
+    );
+    assert!(matches!(resume(&["q"]).await, ResumeOutcome::Duplicate(_)));
+    // The first claim's writes no longer land.
+    assert!(matches!(
+        store.append("i", vec![ask("late")], &fence).await,
+        Err(StoreError::Fenced(id)) if id == "i"
+    ));
+    let spec = f.spec.clone();
+    drop(f.store);
+    let store = Store::open(&spec).await.unwrap();
+    let got = store.get("i").await.unwrap().unwrap();
+    assert_eq!(
+        (got.status, got.needs_key, got.last_resume),
+        (Status::Queued, false, vec!["q".to_string()])
+    );
+    assert_eq!(store.messages("i", 0).await.unwrap().len(), 3);
+    assert_eq!(
+        store.messages("i", 1).await.unwrap(),
+        vec![ask("q"), ChatMessage::tool("q", "x")]
+    );
+}
+
+async fn one_of_two_concurrent_starts_inserts(f: Fixture) {
+    let other = f.other().await;
+    for n in 0..20 {
+        let id = format!("i{n}");
+        let (a, b) = (terms("a", 60_000), terms("b", 60_000));
+        let (x, y) = tokio::join!(
+            f.store
+                .insert_start(row(&id, &id), vec![ChatMessage::user("a")], &a),
+            other.insert_start(row(&id, &id), vec![ChatMessage::user("a")], &b),
+        );
+        let inserted = [x.unwrap(), y.unwrap()]
+            .iter()
+            .filter(|o| matches!(o, StartOutcome::Inserted(_)))
+            .count();
+        assert_eq!(inserted, 1, "{id}");
+        assert_eq!(f.store.messages(&id, 0).await.unwrap().len(), 1);
+    }
+}
+
+async fn a_claim_fences_the_previous_owner(f: Fixture) {
+    let store = &f.store;
+    let a = terms("a", 150);
+    let fence = start(store, "i", &a).await;
+    until_expired(store, "i").await;
+    let other = f.other().await;
+    let (row, taken) = other
+        .claim("i", 1, &terms("b", 60_000))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (row.owner.as_deref(), row.epoch, taken.epoch),
+        (Some("b"), 2, 2)
+    );
+    // Every write of the old claim is refused; the new claim's land.
+    assert!(matches!(
+        store
+            .append("i", vec![ChatMessage::user("x")], &fence)
+            .await,
+        Err(StoreError::Fenced(_))
+    ));
+    assert!(matches!(
+        store
+            .transition("i", OPEN, Status::Completed, None, vec![], Some(&fence))
+            .await,
+        Err(StoreError::Fenced(_))
+    ));
+    assert_eq!(
+        store.renew(&a, vec![("i".into(), 1)]).await.unwrap(),
+        Vec::<String>::new()
+    );
+    other
+        .append(
+            "i",
+            vec![ChatMessage::assistant("done".into(), vec![])],
+            &taken,
+        )
+        .await
+        .unwrap();
+    let (changed, _) = other
+        .transition("i", OPEN, Status::Completed, None, vec![], Some(&taken))
+        .await
+        .unwrap();
+    assert!(changed);
+    assert_eq!(store.messages("i", 0).await.unwrap().len(), 2);
+    // A claim at a stale epoch finds nothing.
+    assert!(
+        other
+            .claim("i", 1, &terms("c", 1000))
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+async fn an_expired_lease_fences_and_makes_an_orphan(f: Fixture) {
+    let store = &f.store;
+    let a = terms("a", 150);
+    let fence = start(store, "i", &a).await;
+    assert_eq!(store.orphans().await.unwrap(), vec![]);
+    until_expired(store, "i").await;
+    // No one took it over, but the lease ran out: the owner writes nothing more.
+    assert!(matches!(
+        store
+            .append("i", vec![ChatMessage::user("x")], &fence)
+            .await,
+        Err(StoreError::Fenced(_))
+    ));
+    assert_eq!(
+        store.renew(&a, vec![("i".into(), 1)]).await.unwrap(),
+        Vec::<String>::new()
+    );
+    let orphans = store.orphans().await.unwrap();
+    assert_eq!(orphans.len(), 1);
+    assert_eq!(
+        (
+            orphans[0].invocation_id.as_str(),
+            orphans[0].epoch,
+            orphans[0].needs_key
+        ),
+        ("i", 1, true)
+    );
+    assert!(orphans[0].expired_for_ms >= 0);
+}
+
+async fn only_one_replica_claims_an_orphan(f: Fixture) {
+    let other = f.other().await;
+    for n in 0..10 {
+        let id = format!("i{n}");
+        start(&f.store, &id, &terms("a", 50)).await;
+        until_expired(&f.store, &id).await;
+        let (b, c) = (terms("b", 60_000), terms("c", 60_000));
+        let (x, y) = tokio::join!(f.store.claim(&id, 1, &b), other.claim(&id, 1, &c));
+        let claimed = [x.unwrap(), y.unwrap()]
+            .iter()
+            .filter(|c| c.is_some())
+            .count();
+        assert_eq!(claimed, 1, "{id}");
+    }
+}
+
+async fn orphans_needing_a_key_fail_after_the_grace(f: Fixture) {
+    let store = &f.store;
+    start(store, "i", &terms("a", 50)).await;
+    until_expired(store, "i").await;
+    // Within the grace: not yet.
+    assert!(!store.fail_orphan("i", 1, 60_000, "m".into()).await.unwrap());
+    // A stale epoch: not this one.
+    assert!(!store.fail_orphan("i", 0, 0, "m".into()).await.unwrap());
+    assert!(store.fail_orphan("i", 1, 0, "gone".into()).await.unwrap());
+    let got = store.get("i").await.unwrap().unwrap();
+    assert_eq!(
+        (
+            got.status,
+            got.error.as_deref(),
+            got.epoch,
+            got.lease_left_ms
+        ),
+        (Status::Failed, Some("gone"), 2, None)
+    );
+    assert!(got.finished_ms.is_some());
+    assert_eq!(store.orphans().await.unwrap(), vec![]);
+}
+
+async fn cancel_fences_the_owner_and_is_announced(f: Fixture) {
+    let mut heard = f.store.cancellations();
+    let other = f.other().await;
+    let fence = start(&f.store, "i", &terms("a", 60_000)).await;
+    let (changed, row) = other
+        .transition(
+            "i",
+            &[Status::Queued, Status::Running, Status::InputRequired],
+            Status::Cancelled,
+            None,
+            vec![],
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(changed);
+    assert_eq!(row.unwrap().status, Status::Cancelled);
+    assert!(matches!(
+        f.store
+            .append("i", vec![ChatMessage::user("x")], &fence)
+            .await,
+        Err(StoreError::Fenced(_))
+    ));
+    // The owner's end write finds the cancellation standing.
+    let (changed, row) = f
+        .store
+        .transition(
+            "i",
+            &[Status::Running],
+            Status::Completed,
+            None,
+            vec![],
+            Some(&fence),
+        )
+        .await
+        .unwrap();
+    assert_eq!((changed, row.unwrap().status), (false, Status::Cancelled));
+    assert_eq!(
+        f.store
+            .renew(&terms("a", 60_000), vec![("i".into(), 1)])
+            .await
+            .unwrap(),
+        Vec::<String>::new()
+    );
+    match (&f.spec, heard.as_mut()) {
+        (StoreSpec::Postgres(_), Some(rx)) => {
+            assert_eq!(rx.recv().await.as_deref(), Some("i"));
+        }
+        (StoreSpec::Sqlite(_), None) => {}
+        (spec, rx) => panic!("{spec}: announcements {}", rx.is_some()),
+    }
+}
+
+async fn renewals_answer_what_is_still_held(f: Fixture) {
+    let store = &f.store;
+    let a = terms("a", 60_000);
+    let f1 = start(store, "i1", &a).await;
+    let f2 = start(store, "i2", &a).await;
+    start(store, "i3", &terms("b", 60_000)).await;
+    let before = store
+        .get("i1")
+        .await
+        .unwrap()
+        .unwrap()
+        .lease_left_ms
+        .unwrap();
+    let mut renewed = store
+        .renew(
+            &terms("a", 120_000),
+            vec![
+                ("i1".into(), f1.epoch),
+                ("i2".into(), f2.epoch + 1),
+                ("i3".into(), 1),
+            ],
+        )
+        .await
+        .unwrap();
+    renewed.sort();
+    assert_eq!(renewed, vec!["i1".to_string()]);
+    let after = store
+        .get("i1")
+        .await
+        .unwrap()
+        .unwrap()
+        .lease_left_ms
+        .unwrap();
+    assert!(after > before + 50_000, "{before} → {after}");
+    // Released: it runs out now, and another replica may claim it.
+    store.release("i1", &f1).await.unwrap();
+    assert!(store.get("i1").await.unwrap().unwrap().is_orphan());
+    assert!(
+        store
+            .claim("i1", 1, &terms("b", 1000))
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+async fn uids_are_unique_across_replicas(f: Fixture) {
+    let other = f.other().await;
+    let mut seen = std::collections::HashSet::new();
+    for n in 0..4 {
+        let s = format!("s{n}");
+        let s2 = format!("{s}-other");
+        let (x, y) = tokio::join!(
+            f.store.allocate_uid(&s, "a", 10_000, 5),
+            other.allocate_uid(&s2, "b", 10_000, 5),
+        );
+        for uid in [x.unwrap(), y.unwrap()].into_iter().flatten() {
+            assert!(seen.insert(uid), "uid {uid} given twice");
+            assert!((10_000..10_005).contains(&uid));
+        }
+    }
+    assert_eq!(seen.len(), 5);
+    // The same session keeps its uid; a full pool answers none; a released uid serves again.
+    let s0 = f.store.allocate_uid("s0", "a", 10_000, 5).await.unwrap();
+    assert!(s0.is_some());
+    assert_eq!(other.allocate_uid("s0", "b", 10_000, 5).await.unwrap(), s0);
+    assert_eq!(
+        f.store.allocate_uid("late", "a", 10_000, 5).await.unwrap(),
+        None
+    );
+    f.store.release_uid("s0").await.unwrap();
+    assert_eq!(
+        other.allocate_uid("late", "b", 10_000, 5).await.unwrap(),
+        s0
+    );
+}
+
+async fn a_newer_schema_is_refused(f: Fixture) {
+    let future = "INSERT INTO refinery_schema_history (version, name, applied_on, checksum) \
+                  VALUES (99, 'from_the_future', '2030-01-01T00:00:00Z', '1')";
+    let spec = f.spec.clone();
+    match &spec {
+        StoreSpec::Sqlite(path) => {
+            drop(f.store);
+            rusqlite::Connection::open(path)
+                .unwrap()
+                .execute_batch(future)
+                .unwrap();
+        }
+        StoreSpec::Postgres(url) => pg::TestPg::execute(url.expose(), future).await,
+    }
+    let err = Store::open(&spec).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "the store's schema is version 99, newer than the newest this podhost knows ({}): \
+             a newer podhost wrote it; refusing to open it (run the newer podhost, or point \
+             --store at another store)",
+            migrate::newest()
+        )
+    );
+}
+
+/// A row as the first schema stored it.
+const V1_ROW: &str = "INSERT INTO invocations (invocation_id, session_id, status, connection, \
+    needs_key, output_start, created_ms, updated_ms) VALUES ('old', 'old-s', 'running', \
+    '{\"base_url\":\"http://m/v1\",\"model\":\"x\"}', 1, 1, 5, 5); \
+    INSERT INTO messages (invocation_id, seq, body) VALUES \
+    ('old', 0, '{\"role\":\"user\",\"content\":\"hi\"}')";
+
+async fn a_store_of_the_previous_schema_is_upgraded(f: Fixture) {
+    let previous = migrate::newest() - 1;
+    // A store written by the previous schema, beside the fixture's.
+    let store = match &f.spec {
+        StoreSpec::Sqlite(path) => {
+            let old = path.with_file_name("previous").join("podhost.sqlite");
+            std::fs::create_dir_all(old.parent().unwrap()).unwrap();
+            sqlite::Sqlite::open_at_version(&old, previous).unwrap();
+            rusqlite::Connection::open(&old)
+                .unwrap()
+                .execute_batch(V1_ROW)
+                .unwrap();
+            Store::open(&StoreSpec::Sqlite(old)).await.unwrap()
+        }
+        StoreSpec::Postgres(_) => {
+            let url = pg::TestPg::shared().unwrap().fresh_db();
+            let (mut client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            let driver = tokio::spawn(conn);
+            migrate::postgres(&mut client, Some(previous))
+                .await
+                .unwrap();
+            client
+                .batch_execute(&V1_ROW.replace(", 1, 1, 5, 5)", ", TRUE, 1, 5, 5)"))
+                .await
+                .unwrap();
+            drop(client);
+            let _ = driver.await;
+            Store::open(&StoreSpec::Postgres(Secret::new(url)))
+                .await
+                .unwrap()
+        }
+    };
+    check_upgraded(store).await;
+}
+
+async fn check_upgraded(store: Store) {
+    let got = store.get("old").await.unwrap().unwrap();
+    assert_eq!(
+        (
+            got.status,
+            got.owner,
+            got.epoch,
+            got.lease_left_ms,
+            got.connection.model.as_str()
+        ),
+        (Status::Running, None, 0, None, "x")
+    );
+    // A turn the old schema left running is an orphan to take up.
+    assert_eq!(
+        store
+            .orphans()
+            .await
+            .unwrap()
+            .iter()
+            .map(|o| o.invocation_id.as_str())
+            .collect::<Vec<_>>(),
+        vec!["old"]
+    );
+    assert_eq!(
+        store.messages("old", 0).await.unwrap(),
+        vec![ChatMessage::user("hi")]
+    );
+    let (_, fence) = store
+        .claim("old", 0, &terms("a", 60_000))
+        .await
+        .unwrap()
+        .unwrap();
+    store
+        .append(
+            "old",
+            vec![ChatMessage::assistant("ok".into(), vec![])],
+            &fence,
+        )
+        .await
+        .unwrap();
+}
+
+async fn sweeping_keeps_a_tombstone(f: Fixture) {
+    let store = &f.store;
+    let fence = start(store, "i", &terms("a", 60_000)).await;
+    store
+        .transition("i", OPEN, Status::Completed, None, vec![], Some(&fence))
+        .await
+        .unwrap();
+    assert_eq!(store.sweep(0).await.unwrap(), Vec::<String>::new());
+    assert_eq!(
+        store.sweep(now_ms() + 60_000).await.unwrap(),
+        vec!["s-i".to_string()]
+    );
+    let got = store.get("i").await.unwrap().unwrap();
+    assert_eq!((got.status, got.swept), (Status::Completed, true));
+    assert_eq!(store.messages("i", 0).await.unwrap(), vec![]);
+}
+
+async fn a_context_view_is_kept_fenced_and_swept(f: Fixture) {
+    use crate::chat::context::ContextView;
+    let store = &f.store;
+    let a = terms("a", 150);
+    let fence = start(store, "i", &a).await;
+    assert_eq!(store.view("i").await.unwrap(), ContextView::default());
+    let view = ContextView {
+        summary: Some("what happened".into()),
+        keep: vec![0],
+        from: 2,
+        ..ContextView::default()
+    };
+    store.set_view("i", &view, &fence).await.unwrap();
+    // Another replica (or a later turn) reads it.
+    assert_eq!(f.other().await.view("i").await.unwrap(), view);
+    // An owner whose lease was taken writes no view.
+    until_expired(store, "i").await;
+    let (_, taken) = f
+        .other()
+        .await
+        .claim("i", 1, &terms("b", 60_000))
+        .await
+        .unwrap()
+        .unwrap();
+    let stale = ContextView {
+        summary: Some("stale".into()),
+        ..ContextView::default()
+    };
+    assert!(matches!(
+        store.set_view("i", &stale, &fence).await,
+        Err(StoreError::Fenced(_))
+    ));
+    assert_eq!(store.view("i").await.unwrap(), view);
+    store
+        .transition("i", OPEN, Status::Completed, None, vec![], Some(&taken))
+        .await
+        .unwrap();
+    store.sweep(now_ms() + 60_000).await.unwrap();
+    assert_eq!(store.view("i").await.unwrap(), ContextView::default());
+}
+
+#[test]
+fn store_urls_are_printed_without_their_password() {
+    let dir = std::path::Path::new("/d");
+    let spec = StoreSpec::parse(
+        Some("postgres://app:s3cret@db:5432/podhost"),
+        dir,
+        "PODHOST_STORE",
+    )
+    .unwrap();
+    assert_eq!(spec.to_string(), "postgres://app:***@db:5432/podhost");
+    assert_eq!(format!("{spec:?}"), "postgres://app:***@db:5432/podhost");
+    let spec = StoreSpec::parse(
+        Some("host=db user=app password=s3cret dbname=p"),
+        dir,
+        "PODHOST_STORE",
+    )
+    .unwrap();
+    assert_eq!(spec.to_string(), "host=db user=app password=*** dbname=p");
+    let spec = StoreSpec::parse(
+        Some("postgresql://db/p?user=app&password=s3cret"),
+        dir,
+        "PODHOST_STORE",
+    )
+    .unwrap();
+    assert_eq!(spec.to_string(), "postgresql://db/p?user=app&password=***");
+    assert_eq!(
+        StoreSpec::parse(None, dir, "PODHOST_STORE").unwrap(),
+        StoreSpec::Sqlite(dir.join("podhost.sqlite"))
+    );
+    assert_eq!(
+        StoreSpec::parse(Some("mysql://app:s3cret@db/p"), dir, "PODHOST_STORE").unwrap_err(),
+        "PODHOST_STORE: \"mysql://app:***@db/p\" is not a PostgreSQL URL: give \
+         postgres://user@host:5432/db, or leave it unset for SQLite in the data directory"
+    );
+    assert_eq!(
+        StoreSpec::parse(
+            Some("postgres://app:s3cret@db/p?sslmode=require"),
+            dir,
+            "--store"
+        )
+        .unwrap_err(),
+        "--store: \"postgres://app:***@db/p?sslmode=require\" asks for \
+         sslmode=require, but podhost connects to PostgreSQL without TLS: use a trusted network \
+         (sslmode=disable) or a local TLS proxy"
+    );
+}
+
+#[tokio::test]
+async fn an_sqlite_store_serves_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("podhost.sqlite");
+    let first = sqlite::Sqlite::open(&path).unwrap();
+    let err = sqlite::Sqlite::open(&path).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "could not open the store {}: another podhost serve is using it ({} is locked); \
+             an SQLite store serves one process — stop the \
+             other one, or use PostgreSQL (--store postgres://…) for several replicas",
+            path.display(),
+            dir.path().join("podhost.lock").display()
+        )
+    );
+    drop(first);
+    sqlite::Sqlite::open(&path).unwrap();
+}
+
+/// The schema this store had before versions were kept (written by `CREATE TABLE IF NOT
+/// EXISTS` at every start): such a store adopts the version history and is upgraded.
+#[tokio::test]
+async fn a_store_from_before_schema_versions_is_adopted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("podhost.sqlite");
+    let old = rusqlite::Connection::open(&path).unwrap();
+    old.execute_batch(include_str!("migrations/sqlite/V1__sessions.sql"))
+        .unwrap();
+    old.execute_batch(V1_ROW).unwrap();
+    drop(old);
+    check_upgraded(Store::open(&StoreSpec::Sqlite(path)).await.unwrap()).await;
+}

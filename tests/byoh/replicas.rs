@@ -1,0 +1,374 @@
+//! Three replicas of `podhost serve` on loopback, sharing one PostgreSQL store (a throwaway
+//! cluster) and one workspace directory: any replica answers; one turn per invocation; cancel
+//! through any replica; a dead or paused replica's turns taken over; a restarted one serves.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pretty_assertions::assert_eq;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::harness::{Options, Serve, T, start, status_obj, store_url};
+use crate::openai_fake::{FakeModel, Reply};
+
+/// `n` replicas on the data directory of `dir` and its PostgreSQL database; `None` (the test
+/// then skips, saying so) without PostgreSQL outside CI.
+fn replicas(dir: &std::path::Path, n: usize, opts: Options) -> Option<Vec<Arc<Serve>>> {
+    let url = store_url(&dir.join("data"))?;
+    let opts = opts.env("PODHOST_STORE", &url);
+    Some(
+        (0..n)
+            .map(|_| Arc::new(Serve::start_with(dir, opts.clone())))
+            .collect(),
+    )
+}
+
+/// Whether any process's command line holds `marker`.
+fn process_with(marker: &str) -> bool {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(Result::ok)
+        .any(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(marker))
+                .unwrap_or(false)
+        })
+}
+
+async fn until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < deadline, "{what} within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Submits `body` to `s` until it is accepted, retrying a busy answer (409 without an
+/// invocation id) as Oumi does.
+async fn submit_accepted(s: &Serve, body: &Value) -> (StatusCode, Value) {
+    let deadline = Instant::now() + T * 6;
+    loop {
+        let (code, answer) = s.submit(body.clone()).await;
+        if code != StatusCode::CONFLICT || answer.get("invocation_id").is_some() {
+            return (code, answer);
+        }
+        assert!(Instant::now() < deadline, "busy for too long: {answer}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn five_hundred_sessions_round_robin_across_three_replicas() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeModel::start("fake-model", Some("k")).await;
+    fake.respond_with(|body| {
+        let task = body["messages"][1]["content"].as_str().unwrap_or_default();
+        Reply::Text(format!("done: {task}"))
+    });
+    let Some(rs) = replicas(dir.path(), 3, Options::default()) else {
+        return;
+    };
+    const N: usize = 500;
+    let url = fake.base_url();
+    let mut tasks = Vec::new();
+    for n in 0..N {
+        let s = rs[n % 3].clone();
+        let body = start(
+            &format!("s{n}"),
+            &format!("i{n}"),
+            &format!("task {n}"),
+            &url,
+            Some("k"),
+        );
+        tasks.push(tokio::spawn(
+            async move { submit_accepted(&s, &body).await },
+        ));
+    }
+    for (n, t) in tasks.into_iter().enumerate() {
+        let (code, body) = t.await.unwrap();
+        assert_eq!(code, StatusCode::ACCEPTED, "i{n}: {body}");
+    }
+    // Statuses and outputs from a replica other than the one that took the submission.
+    let deadline = Instant::now() + T * 18;
+    for n in 0..N {
+        let (id, s) = (format!("i{n}"), &rs[(n + 1) % 3]);
+        s.wait_status(
+            &id,
+            "completed",
+            deadline.saturating_duration_since(Instant::now()),
+        )
+        .await;
+        let (code, out) = rs[(n + 2) % 3].collect(&id).await;
+        assert_eq!(code, StatusCode::OK, "{out}");
+        assert_eq!(
+            out["messages"],
+            json!([{"role": "assistant", "content": format!("done: task {n}")}])
+        );
+    }
+    // Every invocation's turn ran once: one model call each.
+    let mut tasks: Vec<String> = fake
+        .requests()
+        .iter()
+        .map(|r| {
+            r.body["messages"][1]["content"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    tasks.sort();
+    tasks.dedup();
+    assert_eq!((fake.requests().len(), tasks.len()), (N, N));
+}
+
+#[tokio::test]
+async fn the_same_submit_to_two_replicas_at_once_starts_one_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeModel::start("fake-model", Some("k")).await;
+    // Long enough that the turns still run when the second replica has seen the owner alive
+    // (a renewal of its lease, at most a third of a lease later).
+    fake.respond_with(|_| Reply::Delay(Duration::from_secs(4), Box::new(Reply::text("once"))));
+    let Some(rs) = replicas(dir.path(), 2, Options::default()) else {
+        return;
+    };
+    let url = fake.base_url();
+    let tasks: Vec<_> = (0..10)
+        .map(|n| {
+            let (a, b) = (rs[0].clone(), rs[1].clone());
+            let body = start(&format!("s{n}"), &format!("i{n}"), "x", &url, Some("k"));
+            tokio::spawn(async move {
+                let (x, y) = tokio::join!(a.submit(body.clone()), b.submit(body));
+                [x, y]
+            })
+        })
+        .collect();
+    for (n, t) in tasks.into_iter().enumerate() {
+        // Both answer as the protocol says for a first and a repeated submission: 202 and the
+        // current status.
+        for (code, body) in t.await.unwrap() {
+            assert_eq!(code, StatusCode::ACCEPTED, "{body}");
+            assert!(
+                ["queued", "running"].contains(&body["status"].as_str().unwrap()),
+                "{body}"
+            );
+            assert_eq!(
+                (&body["invocation_id"], &body["session_id"]),
+                (&json!(format!("i{n}")), &json!(format!("s{n}")))
+            );
+        }
+    }
+    for n in 0..10 {
+        rs[n % 2]
+            .wait_status(&format!("i{n}"), "completed", T)
+            .await;
+    }
+    assert_eq!(fake.requests().len(), 10);
+}
+
+#[tokio::test]
+async fn cancel_through_a_replica_that_does_not_own_the_turn_kills_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeModel::start("fake-model", None).await;
+    let marker = format!("podhost-replica-cancel-{}", std::process::id());
+    fake.push([Reply::call(
+        "b",
+        "bash",
+        json!({"command": format!("(sleep 300; echo {marker}) & sleep 301 # {marker}")}),
+    )]);
+    let Some(rs) = replicas(dir.path(), 2, Options::default()) else {
+        return;
+    };
+    rs[0]
+        .submit(start("s", "i", "x", &fake.base_url(), None))
+        .await;
+    until("the command starts", T, || process_with(&marker)).await;
+    assert_eq!(
+        rs[1].cancel("s", "i").await,
+        (StatusCode::OK, status_obj("s", "i", "cancelled"))
+    );
+    until("the command dies", T, || !process_with(&marker)).await;
+    assert_eq!(rs[0].status("i").await.1, status_obj("s", "i", "cancelled"));
+    let logs = rs[0].logs();
+    assert!(logs.contains("cancelled through another replica"), "{logs}");
+    assert_eq!(fake.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn a_dead_replicas_turns_are_taken_over_or_failed_after_the_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeModel::start("fake-model", Some("k1")).await;
+    // Every turn's first call hangs until released; the taken-over turn's call on another
+    // replica answers at once.
+    fake.respond_with(|body| {
+        let task = body["messages"][1]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if task.ends_with("again") {
+            Reply::Text(format!("finished {task}"))
+        } else {
+            Reply::Hang(Box::new(Reply::Text(format!("finished {task}"))))
+        }
+    });
+    let Some(rs) = replicas(
+        dir.path(),
+        3,
+        Options::default().env("PODHOST_ORPHAN_GRACE_SECS", "2"),
+    ) else {
+        return;
+    };
+    let url = fake.base_url();
+    // On the replica that dies: "retried" (its submit is retried with a fresh key) and
+    // "abandoned" (never retried). On the others: "b" and "c".
+    let body =
+        |id: &str, task: &str, key: &str| start(&format!("s-{id}"), id, task, &url, Some(key));
+    rs[0].submit(body("retried", "retried", "k1")).await;
+    rs[0].submit(body("abandoned", "abandoned", "k1")).await;
+    rs[0].submit(body("cancelled", "cancelled", "k1")).await;
+    rs[1].submit(body("b", "b", "k1")).await;
+    rs[2].submit(body("c", "c", "k1")).await;
+    fake.wait_requests(5, T).await;
+    // kill -9 the first replica.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(rs[0].child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // The evaluator retries "retried" (its answer was lost) with a fresh key, to another
+    // replica. The task text is the same; the fake model tells the re-run by its key.
+    fake.accept_keys(&["k1", "k2"]);
+    fake.respond_with(|body| {
+        let task = body["messages"][1]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        Reply::Text(format!("finished {task}"))
+    });
+    // A cancel of a turn whose owner is dead is terminal at once, through any replica.
+    assert_eq!(
+        rs[2].cancel("s-cancelled", "cancelled").await,
+        (
+            StatusCode::OK,
+            status_obj("s-cancelled", "cancelled", "cancelled")
+        )
+    );
+    let (code, answer) = rs[1].submit(body("retried", "retried", "k2")).await;
+    assert_eq!(code, StatusCode::ACCEPTED, "{answer}");
+    rs[2].wait_status("retried", "completed", T * 2).await;
+    assert_eq!(
+        rs[2].collect("retried").await.1["messages"],
+        json!([{"role": "assistant", "content": "finished retried"}])
+    );
+    let failed = rs[1].wait_status("abandoned", "failed", T * 2).await;
+    assert_eq!(
+        failed["error"]["message"],
+        "the podhost replica running this turn stopped (a restart, a crash, or a lost lease). The model API key is never stored, so the turn could not go on, and no retried submission brought a fresh key within 2 s."
+    );
+    // The others are untouched: released, they complete on their own replicas.
+    fake.release();
+    rs[1].wait_status("b", "completed", T).await;
+    rs[2].wait_status("c", "completed", T).await;
+    // Model calls: one per turn, and the taken-over turn's call once more (the documented
+    // re-run: its answer was never committed).
+    let reqs = fake.requests();
+    let calls = |task: &str| {
+        reqs.iter()
+            .filter(|r| r.body["messages"][1]["content"] == task)
+            .map(|r| r.authorization.clone().unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(calls("retried"), ["Bearer k1", "Bearer k2"]);
+    assert_eq!(calls("abandoned"), ["Bearer k1"]);
+    assert_eq!(calls("cancelled"), ["Bearer k1"]);
+    assert_eq!(
+        rs[1].status("cancelled").await.1,
+        status_obj("s-cancelled", "cancelled", "cancelled")
+    );
+    assert_eq!(calls("b"), ["Bearer k1"]);
+    assert_eq!(calls("c"), ["Bearer k1"]);
+}
+
+#[tokio::test]
+async fn a_replica_paused_past_its_lease_writes_nothing_and_kills_its_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeModel::start("fake-model", None).await;
+    let marker = format!("podhost-replica-paused-{}", std::process::id());
+    fake.push([
+        Reply::call(
+            "b",
+            "bash",
+            json!({"command": format!("echo ran >> runs.txt; (sleep 300; echo {marker}) & sleep 301 # {marker}")}),
+        ),
+        Reply::text("recovered"),
+    ]);
+    let Some(rs) = replicas(dir.path(), 2, Options::default()) else {
+        return;
+    };
+    rs[0]
+        .submit(start("s", "i", "x", &fake.base_url(), None))
+        .await;
+    until("the command starts", T, || process_with(&marker)).await;
+    let paused = nix::unistd::Pid::from_raw(rs[0].child.id() as i32);
+    nix::sys::signal::kill(paused, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    // Past the lease, the other replica takes the turn up from its durable transcript: the
+    // interrupted call is answered as such, never run again, and the model is asked on.
+    rs[1].wait_status("i", "completed", T * 2).await;
+    assert!(
+        process_with(&marker),
+        "the paused replica's command still runs while it is stopped"
+    );
+    nix::sys::signal::kill(paused, nix::sys::signal::Signal::SIGCONT).unwrap();
+    until("the resumed replica kills its command", T, || {
+        !process_with(&marker)
+    })
+    .await;
+    let logs = rs[0].logs();
+    assert!(
+        logs.contains("no lease renewal for a whole lease period")
+            || logs.contains("lease was lost"),
+        "{logs}"
+    );
+    // It wrote nothing: the transcript is the taking-over replica's, and it serves on.
+    let (_, out) = rs[0].collect("i").await;
+    assert_eq!(
+        out["messages"],
+        json!([
+            {"role": "assistant", "tool_calls": [{"id": "b", "type": "function", "function":
+                {"name": "bash", "arguments": json!({"command": format!("echo ran >> runs.txt; (sleep 300; echo {marker}) & sleep 301 # {marker}")}).to_string()}}]},
+            {"role": "tool", "tool_call_id": "b", "content": podhost::chat::session::INTERRUPTED},
+            {"role": "assistant", "content": "recovered"}
+        ])
+    );
+    assert_eq!(rs[0].status("i").await.1, status_obj("s", "i", "completed"));
+    assert_eq!(fake.requests().len(), 2);
+    let runs = std::fs::read_to_string(rs[1].workspace("s").join("runs.txt")).unwrap();
+    assert_eq!(runs, "ran\n");
+}
+
+#[tokio::test]
+async fn a_restarted_replica_serves_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeModel::start("fake-model", None).await;
+    fake.respond_with(|_| Reply::text("ok"));
+    let Some(rs) = replicas(dir.path(), 2, Options::default()) else {
+        return;
+    };
+    rs[0]
+        .submit(start("s1", "i1", "x", &fake.base_url(), None))
+        .await;
+    rs[1].wait_status("i1", "completed", T).await;
+    drop(rs);
+    let Some(rs) = replicas(dir.path(), 1, Options::default()) else {
+        return;
+    };
+    assert_eq!(
+        rs[0].status("i1").await.1,
+        status_obj("s1", "i1", "completed")
+    );
+    rs[0]
+        .submit(start("s2", "i2", "x", &fake.base_url(), None))
+        .await;
+    rs[0].wait_status("i2", "completed", T).await;
+    assert_eq!(fake.requests().len(), 2);
+}
