@@ -1,7 +1,8 @@
 //! Failpoints: named boundaries where a test makes podhost die (SIGKILL) or an operation fail,
 //! to check what survives a crash or a full disk there.
 //!
-//! Owns: the list of every failpoint ([`POD`], [`SERVE`], [`STORE`]), the `PODHOST_FAILPOINTS`
+//! Owns: the list of every failpoint ([`POD`], [`SERVE`], [`POD_TOOL_GATE`], [`COMPACTION`],
+//! [`STORE`]), the `PODHOST_FAILPOINTS`
 //! configuration, and the [`failpoint!`](crate::failpoint) and
 //! [`failpoint_fails!`](crate::failpoint_fails) macros placed at each boundary.
 //!
@@ -36,6 +37,21 @@ pub const SERVE: &[&str] = &[
     "serve.after_tool",
     "serve.after_tool_stored",
     "serve.before_end",
+];
+
+/// The two points of an MCP or HTTP call through the Tool Gate that the journal alone cannot
+/// tell apart (v5 §4): after core answered the intent `execute`, before the call is sent; and
+/// after the gate answered, before the outcome is recorded.
+pub const POD_TOOL_GATE: &[&str] = &["pod.toolgate_after_intent", "pod.toolgate_after_answer"];
+
+/// The boundaries of a compaction (v5 §6): after a summary call's answer is recorded, before
+/// the history is replaced; and after it is replaced in memory, before it is reported (a pod's
+/// transcript edit) or stored (`serve`'s compacted view).
+pub const COMPACTION: &[&str] = &[
+    "pod.compaction_after_summary",
+    "pod.compaction_before_report",
+    "serve.compaction_after_summary",
+    "serve.compaction_before_report",
 ];
 
 /// Faults of the BYOH store's disk (operations fail, the process goes on).
@@ -122,6 +138,8 @@ mod armed {
         let known = super::POD
             .iter()
             .chain(super::SERVE)
+            .chain(super::POD_TOOL_GATE)
+            .chain(super::COMPACTION)
             .chain(super::STORE)
             .any(|n| *n == name);
         if !known {

@@ -465,8 +465,8 @@ impl<F: Front> TurnHost for ChatTurn<F> {
             "summarizing the history"
         );
         let answer = self.complete(&body, cancel).await;
-        // Failpoint `compaction.after_summary`: the summary is written; the view is not yet
-        // changed or stored.
+        // The summary is written; the view is not yet changed or stored.
+        crate::failpoint!("serve.compaction_after_summary");
         Ok(Effect::Done(answer))
     }
 
@@ -509,8 +509,8 @@ impl<F: Front> TurnHost for ChatTurn<F> {
             "history compacted"
         );
         self.view = view;
-        // Failpoint `compaction.before_report`: the view is changed in memory; the front has
-        // not stored it yet.
+        // The view is changed in memory; the front has not stored it yet.
+        crate::failpoint!("serve.compaction_before_report");
         self.front.compacted(&self.view).await
     }
 

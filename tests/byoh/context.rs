@@ -1,5 +1,6 @@
 //! The context budget in `podhost serve` and `podhost run`: a long turn compacted for the model
-//! while `collect_output` keeps every message, the compacted view kept across a restart, an
+//! while `collect_output` keeps every message, the compacted view kept across a restart (and a
+//! kill at each compaction failpoint), an
 //! overflow answered by one compaction and a retry, and images a text-only model cannot read.
 //! The fake server counts tokens with its own estimate and refuses past its window.
 
@@ -282,4 +283,55 @@ async fn podhost_run_compacts_with_the_same_loop() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("Counted."));
     assert!(!stdout.contains(SUMMARY));
+}
+
+/// `podhost serve` killed by its failpoint right after a summary was written, and right after
+/// the compacted view changed in memory before it was stored: started again, the turn goes on
+/// from what was stored, every request within the window, and `collect_output` has every
+/// message the turn made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_at_each_compaction_boundary_loses_nothing() {
+    use std::os::unix::process::ExitStatusExt;
+    const STEPS: usize = 40;
+    for fp in podhost::failpoints::COMPACTION
+        .iter()
+        .filter(|f| f.starts_with("serve."))
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = FakeModel::start("fake-model", None).await;
+        fake.set_window(Some(WINDOW));
+        fake.respond_with(counter(STEPS));
+        let mut s = Serve::start_with(
+            dir.path(),
+            windowed().env("PODHOST_FAILPOINTS", &format!("{fp}=kill")),
+        );
+        let mut body = start("s", "i", "Count a lot.", &fake.base_url(), None);
+        body["model_connection"]["generation_settings"] = json!({"max_tokens": 400});
+        s.submit(body).await;
+        let status = tokio::task::block_in_place(|| s.child.wait()).unwrap();
+        assert_eq!(status.signal(), Some(9), "{fp}: {}", s.log_tail());
+        let summaries_before = fake
+            .requests()
+            .iter()
+            .filter(|r| is_summary(&r.body))
+            .count();
+        assert_eq!(summaries_before, 1, "{fp}");
+
+        let s = Serve::start_with(dir.path(), windowed());
+        s.wait_status("i", "completed", LONG).await;
+        for r in &fake.requests() {
+            assert!(
+                r.tokens + room(r) <= WINDOW,
+                "{fp}: a request of {} tokens (+{}) passed the window",
+                r.tokens,
+                room(r)
+            );
+        }
+        let (code, out) = s.collect("i").await;
+        assert_eq!(code, StatusCode::OK, "{fp}");
+        let messages = out["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 2 * STEPS + 1, "{fp}");
+        assert!(messages.iter().all(|m| !m.to_string().contains(SUMMARY)));
+        assert_eq!(messages.last().unwrap()["content"], "Counted.", "{fp}");
+    }
 }

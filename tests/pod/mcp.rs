@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 use crate::fake_core::CoreOptions;
 use crate::fake_gates;
 use crate::mcp_servers::{PyServer, everything};
-use crate::turn::{Setup, setup, wait_end};
+use crate::turn::{Setup, wait_end};
 
 pub use crate::turn_fixture::*;
 
@@ -26,7 +26,15 @@ pub struct McpSetup {
 }
 
 pub async fn mcp_setup() -> McpSetup {
-    let (py, s) = tokio::join!(PyServer::start(), setup(CoreOptions::default()));
+    mcp_setup_with(|_| {}).await
+}
+
+/// [`mcp_setup`], with the pod's environment changed by `tweak`.
+pub async fn mcp_setup_with(tweak: impl FnOnce(&mut Vec<(String, String)>)) -> McpSetup {
+    let (py, s) = tokio::join!(
+        PyServer::start(),
+        crate::turn::setup_with(CoreOptions::default(), tweak)
+    );
     s.gates
         .toolgate
         .add_server("everything", everything(EVERYTHING_KEY), EVERYTHING_KEY);

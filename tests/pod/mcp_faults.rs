@@ -1,12 +1,13 @@
 //! MCP calls when something goes wrong: a hop lost after the gate ran the call, hops lost until
-//! core gives up, a cancel mid-call, a shutdown mid-call, a stale run, a crash of podhost.
+//! core gives up, a cancel mid-call, a shutdown mid-call, a stale run, a crash of podhost (also
+//! killed exactly at each of the Tool Gate's crash boundaries).
 
 use nix::sys::signal::Signal;
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
 use crate::fake_gates;
-use crate::mcp::{TOKEN, intents_of, mcp_setup, mcp_turn_start, outcome_of};
+use crate::mcp::{TOKEN, intents_of, mcp_setup, mcp_setup_with, mcp_turn_start, outcome_of};
 use crate::turn::wait_end;
 use crate::{PodProcess, WAIT, pod_env, set_env};
 
@@ -291,4 +292,67 @@ async fn a_crash_replays_with_the_same_ids_and_hashes_and_runs_the_call_once() {
     assert_eq!(ticks, ["tick 1"]);
     // Discovery was not run again: core's TurnStart carried the facts.
     assert_eq!(s.core.journal().mcp_reports().len(), 1);
+}
+
+/// podhost killed (SIGKILL, by its failpoint) at each Tool Gate crash boundary: right after
+/// core answered the call's intent `execute` (nothing sent yet), and right after the gate
+/// answered (the call ran, no outcome recorded). The next podhost asks for the call with the
+/// same id and hash, sends it under the same key with the same bytes, and it runs once.
+#[tokio::test]
+async fn a_kill_at_each_tool_gate_boundary_runs_the_call_once() {
+    for fp in podhost::failpoints::POD_TOOL_GATE {
+        let mut m =
+            mcp_setup_with(|env| set_env(env, "PODHOST_FAILPOINTS", &format!("{fp}=kill"))).await;
+        let s = &mut m.s;
+        s.gates.script([
+            fake_gates::tool_call("c1", "py__tick", json!({})),
+            fake_gates::text("Ticked once."),
+        ]);
+        let ts = py_turn("Tick.");
+        s.core.grant_turn("run-1", TOKEN, ts.clone());
+        let status = s.pod.wait_exit(WAIT).await;
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9),
+            "{fp}: {status:?}"
+        );
+        let first = intents_of(s, s.conn, "run-1");
+        let sent_before = s.gates.toolgate.requests_of("tool-calls").len();
+        assert_eq!(
+            (sent_before, s.gates.toolgate.executions(EFFECT)),
+            if *fp == "pod.toolgate_after_intent" {
+                (0, 0)
+            } else {
+                (1, 1)
+            },
+            "{fp}"
+        );
+
+        let mark = s.core.mark();
+        let mut env = pod_env(&s.core, &s.dirs);
+        set_env(&mut env, "NYLORUN_GATES_URL", &s.gates.url());
+        s.pod = PodProcess::spawn(&env);
+        let (_, conn, _) = s.core.wait_request(mark, "hello").await;
+        let mut again = ts;
+        again["outcomes"] = json!(s.core.journal().completed_outcomes("turn_1", 0));
+        again["mcp"] = s.core.journal().mcp_facts(crate::mcp::SESSION).unwrap();
+        s.core.grant_turn("run-2", "run-token-2", again);
+        let (method, output) = wait_end(&s.core, "run-2").await;
+        assert_eq!(method, "turn.completed", "{fp}: {output}");
+
+        let second = intents_of(s, conn, "run-2");
+        assert_eq!(first.len(), 2, "{fp}: {first:?}");
+        assert_eq!(second[0], first[1], "{fp}");
+        let calls = s.gates.toolgate.requests_of("tool-calls");
+        assert_eq!(calls.len(), sent_before + 1, "{fp}");
+        assert_eq!(calls.last().unwrap().raw, calls[0].raw, "{fp}");
+        assert_eq!(s.gates.toolgate.executions(EFFECT), 1, "{fp}");
+        assert_eq!(outcome_of(s, conn, "run-2", EFFECT), tick_1(), "{fp}");
+        let ticks: Vec<String> =
+            m.py.stderr()
+                .into_iter()
+                .filter(|l| l.starts_with("tick"))
+                .collect();
+        assert_eq!(ticks, ["tick 1"], "{fp}");
+    }
 }

@@ -1,6 +1,6 @@
 //! The context budget on a pod: sessions past the model's window compacted by summaries (v5
-//! §6), an overflow answered by one compaction and a retry, a crash right after a summary
-//! replayed identically, the memory index pinned from the session's own record, and files the
+//! §6), an overflow answered by one compaction and a retry, a crash right after a summary (and
+//! a kill at each compaction failpoint) replayed identically, the memory index pinned from the session's own record, and files the
 //! model cannot read shown as notes (v5 §3, §5). The fake Model Gate counts tokens with its own
 //! estimate and refuses a prompt past the window, as a gate does.
 
@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use crate::fake_core::CoreOptions;
 use crate::fake_gates::{self, GateCall, Reply};
-use crate::turn::{SESSION, Setup, TOKEN, TURN, setup, turn_start, wait_end};
+use crate::turn::{SESSION, Setup, TOKEN, TURN, setup, setup_with, turn_start, wait_end};
 use crate::{PodProcess, WAIT, pod_env, set_env};
 
 /// The window the tests hold the model to, in the gate's tokens, and the answer's room.
@@ -595,4 +595,79 @@ async fn the_pinned_index_is_refreshed_at_a_compaction_only() {
         .unwrap();
     assert_eq!(refresh.value.unwrap()["output"]["index"], new);
     assert_eq!(output["state"]["memory"], json!({"index": new}));
+}
+
+/// podhost killed by its failpoint right after a summary call's answer was recorded, and right
+/// after the compaction was applied in memory (before the edit that reports it): the next
+/// podhost asks for every effect with the same id and hash, runs no summary again, and the turn
+/// completes with the compaction's facts naming the summary that ran.
+#[tokio::test]
+async fn a_kill_at_each_compaction_boundary_replays_identically() {
+    for fp in podhost::failpoints::COMPACTION
+        .iter()
+        .filter(|f| f.starts_with("pod."))
+    {
+        let mut s = setup_with(CoreOptions::default(), |env| {
+            set_env(env, "PODHOST_FAILPOINTS", &format!("{fp}=kill"))
+        })
+        .await;
+        write_notes(&s);
+        s.gates.report_usage(true);
+        s.gates.respond_with(reader(60));
+        let ts = windowed(json!("Read the notes."));
+        s.core.grant_turn("run-1", TOKEN, ts.clone());
+        let status = s.pod.wait_exit(WAIT).await;
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9),
+            "{fp}: {status:?}"
+        );
+        let summary_calls = |s: &Setup| -> Vec<String> {
+            s.gates
+                .calls()
+                .iter()
+                .filter(|c| is_summary(&c.body["call"]))
+                .map(effect_id)
+                .collect()
+        };
+        let summarized = summary_calls(&s);
+        assert_eq!(summarized.len(), 1, "{fp}: {summarized:?}");
+        let first = crate::mcp::intents_of(&s, s.conn, "run-1");
+
+        let mark = s.core.mark();
+        let mut env = pod_env(&s.core, &s.dirs);
+        set_env(&mut env, "NYLORUN_GATES_URL", &s.gates.url());
+        s.pod = PodProcess::spawn(&env);
+        let (_, conn, _) = s.core.wait_request(mark, "hello").await;
+        let mut replay = ts;
+        replay["outcomes"] = json!(s.core.journal().completed_outcomes(TURN, 0));
+        s.core.grant_turn("run-2", "run-token-2", replay);
+        let (method, output) = wait_end(&s.core, "run-2").await;
+        assert_eq!(method, "turn.completed", "{fp}: {output}");
+
+        // What both runs asked for, they asked for with the same hash.
+        let second = crate::mcp::intents_of(&s, conn, "run-2");
+        for (id, hash) in &second {
+            if let Some((_, before)) = first.iter().find(|(i, _)| i == id) {
+                assert_eq!(hash, before, "{fp}: {id}");
+            }
+        }
+        // The summary ran once; the compaction names it.
+        assert_eq!(summary_calls(&s)[..1], summarized[..], "{fp}");
+        let mut runs: Vec<String> = summary_calls(&s);
+        runs.sort();
+        runs.dedup();
+        assert_eq!(
+            runs.len(),
+            summary_calls(&s).len(),
+            "{fp}: a summary ran twice"
+        );
+        let compactions = s.core.journal().compactions();
+        assert_eq!(
+            compactions[0].1["summaryEffectIds"],
+            json!(summarized),
+            "{fp}"
+        );
+        assert_eq!(output["transcript"][0]["kind"], "compaction", "{fp}");
+    }
 }

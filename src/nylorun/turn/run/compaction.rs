@@ -127,8 +127,8 @@ impl Segment {
             .model_effect(intent, invocation_id, call.step, cancel)
             .await?;
         if let Effect::Done(ModelAnswer::Candidate(_)) = &answer {
-            // Failpoint `compaction.after_summary`: the summary's outcome is recorded; the
-            // compaction is not yet applied or reported.
+            // The summary's outcome is recorded; the compaction is not yet applied or reported.
+            crate::failpoint!("pod.compaction_after_summary");
             self.summary_ids.push(effect_id);
         }
         Ok(answer)
@@ -181,8 +181,9 @@ impl Segment {
                 self.pin = Some(pin);
             }
         }
-        // Failpoint `compaction.before_report`: the compaction is applied in memory; the edit
-        // that reports it leaves with the segment's output.
+        // The compaction is applied in memory; the edit that reports it leaves with the
+        // segment's output.
+        crate::failpoint!("pod.compaction_before_report");
         Ok(())
     }
 

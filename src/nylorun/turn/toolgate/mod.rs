@@ -18,8 +18,8 @@
 //! call carries its effect id as `Idempotency-Key`, so a re-send joins the first.
 //!
 //! Crash boundaries: [`boundary_after_intent`] and [`boundary_after_answer`] mark the two points
-//! where a crash leaves a call in a state the journal alone cannot tell (a failpoint belongs at
-//! each).
+//! where a crash leaves a call in a state the journal alone cannot tell (each a failpoint,
+//! `crate::failpoints::POD_TOOL_GATE`).
 
 pub mod catalog;
 pub mod client;
@@ -27,18 +27,21 @@ pub mod discovery;
 pub mod results;
 pub mod wire;
 
-// FAILPOINT: a crash here leaves the intent journaled `invoking` and nothing sent; the next
-// owner's intent is answered `execute` again (a re-send) and sends the call.
-/// Crash boundary: after the intent was answered `execute`, before `tool-calls` / `http-calls`.
+/// Crash boundary (failpoint `pod.toolgate_after_intent`): after the intent was answered
+/// `execute`, before `tool-calls` / `http-calls`. A crash here leaves the intent journaled
+/// `invoking` and nothing sent; the next owner's intent is answered `execute` again (a re-send)
+/// and sends the call.
 #[inline]
 pub fn boundary_after_intent(effect_id: &str) {
     tracing::trace!(%effect_id, "crash boundary: after the intent, before the gate call");
+    crate::failpoint!("pod.toolgate_after_intent");
 }
 
-// FAILPOINT: a crash here leaves the call run at the gate with no outcome recorded; the next
-// owner rejoins it under the same key and gets the same bytes, running nothing twice.
-/// Crash boundary: after the gate answered, before `effect.outcome`.
+/// Crash boundary (failpoint `pod.toolgate_after_answer`): after the gate answered, before
+/// `effect.outcome`. A crash here leaves the call run at the gate with no outcome recorded; the
+/// next owner rejoins it under the same key and gets the same bytes, running nothing twice.
 #[inline]
 pub fn boundary_after_answer(effect_id: &str) {
     tracing::trace!(%effect_id, "crash boundary: after the gate answered, before the outcome");
+    crate::failpoint!("pod.toolgate_after_answer");
 }
