@@ -297,7 +297,9 @@ async fn run_turn(
         }
         Tail::Continue => {}
     }
-    let toolbox = toolbox(inner, session_id).map_err(SessionError::Store)?;
+    let toolbox = toolbox(inner, session_id)
+        .await
+        .map_err(SessionError::Store)?;
     let view = store.view(id).await.map_err(store_err)?;
     let mut limits = inner.config.limits.clone();
     if limits.needs_listing() {
@@ -316,7 +318,10 @@ async fn run_turn(
 }
 
 /// A toolbox on the session's workspace, created on first use.
-fn toolbox(inner: &Inner, session_id: &str) -> Result<Toolbox, String> {
+/// The session's toolbox. On a store replicas share, the session's uid from the pool is the
+/// store's to allocate, so that no uid serves two live sessions on any replica (the workspaces
+/// are on storage they all mount); the uid stays the session's until it is swept.
+async fn toolbox(inner: &Inner, session_id: &str) -> Result<Toolbox, String> {
     let dir = workspace_dir(&inner.config.data_dir, session_id);
     std::fs::create_dir_all(&dir)
         .map_err(|e| format!("could not create the workspace {}: {e}", dir.display()))?;
@@ -326,7 +331,24 @@ fn toolbox(inner: &Inner, session_id: &str) -> Result<Toolbox, String> {
     let tmp = session_tmp_dir(&inner.config.data_dir, session_id);
     std::fs::create_dir_all(&tmp)
         .map_err(|e| format!("could not create the session's tmp {}: {e}", tmp.display()))?;
-    Ok(inner.config.tools.build(ws, Some(&tmp)))
+    let uid = match inner.config.tools.uid_pool() {
+        Some(range) if inner.store.is_shared() => {
+            let count = range.last - range.first + 1;
+            let uid = inner
+                .store
+                .allocate_uid(session_id, &inner.terms.owner, range.first, count)
+                .await
+                .map_err(|e| format!("could not allocate the session's uid: {e}"))?;
+            Some(uid.ok_or_else(|| {
+                format!(
+                    "every uid of PODHOST_UID_POOL ({range}) serves a live session; widen the \
+                     pool or lower the retention"
+                )
+            })?)
+        }
+        _ => None,
+    };
+    Ok(inner.config.tools.build_as(ws, Some(&tmp), uid))
 }
 
 /// The message of a turn whose replica stopped and that no retried submission took up.
@@ -561,8 +583,15 @@ async fn sweep_loop(inner: &Inner) {
                             })
                     })
                     .await;
-                    if let Ok(Err(e)) = removed {
-                        warn!(error = %e, "could not remove a swept workspace");
+                    match removed {
+                        Ok(Err(e)) => warn!(error = %e, "could not remove a swept workspace"),
+                        // Its workspace gone, its uid may serve another session.
+                        Ok(Ok(())) if inner.store.is_shared() => {
+                            if let Err(e) = inner.store.release_uid(&session).await {
+                                warn!(error = %e, "could not give a swept session's uid back");
+                            }
+                        }
+                        _ => {}
                     }
                 }
             }

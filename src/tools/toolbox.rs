@@ -101,6 +101,25 @@ impl ToolboxBuilder {
     /// environment was given; with `private_tmp`, their own temporary directory (`TMPDIR`),
     /// `/tmp` then read-only.
     pub fn build(&self, workspace: Workspace, private_tmp: Option<&Path>) -> Toolbox {
+        self.build_as(workspace, private_tmp, None)
+    }
+
+    /// The uid pool sessions' commands run from, when there is one (a root BYOH host).
+    pub fn uid_pool(&self) -> Option<crate::exec::confine::users::UidRange> {
+        self.confinement
+            .isolation()
+            .and_then(|iso| iso.uid_pool.as_ref())
+            .map(|pool| pool.range())
+    }
+
+    /// [`build`](Self::build), with the session's uid from the pool already chosen (`uid`: by
+    /// a store that replicas share) rather than by this process.
+    pub fn build_as(
+        &self,
+        workspace: Workspace,
+        private_tmp: Option<&Path>,
+        uid: Option<u32>,
+    ) -> Toolbox {
         let base = self.base_env.clone().unwrap_or_else(|| BaseEnv {
             home: workspace.root().to_path_buf(),
             ..BaseEnv::default()
@@ -114,7 +133,7 @@ impl ToolboxBuilder {
         let mut group = None;
         let mut quota = None;
         if let Some(iso) = confinement.isolation().cloned() {
-            match session_user(&iso, &confinement, &workspace, private_tmp) {
+            match session_user(&iso, &confinement, &workspace, private_tmp, uid) {
                 Ok(Some(user)) => confinement = confinement.command_user(user),
                 Ok(None) => {}
                 Err(e) => unusable = Some(e),
@@ -188,11 +207,15 @@ fn session_user(
     confinement: &Confinement,
     workspace: &Workspace,
     private_tmp: Option<&Path>,
+    given: Option<u32>,
 ) -> Result<Option<CommandUser>, String> {
     if let Some(pool) = &iso.uid_pool {
         let extra: Vec<&Path> = private_tmp.into_iter().collect();
-        return pool
-            .assign(workspace.root(), &extra)
+        let assigned = match given {
+            Some(uid) => pool.assign_given(workspace.root(), &extra, uid),
+            None => pool.assign(workspace.root(), &extra),
+        };
+        return assigned
             .map(Some)
             .map_err(|e| format!("could not give the session a uid: {e}"));
     }

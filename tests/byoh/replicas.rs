@@ -372,3 +372,90 @@ async fn a_restarted_replica_serves_again() {
     rs[0].wait_status("i2", "completed", T).await;
     assert_eq!(fake.requests().len(), 2);
 }
+
+/// On a store replicas share, each session's uid from the pool is the store's to allocate: six
+/// sessions submitted at once to two replicas (whose own pools would each pick the lowest free
+/// uid at the same moment) run as six different uids of the pool, and each session's workspace
+/// belongs to its uid.
+#[tokio::test]
+async fn sessions_on_different_replicas_never_share_a_uid() {
+    use std::os::unix::fs::MetadataExt;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("podhost is not root here: sessions share its uid (no uid pool to check)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeModel::start("fake-model", Some("k")).await;
+    fake.respond_with(|body| {
+        let ran = body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["role"] == "tool");
+        if ran {
+            Reply::text("done")
+        } else {
+            Reply::call("c0", "bash", json!({"command": "id -u"}))
+        }
+    });
+    let opts = Options::default().env("PODHOST_UID_POOL", "421000-421009");
+    let Some(rs) = replicas(dir.path(), 2, opts) else {
+        return;
+    };
+    let url = fake.base_url();
+    let mut tasks = Vec::new();
+    for n in 0..6 {
+        let s = rs[n % 2].clone();
+        let body = start(&format!("u{n}"), &format!("iu{n}"), "who", &url, Some("k"));
+        tasks.push(tokio::spawn(async move {
+            submit_accepted(&s, &body).await;
+            s.wait_status(&format!("iu{n}"), "completed", T * 4).await;
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut uids = Vec::new();
+    for n in 0..6 {
+        let (_, out) = rs[0].collect(&format!("iu{n}")).await;
+        let ran = out["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["role"] == "tool")
+            .unwrap()["content"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let ran: Value = serde_json::from_str(&ran).unwrap();
+        let uid: u32 = ran["stdout"].as_str().unwrap().trim().parse().unwrap();
+        assert!((421_000..=421_009).contains(&uid), "{uid}");
+        let owner = std::fs::metadata(rs[0].workspace(&format!("u{n}")))
+            .unwrap()
+            .uid();
+        assert_eq!(owner, uid, "session u{n}");
+        uids.push(uid);
+    }
+    let mut distinct = uids.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 6, "{uids:?}");
+    // Each is the uid the store holds for the session.
+    let url = store_url(&dir.path().join("data")).unwrap();
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(conn);
+    for (n, uid) in uids.iter().enumerate() {
+        let row = client
+            .query_one(
+                "SELECT uid FROM session_uids WHERE session_id = $1",
+                &[&format!("u{n}")],
+            )
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, i64>(0), i64::from(*uid), "session u{n}");
+    }
+    drop(client);
+    let _ = driver.await;
+}

@@ -516,13 +516,9 @@ impl Store {
         dispatch!(self.sweep(cutoff_ms))
     }
 
-    /// HOOK for the per-session uid pool of the confinement (which calls it when it runs each
-    /// session's commands under a uid of their own): until then nothing calls it.
-    ///
-    /// Allocation hook of the per-session uid pool: the uid of `session_id` in
+    /// The per-session uid pool on a store replicas share: the uid of `session_id` in
     /// `first..first + count`, allocated now if it has none, unique across every replica of the
     /// store; `None` when every uid of the range serves a live session.
-    #[allow(dead_code)]
     pub async fn allocate_uid(
         &self,
         session_id: &str,
@@ -534,7 +530,6 @@ impl Store {
     }
 
     /// Gives the uid of `session_id` back to the pool (its session ended or was swept).
-    #[allow(dead_code)]
     pub async fn release_uid(&self, session_id: &str) -> Result<(), StoreError> {
         dispatch!(self.release_uid(session_id))
     }

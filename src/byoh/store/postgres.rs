@@ -631,7 +631,6 @@ impl Postgres {
             .collect()
     }
 
-    #[allow(dead_code)] // the uid pool's hook (see `Store::allocate_uid`)
     pub async fn allocate_uid(
         &self,
         session_id: &str,
@@ -681,7 +680,6 @@ impl Postgres {
         )))
     }
 
-    #[allow(dead_code)] // the uid pool's hook (see `Store::release_uid`)
     pub async fn release_uid(&self, session_id: &str) -> Result<(), StoreError> {
         let c = self.client().await?;
         c.execute(

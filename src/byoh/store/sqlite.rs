@@ -708,7 +708,6 @@ impl Sqlite {
         .await
     }
 
-    #[allow(dead_code)] // the uid pool's hook (see `Store::allocate_uid`)
     pub async fn allocate_uid(
         &self,
         session_id: &str,
@@ -755,7 +754,6 @@ impl Sqlite {
         .await
     }
 
-    #[allow(dead_code)] // the uid pool's hook (see `Store::release_uid`)
     pub async fn release_uid(&self, session_id: &str) -> Result<(), StoreError> {
         let session_id = session_id.to_owned();
         self.write(move |c| {

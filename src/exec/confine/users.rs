@@ -104,6 +104,30 @@ impl UidPool {
     }
 }
 
+impl UidPool {
+    /// Gives the workspace `root` (and its `extra` directories) to `uid`, which a store shared
+    /// by several replicas allocated to the session (so that no uid serves two live sessions on
+    /// any replica): the pool only checks it is its own and remembers it.
+    pub fn assign_given(&self, root: &Path, extra: &[&Path], uid: u32) -> io::Result<CommandUser> {
+        if !self.range.contains(uid) {
+            return Err(io::Error::other(format!(
+                "uid {uid} is not in PODHOST_UID_POOL ({})",
+                self.range
+            )));
+        }
+        let mut assigned = self
+            .assigned
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        assigned.retain(|dir, _| dir.exists());
+        for dir in std::iter::once(root).chain(extra.iter().copied()) {
+            give(dir, uid)?;
+        }
+        assigned.insert(root.to_path_buf(), uid);
+        Ok(CommandUser { uid, gid: uid })
+    }
+}
+
 /// The owners of the directories beside `root` (the other sessions' workspaces).
 fn sibling_owners(root: &Path) -> impl Iterator<Item = u32> {
     root.parent()
