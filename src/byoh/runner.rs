@@ -317,10 +317,10 @@ async fn run_turn(
     turn::drive(&mut host, 0, &live.cancel).await.map(Some)
 }
 
-/// A toolbox on the session's workspace, created on first use.
-/// The session's toolbox. On a store replicas share, the session's uid from the pool is the
-/// store's to allocate, so that no uid serves two live sessions on any replica (the workspaces
-/// are on storage they all mount); the uid stays the session's until it is swept.
+/// The session's toolbox, on its workspace (created on first use). On a store replicas share,
+/// the session's uid from the pool is the store's to allocate, so that no uid serves two live
+/// sessions on any replica (the workspaces are on storage they all mount); the uid stays the
+/// session's until it is swept.
 async fn toolbox(inner: &Inner, session_id: &str) -> Result<Toolbox, String> {
     let dir = workspace_dir(&inner.config.data_dir, session_id);
     std::fs::create_dir_all(&dir)
