@@ -51,7 +51,7 @@ where
 /// come from datasets, and refusing one would fail the row for nothing podhost reads. Only the
 /// protocol's fields are ever sent back.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(from = "WireMessage", into = "WireMessage")]
+#[serde(try_from = "WireMessage", into = "WireMessage")]
 pub struct ChatMessage {
     /// `system`, `user`, `assistant` or `tool`.
     pub role: Role,
@@ -94,21 +94,61 @@ enum WireContent {
     Parts(Vec<Value>),
 }
 
-impl From<WireMessage> for ChatMessage {
-    fn from(w: WireMessage) -> Self {
+impl TryFrom<WireMessage> for ChatMessage {
+    type Error = String;
+
+    /// Content parts are a system or user message's (as the OpenAI format has them for
+    /// attachments): at least one, each an object with a string `type`, a `text` part with its
+    /// text a string.
+    fn try_from(w: WireMessage) -> Result<Self, String> {
         let (content, parts) = match w.content {
             None => (None, None),
             Some(WireContent::Text(t)) => (Some(t), None),
-            Some(WireContent::Parts(parts)) => (Some(parts_text(&parts)), Some(parts)),
+            Some(WireContent::Parts(parts)) => {
+                check_parts(w.role, &parts)?;
+                (Some(parts_text(&parts)), Some(parts))
+            }
         };
-        ChatMessage {
+        Ok(ChatMessage {
             role: w.role,
             content,
             parts,
             tool_calls: w.tool_calls,
             tool_call_id: w.tool_call_id,
+        })
+    }
+}
+
+/// Why content parts cannot be taken, if they cannot.
+fn check_parts(role: Role, parts: &[Value]) -> Result<(), String> {
+    if !matches!(role, Role::System | Role::User) {
+        return Err(format!(
+            "content: a {} message's content is a string; content parts are for system and \
+             user messages",
+            serde_json::to_value(role)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default()
+        ));
+    }
+    if parts.is_empty() {
+        return Err("content: an empty list of content parts".into());
+    }
+    for (i, part) in parts.iter().enumerate() {
+        let kind = part.get("type").and_then(Value::as_str);
+        match kind {
+            None => {
+                return Err(format!(
+                    "content[{i}]: a content part is an object with a string `type`"
+                ));
+            }
+            Some("text") if !part.get("text").is_some_and(Value::is_string) => {
+                return Err(format!("content[{i}]: a text part's `text` is a string"));
+            }
+            Some(_) => {}
         }
     }
+    Ok(())
 }
 
 impl From<ChatMessage> for WireMessage {
@@ -282,5 +322,38 @@ mod tests {
         let null: ChatMessage =
             serde_json::from_value(json!({"role": "assistant", "content": null})).unwrap();
         assert_eq!(null.content, None);
+    }
+
+    #[test]
+    fn content_parts_that_are_not_parts_are_refused() {
+        let refused = |content: serde_json::Value, role: &str| {
+            serde_json::from_value::<ChatMessage>(json!({"role": role, "content": content}))
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            refused(json!([null, null]), "user"),
+            "content[0]: a content part is an object with a string `type`"
+        );
+        assert_eq!(
+            refused(json!([{"text": "no type"}]), "user"),
+            "content[0]: a content part is an object with a string `type`"
+        );
+        assert_eq!(
+            refused(
+                json!([{"type": "text", "text": "ok"}, {"type": "text", "text": 3}]),
+                "user"
+            ),
+            "content[1]: a text part's `text` is a string"
+        );
+        assert_eq!(
+            refused(json!([]), "system"),
+            "content: an empty list of content parts"
+        );
+        assert_eq!(
+            refused(json!([{"type": "text", "text": "x"}]), "tool"),
+            "content: a tool message's content is a string; content parts are for system and \
+             user messages"
+        );
     }
 }

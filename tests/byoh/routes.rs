@@ -307,6 +307,20 @@ async fn bodies_over_10_mib_are_413_and_bad_bodies_are_400_or_422() {
             .contains("unknown variant `restart`, expected `start` or `resume`"),
         "{body}"
     );
+    let (code, body) = s
+        .submit(with(
+            "input_messages",
+            json!([{"role": "user", "content": [null, null]}]),
+        ))
+        .await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("content[0]: a content part is an object with a string `type`"),
+        "{body}"
+    );
     let (code, body) = s.submit(with("extra", json!(1))).await;
     assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY);
     assert!(
