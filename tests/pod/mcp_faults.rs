@@ -233,6 +233,26 @@ async fn a_stale_run_at_the_gate_stops_the_run() {
     assert_eq!(s.gates.toolgate.executions(EFFECT), 0);
 }
 
+/// A new podhost on the same disk, and core offering the first turn's segment again with what it
+/// recorded (outcomes and the session's MCP facts) as run 2; `(connection, end method, end
+/// params)`.
+async fn replay_after_crash(
+    s: &mut crate::turn::Setup,
+    ts: serde_json::Value,
+) -> (u64, String, serde_json::Value) {
+    let mark = s.core.mark();
+    let mut env = pod_env(&s.core, &s.dirs);
+    set_env(&mut env, "NYLORUN_GATES_URL", &s.gates.url());
+    s.pod = PodProcess::spawn(&env);
+    let (_, conn, _) = s.core.wait_request(mark, "hello").await;
+    let mut again = ts;
+    again["outcomes"] = json!(s.core.journal().completed_outcomes("turn_1", 0));
+    again["mcp"] = s.core.journal().mcp_facts(crate::mcp::SESSION).unwrap();
+    s.core.grant_turn("run-2", "run-token-2", again);
+    let (method, output) = wait_end(&s.core, "run-2").await;
+    (conn, method, output)
+}
+
 #[tokio::test]
 async fn a_crash_replays_with_the_same_ids_and_hashes_and_runs_the_call_once() {
     let mut m = mcp_setup().await;
@@ -259,16 +279,7 @@ async fn a_crash_replays_with_the_same_ids_and_hashes_and_runs_the_call_once() {
     let first = intents_of(s, s.conn, "run-1");
 
     // A new podhost; core offers the segment again with what it recorded.
-    let mark = s.core.mark();
-    let mut env = pod_env(&s.core, &s.dirs);
-    set_env(&mut env, "NYLORUN_GATES_URL", &s.gates.url());
-    s.pod = PodProcess::spawn(&env);
-    let (_, conn, _) = s.core.wait_request(mark, "hello").await;
-    let mut again = ts;
-    again["outcomes"] = json!(s.core.journal().completed_outcomes("turn_1", 0));
-    again["mcp"] = s.core.journal().mcp_facts(crate::mcp::SESSION).unwrap();
-    s.core.grant_turn("run-2", "run-token-2", again);
-    let (method, output) = wait_end(&s.core, "run-2").await;
+    let (conn, method, output) = replay_after_crash(s, ts).await;
     assert_eq!(method, "turn.completed", "{output}");
 
     // The model call replayed; the tool call was asked with the same id and hash, rejoined
@@ -328,16 +339,7 @@ async fn a_kill_at_each_tool_gate_boundary_runs_the_call_once() {
             "{fp}"
         );
 
-        let mark = s.core.mark();
-        let mut env = pod_env(&s.core, &s.dirs);
-        set_env(&mut env, "NYLORUN_GATES_URL", &s.gates.url());
-        s.pod = PodProcess::spawn(&env);
-        let (_, conn, _) = s.core.wait_request(mark, "hello").await;
-        let mut again = ts;
-        again["outcomes"] = json!(s.core.journal().completed_outcomes("turn_1", 0));
-        again["mcp"] = s.core.journal().mcp_facts(crate::mcp::SESSION).unwrap();
-        s.core.grant_turn("run-2", "run-token-2", again);
-        let (method, output) = wait_end(&s.core, "run-2").await;
+        let (conn, method, output) = replay_after_crash(s, ts).await;
         assert_eq!(method, "turn.completed", "{fp}: {output}");
 
         let second = intents_of(s, conn, "run-2");

@@ -65,32 +65,52 @@ pub enum CallFate {
     Unknown(String),
 }
 
-/// The gates at `NYLORUN_GATES_URL`.
+/// An HTTP client for a gate at `NYLORUN_GATES_URL` (the Model Gate, the Tool Gate): podhost's
+/// one TLS configuration ([`crate::floor::tls`]), a time limit per call, and URLs made by
+/// appending path segments to the base.
 #[derive(Clone, Debug)]
-pub struct Gates {
-    http: reqwest::Client,
+pub(crate) struct GateHttp {
+    pub http: reqwest::Client,
     base: Url,
 }
 
-impl Gates {
-    /// `tls` is podhost's one client configuration ([`crate::floor::tls`]).
-    pub fn new(base: Url, tls: &Arc<rustls::ClientConfig>) -> Result<Self, GatesError> {
+impl GateHttp {
+    pub fn new(
+        base: Url,
+        tls: &Arc<rustls::ClientConfig>,
+        timeout: Duration,
+    ) -> Result<Self, reqwest::Error> {
         let http = reqwest::Client::builder()
             .tls_backend_preconfigured(rustls::ClientConfig::clone(tls))
-            .timeout(MODEL_CALL_TIMEOUT)
+            .timeout(timeout)
             .connect_timeout(Duration::from_secs(10))
             .tcp_keepalive(Duration::from_secs(30))
-            .build()
-            .map_err(|e| GatesError(e.to_string()))?;
-        Ok(Gates { http, base })
+            .build()?;
+        Ok(GateHttp { http, base })
     }
 
-    fn url(&self, segments: &[&str]) -> Url {
+    /// The base with `segments` appended (each percent-encoded).
+    pub fn url(&self, segments: &[&str]) -> Url {
         let mut url = self.base.clone();
         if let Ok(mut path) = url.path_segments_mut() {
             path.pop_if_empty().extend(segments);
         }
         url
+    }
+}
+
+/// The gates at `NYLORUN_GATES_URL`.
+#[derive(Clone, Debug)]
+pub struct Gates {
+    gate: GateHttp,
+}
+
+impl Gates {
+    /// `tls` is podhost's one client configuration ([`crate::floor::tls`]).
+    pub fn new(base: Url, tls: &Arc<rustls::ClientConfig>) -> Result<Self, GatesError> {
+        let gate =
+            GateHttp::new(base, tls, MODEL_CALL_TIMEOUT).map_err(|e| GatesError(e.to_string()))?;
+        Ok(Gates { gate })
     }
 
     /// Sends a model call and waits for its outcome, or until `cancel` fires (`Stopped`: the
@@ -108,8 +128,9 @@ impl Gates {
             ))));
         };
         let mut builder = self
+            .gate
             .http
-            .post(self.url(&["nylorun", "v1", "model-calls"]))
+            .post(self.gate.url(&["nylorun", "v1", "model-calls"]))
             .bearer_auth(token.expose())
             .header("Idempotency-Key", req.effect_id)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
@@ -157,8 +178,11 @@ impl Gates {
     /// the result is logged.
     pub async fn cancel_model_call(&self, token: Option<RunToken>, effect_id: &str) {
         let Some(token) = token else { return };
-        let url = self.url(&["nylorun", "v1", "model-calls", effect_id, "cancel"]);
+        let url = self
+            .gate
+            .url(&["nylorun", "v1", "model-calls", effect_id, "cancel"]);
         let sent = self
+            .gate
             .http
             .post(url)
             .bearer_auth(token.expose())
@@ -311,7 +335,8 @@ mod tests {
         let tls = crate::floor::tls::client_config(&Default::default()).unwrap();
         let g = Gates::new(Url::parse("http://gw:4100/base/").unwrap(), &tls).unwrap();
         assert_eq!(
-            g.url(&["nylorun", "v1", "model-calls", "t/1:0:model:s0", "cancel"])
+            g.gate
+                .url(&["nylorun", "v1", "model-calls", "t/1:0:model:s0", "cancel"])
                 .as_str(),
             "http://gw:4100/base/nylorun/v1/model-calls/t%2F1:0:model:s0/cancel"
         );

@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::wire::{Envelope, ServerBody, ServerRef, routes};
 use crate::nylorun::link::protocol::RunToken;
+use crate::nylorun::turn::gates::GateHttp;
 
 /// A tool call waits this long for its answer, as a model call does (v2 notes §4.3): the gate
 /// holds the call; a re-send under the same key joins it.
@@ -88,29 +89,15 @@ pub struct CallRequest<'a> {
 /// The Tool Gate at `NYLORUN_GATES_URL`.
 #[derive(Clone, Debug)]
 pub struct ToolGate {
-    http: reqwest::Client,
-    base: Url,
+    gate: GateHttp,
 }
 
 impl ToolGate {
     /// `tls` is podhost's one client configuration ([`crate::floor::tls`]).
     pub fn new(base: Url, tls: &Arc<rustls::ClientConfig>) -> Result<Self, ToolGateError> {
-        let http = reqwest::Client::builder()
-            .tls_backend_preconfigured(rustls::ClientConfig::clone(tls))
-            .timeout(CALL_TIMEOUT)
-            .connect_timeout(Duration::from_secs(10))
-            .tcp_keepalive(Duration::from_secs(30))
-            .build()
-            .map_err(|e| ToolGateError(e.to_string()))?;
-        Ok(ToolGate { http, base })
-    }
-
-    fn url(&self, segments: &[&str]) -> Url {
-        let mut url = self.base.clone();
-        if let Ok(mut path) = url.path_segments_mut() {
-            path.pop_if_empty().extend(segments);
-        }
-        url
+        let gate =
+            GateHttp::new(base, tls, CALL_TIMEOUT).map_err(|e| ToolGateError(e.to_string()))?;
+        Ok(ToolGate { gate })
     }
 
     /// `mcp/connect`, `mcp/list` or `mcp/close` for `server` (discovery: no key).
@@ -132,8 +119,9 @@ impl ToolGate {
         };
         let body = json_bytes(&ServerBody { server, cursor });
         let request = self
+            .gate
             .http
-            .post(self.url(route))
+            .post(self.gate.url(route))
             .bearer_auth(token.expose())
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .timeout(DISCOVERY_TIMEOUT)
@@ -161,8 +149,9 @@ impl ToolGate {
             });
         };
         let mut builder = self
+            .gate
             .http
-            .post(self.url(req.route))
+            .post(self.gate.url(req.route))
             .bearer_auth(token.expose())
             .header("Idempotency-Key", req.key)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
@@ -184,8 +173,9 @@ impl ToolGate {
     pub async fn cancel(&self, token: Option<RunToken>, key: &str) {
         let Some(token) = token else { return };
         let sent = self
+            .gate
             .http
-            .post(self.url(&routes::cancel(key)))
+            .post(self.gate.url(&routes::cancel(key)))
             .bearer_auth(token.expose())
             .header("Idempotency-Key", key)
             .timeout(CANCEL_TIMEOUT)
@@ -387,11 +377,11 @@ mod tests {
         let tls = crate::floor::tls::client_config(&Default::default()).unwrap();
         let g = ToolGate::new(Url::parse("http://gw:4100/base/").unwrap(), &tls).unwrap();
         assert_eq!(
-            g.url(&routes::cancel("t/1:0:tool:s0.c1")).as_str(),
+            g.gate.url(&routes::cancel("t/1:0:tool:s0.c1")).as_str(),
             "http://gw:4100/base/nylorun/v1/tool-calls/t%2F1:0:tool:s0.c1/cancel"
         );
         assert_eq!(
-            g.url(&routes::CONNECT).as_str(),
+            g.gate.url(&routes::CONNECT).as_str(),
             "http://gw:4100/base/nylorun/v1/mcp/connect"
         );
     }
