@@ -13,6 +13,13 @@ use podhost::local::{McpConfig, RunConfig, ToolConfig};
 use podhost::nylorun::host::pod::PodConfig;
 use tokio_util::sync::CancellationToken;
 
+/// jemalloc, for Rust and C allocations alike (SQLite's page cache): under glibc's malloc, the
+/// arenas of the runtime's blocking threads fragment, and a `serve` whose live heap stays flat
+/// still grows in RSS turn after turn; jemalloc's decay gives the unused pages back (the soak
+/// benchmark, `benches/soak.rs`, shows both).
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     // As a container's PID 1, podhost splits into a minimal init and itself (see exec::init).
     if let Some(code) = exec::init::split_if_pid1() {

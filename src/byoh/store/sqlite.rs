@@ -1,6 +1,6 @@
 //! The SQLite engine of the store: one file in the data directory, for one replica.
 //!
-//! Owns: the writer thread and its connection, a pool of read-only connections, and the lock on
+//! Owns: the writer thread and its connection, a pool of read-only connections (all opened at start), and the lock on
 //! the data directory that keeps a second process off the same store.
 //!
 //! Invariants:
@@ -35,10 +35,27 @@ use crate::chat::message::{ChatMessage, ModelEndpoint};
 
 type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 
-/// Read-only connections open at most at once.
+/// Read-only connections, all open while the store is.
 const READERS: usize = 8;
 /// How long a statement waits for a lock another connection holds.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The page cache of a read-only connection, in KiB. Small: every commit of the writer empties
+/// a reader's cache at its next read, so pages kept past that only hold memory (at SQLite's
+/// default of 2,000 KiB, eight readers would keep 16 MiB).
+const READER_CACHE_KIB: i64 = 256;
+
+/// Opens one of the read-only connections (all are opened at start, so the store's
+/// descriptors do not grow with the load's peak).
+fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
+    let c = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    c.busy_timeout(BUSY_TIMEOUT)?;
+    c.pragma_update(None, "cache_size", -READER_CACHE_KIB)?;
+    Ok(c)
+}
 
 /// A handle on the SQLite store. Cheap to clone.
 #[derive(Clone)]
@@ -198,6 +215,10 @@ impl Sqlite {
     }
 
     fn start(path: &Path, conn: Connection, lock: Flock<File>) -> Result<Sqlite, StoreError> {
+        let idle = (0..READERS)
+            .map(|_| open_reader(path))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(open_err(path))?;
         let (tx, mut rx) = mpsc::channel::<Job>(1024);
         std::thread::Builder::new()
             .name("podhost-store".into())
@@ -215,7 +236,7 @@ impl Sqlite {
             inner: Arc::new(Inner {
                 path: path.to_owned(),
                 writer: tx,
-                idle: Mutex::new(Vec::new()),
+                idle: Mutex::new(idle),
                 readers: Semaphore::new(READERS),
                 _lock: lock,
             }),
@@ -274,16 +295,10 @@ impl Sqlite {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .pop();
+            // One is missing only if a read panicked with it.
             let conn = match idle {
                 Some(c) => c,
-                None => {
-                    let c = Connection::open_with_flags(
-                        &inner.path,
-                        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-                    )?;
-                    c.busy_timeout(BUSY_TIMEOUT)?;
-                    c
-                }
+                None => open_reader(&inner.path)?,
             };
             let r = f(&conn);
             inner
