@@ -73,7 +73,8 @@ pub struct ServeConfig {
     pub http: listener::HttpLimits,
     /// Free bytes the data directory must keep; below it, new submissions are answered `503`.
     pub min_free_bytes: u64,
-    /// Which CA certificates to trust besides the system's, for the model endpoints.
+    /// Which CA certificates to trust besides the system's, for the model endpoints and a
+    /// PostgreSQL store.
     pub tls: TlsSettings,
     /// The model's context window, compaction threshold and inputs, as configured.
     pub limits: crate::chat::session::ChatLimits,
@@ -254,7 +255,7 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
     // An SQLite store's files are made now on a first start: private at once, without a warning.
     let fresh = matches!(&spec, StoreSpec::Sqlite(db) if !db.exists());
     check_state(&guards, fresh)?;
-    let store = Store::open(&spec).await?;
+    let store = Store::open(&spec, &tls).await?;
     check_state(&guards, fresh)?;
     let stored = store.count().await?;
     check_not_stranded(&args.data, &spec, stored, args.start_afresh)?;

@@ -7,11 +7,13 @@ use clap::Args;
 use super::origins::Origins;
 use crate::floor::tls::TlsSettings;
 
-/// Which CA certificates podhost trusts besides the system's, for core, the gates and the model.
+/// Which CA certificates podhost trusts besides the system's, for core, the gates, the model and
+/// a PostgreSQL store.
 #[derive(Clone, Debug, Args)]
 pub struct TlsArgs {
-    /// A PEM file of CA certificates to trust besides the system's, for every HTTPS and WSS
-    /// connection podhost opens (core, the gates, the model endpoint). Default: SSL_CERT_FILE.
+    /// A PEM file of CA certificates to trust besides the system's, for every TLS connection
+    /// podhost opens (core, the gates, the model endpoint, a PostgreSQL store). Default:
+    /// SSL_CERT_FILE.
     #[arg(long, env = "PODHOST_CA_FILE")]
     pub ca_file: Option<PathBuf>,
     /// OpenSSL's variable for such a file; here it adds to the system's roots.

@@ -1,6 +1,6 @@
 //! The one TLS client configuration of podhost's outgoing connections: join and renew, the
-//! Harness API WebSocket, the gates, and the OpenAI-compatible model client all trust the same
-//! roots through one [`rustls::ClientConfig`].
+//! Harness API WebSocket, the gates, the OpenAI-compatible model client and a PostgreSQL store
+//! all trust the same roots through one [`rustls::ClientConfig`].
 //!
 //! The roots are the system's (the first CA bundle found at the usual places: Debian's
 //! `/etc/ssl/certs/ca-certificates.crt`, Fedora's `/etc/pki/tls/certs/ca-bundle.crt`, …) plus
@@ -15,7 +15,9 @@
 //! * A CA file that cannot be read or holds no certificate is an error naming the file and the
 //!   setting, found at start-up. No root at all (no system bundle, no CA file) is only warned
 //!   about: plain-HTTP peers still work.
-//! * ALPN is left empty: every peer is spoken to over HTTP/1.1 (the WebSocket upgrade needs it).
+//! * ALPN is left empty: every HTTP peer is spoken to over HTTP/1.1 (the WebSocket upgrade
+//!   needs it). The PostgreSQL store's connections offer `postgresql` instead, on a copy of
+//!   this configuration (`byoh::store::pg_tls`).
 //!
 //! Non-goals: the CA bundle a join gives for the commands' egress proxy (`exec::egress`): it
 //! is for the commands, never for podhost's own connections. Client certificates.
@@ -95,11 +97,12 @@ pub fn client_config(settings: &TlsSettings) -> Result<Arc<rustls::ClientConfig>
         }
     }
     if roots.is_empty() {
-        // Plain-HTTP peers (a model server on the pod network) still work; every HTTPS one
+        // Plain-HTTP peers (a model server on the pod network) still work; every TLS one
         // would fail with an unknown issuer, so say why now.
         tracing::warn!(
             "no CA certificate to trust: no system bundle (such as {}) and no CA file \
-             (PODHOST_CA_FILE or SSL_CERT_FILE); HTTPS connections will fail",
+             (PODHOST_CA_FILE or SSL_CERT_FILE); TLS connections (HTTPS, a PostgreSQL store's) \
+             will fail",
             SYSTEM_BUNDLES[0]
         );
     }

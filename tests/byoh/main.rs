@@ -28,5 +28,6 @@ mod operators;
 mod replicas;
 mod routes;
 mod store_config;
+mod store_tls;
 mod tls;
 mod turns;

@@ -6,7 +6,8 @@ use pretty_assertions::assert_eq;
 
 use crate::harness::{KillOnDrop, Options, spawn};
 
-fn refused(data: &std::path::Path, opts: &Options) -> String {
+/// The error `podhost serve` stops with (its exit code, then its stderr); panics if it started.
+pub fn refused(data: &std::path::Path, opts: &Options) -> String {
     match spawn(data, opts) {
         Ok((child, _, logs)) => {
             drop(KillOnDrop(child));

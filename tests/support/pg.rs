@@ -11,10 +11,18 @@
 //! the watchdog run as `nobody` (std's `CommandExt::uid/gid`, which also drops supplementary
 //! groups), in a directory chowned to it.
 //!
+//! A test of TLS starts a cluster of its own ([`TestPg::start_tls`]) that takes TLS connections
+//! only: its certificate and key are the test's (the key 0600 and the server's, as PostgreSQL
+//! requires), `pg_hba.conf` lets the role `app` in with a SCRAM password over TLS (`hostssl`)
+//! and rejects every plain TCP connection (`hostnossl … reject`), so a connection that
+//! succeeds is proven to use TLS. The superuser comes in over the Unix socket only.
+//!
 //! Without the binaries the tests that need PostgreSQL say so and skip — except under CI
 //! (`CI` set), where they fail: `.ci/run` installs `postgresql`.
 #![allow(dead_code)]
 
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -32,43 +40,67 @@ fn bindir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/usr/lib/postgresql/15/bin"))
 }
 
-/// The cluster of this test process.
+/// A throwaway cluster.
 #[derive(Debug)]
 pub struct TestPg {
     dir: PathBuf,
     pub port: u16,
     run_as: Option<(u32, u32)>,
+    /// Whether it takes TLS connections only, from the role `app`.
+    tls: bool,
 }
+
+/// The password of the role `app` of a TLS cluster.
+pub const APP_PASSWORD: &str = "pg-app-pass-5e1d9c";
 
 static SHARED: OnceLock<Option<TestPg>> = OnceLock::new();
 static DATABASES: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether PostgreSQL is installed; under CI it must be.
+pub fn installed() -> bool {
+    if bindir().join("initdb").exists() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "PostgreSQL is not installed ({} has no initdb): .ci/run installs the postgresql \
+         package",
+        bindir().display()
+    );
+    false
+}
+
+/// Says that a test skips its PostgreSQL part.
+pub fn say_skipped() {
+    eprintln!(
+        "PostgreSQL is not installed ({}): skipping this test's PostgreSQL part",
+        bindir().display()
+    );
+}
 
 impl TestPg {
     /// The cluster of this test process, started on first use; `None` (after saying so) when
     /// PostgreSQL is not installed and this is not CI.
     pub fn shared() -> Option<&'static TestPg> {
-        let pg = SHARED.get_or_init(|| {
-            if !bindir().join("initdb").exists() {
-                assert!(
-                    std::env::var_os("CI").is_none(),
-                    "PostgreSQL is not installed ({} has no initdb): .ci/run installs the \
-                     postgresql package",
-                    bindir().display()
-                );
-                return None;
-            }
-            Some(TestPg::start())
-        });
+        let pg = SHARED.get_or_init(|| installed().then(|| TestPg::start(None)));
         if pg.is_none() {
-            eprintln!(
-                "PostgreSQL is not installed ({}): skipping this test's PostgreSQL part",
-                bindir().display()
-            );
+            say_skipped();
         }
         pg.as_ref()
     }
 
-    fn start() -> TestPg {
+    /// A cluster of its own that takes TLS connections only, with the server certificate
+    /// `cert_pem` and its key `key_pem`; `None` (after saying so) when PostgreSQL is not
+    /// installed and this is not CI.
+    pub fn start_tls(cert_pem: &str, key_pem: &str) -> Option<TestPg> {
+        if !installed() {
+            say_skipped();
+            return None;
+        }
+        Some(TestPg::start(Some((cert_pem, key_pem))))
+    }
+
+    fn start(tls: Option<(&str, &str)>) -> TestPg {
         stop_leftovers();
         let dir = tempfile::Builder::new()
             .prefix(PREFIX)
@@ -84,6 +116,7 @@ impl TestPg {
             dir,
             port: 0,
             run_as,
+            tls: tls.is_some(),
         };
         let out = pg
             .cmd("initdb")
@@ -99,6 +132,9 @@ impl TestPg {
             String::from_utf8_lossy(&out.stderr)
         );
         pg.watchdog();
+        let options = tls
+            .map(|(cert, key)| pg.set_up_tls(cert, key))
+            .unwrap_or_default();
         // A free port: bind 0, read it, release it. Another process may take it first; then
         // the server does not start and another port is tried.
         for _ in 0..5 {
@@ -112,7 +148,8 @@ impl TestPg {
                 .args(["-w", "-t", "60", "-o"])
                 .arg(format!(
                     "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off \
-                     -c synchronous_commit=off -c full_page_writes=off -c max_connections=300",
+                     -c synchronous_commit=off -c full_page_writes=off -c max_connections=300\
+                     {options}",
                     pg.port,
                     pg.dir.display()
                 ))
@@ -123,6 +160,9 @@ impl TestPg {
                 .success();
             if ok {
                 eprintln!("throwaway PostgreSQL on 127.0.0.1:{}", pg.port);
+                if pg.tls {
+                    pg.admin(format!("CREATE ROLE app LOGIN PASSWORD '{APP_PASSWORD}'"));
+                }
                 return pg;
             }
         }
@@ -134,6 +174,42 @@ impl TestPg {
 
     fn data(&self) -> PathBuf {
         self.dir.join("data")
+    }
+
+    /// Writes the certificate and key (0600, the server's) and a `pg_hba.conf` for TLS only;
+    /// answers the server's options that turn TLS on.
+    fn set_up_tls(&self, cert: &str, key: &str) -> String {
+        let write = |name: &str, text: &str| {
+            let path = self.dir.join(name);
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .and_then(|mut f| f.write_all(text.as_bytes()))
+                .expect("write a TLS file of the cluster");
+            if let Some((uid, gid)) = self.run_as {
+                std::os::unix::fs::chown(&path, Some(uid), Some(gid)).expect("chown");
+            }
+            path
+        };
+        let cert = write("server.crt", cert);
+        let key = write("server.key", key);
+        // initdb made the file, the server's and 0600: rewriting it keeps both.
+        std::fs::write(
+            self.data().join("pg_hba.conf"),
+            "# TYPE    DATABASE USER    ADDRESS       METHOD\n\
+             local     all      podhost                trust\n\
+             hostssl   all      app     127.0.0.1/32  scram-sha-256\n\
+             hostnossl all      all     0.0.0.0/0     reject\n\
+             hostnossl all      all     ::/0          reject\n",
+        )
+        .expect("write pg_hba.conf");
+        format!(
+            " -c ssl=on -c ssl_cert_file={} -c ssl_key_file={}",
+            cert.display(),
+            key.display()
+        )
     }
 
     fn cmd(&self, prog: &str) -> Command {
@@ -172,20 +248,40 @@ impl TestPg {
         std::thread::spawn(move || watchdog.wait());
     }
 
-    /// The URL of database `db`.
+    /// The URL of database `db` over TCP: as the superuser, or on a TLS cluster as `app` with
+    /// its password (no `sslmode`: the test says which).
     pub fn url(&self, db: &str) -> String {
-        format!("postgres://podhost@127.0.0.1:{}/{db}", self.port)
+        if self.tls {
+            format!("postgres://app:{APP_PASSWORD}@127.0.0.1:{}/{db}", self.port)
+        } else {
+            format!("postgres://podhost@127.0.0.1:{}/{db}", self.port)
+        }
     }
 
-    /// A new, empty database (a copy of template1); answers its URL.
+    /// The connection string of database `db` as the superuser, over the Unix socket.
+    pub fn admin_url(&self, db: &str) -> String {
+        format!(
+            "host={} port={} user=podhost dbname={db}",
+            self.dir.display(),
+            self.port
+        )
+    }
+
+    /// A new, empty database (a copy of template1, on a TLS cluster `app`'s); answers its URL.
     pub fn fresh_db(&self) -> String {
         let name = format!(
             "t{}_{}",
             std::process::id(),
             DATABASES.fetch_add(1, Ordering::SeqCst)
         );
-        let admin = self.url("postgres");
-        let sql = format!("CREATE DATABASE {name}");
+        let owner = if self.tls { " OWNER app" } else { "" };
+        self.admin(format!("CREATE DATABASE {name}{owner}"));
+        self.url(&name)
+    }
+
+    /// Runs `sql` as the superuser, over the Unix socket.
+    fn admin(&self, sql: String) {
+        let admin = self.admin_url("postgres");
         // On its own thread and runtime: callers may be sync, or inside a runtime.
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -197,14 +293,13 @@ impl TestPg {
                     .await
                     .expect("connect to the throwaway PostgreSQL");
                 let driver = tokio::spawn(conn);
-                client.batch_execute(&sql).await.expect("create database");
+                client.batch_execute(&sql).await.expect(&sql);
                 drop(client);
                 let _ = driver.await;
             });
         })
         .join()
-        .expect("create database");
-        self.url(&name)
+        .expect("run SQL as the superuser");
     }
 
     /// Runs `sql` on database `url` (as the cluster's superuser).

@@ -1,5 +1,6 @@
 //! A private CA made in the test, and a TLS front that serves a fake peer (core, the gates, a
-//! model server) over TLS with a certificate of that CA, for `127.0.0.1` and `localhost`.
+//! model server) over TLS with a certificate of that CA, for `127.0.0.1` and `localhost` (or
+//! the names a test gives, for a server of its own such as PostgreSQL).
 //!
 //! The front ends TLS and copies bytes both ways to the fake's plain address, so the fake
 //! itself is unchanged and equally strict behind it.
@@ -18,12 +19,22 @@ use tokio_rustls::TlsAcceptor;
 pub struct PrivateCa {
     /// The CA certificate, PEM: what `PODHOST_CA_FILE` names.
     pub ca_pem: String,
+    /// The server certificate and its key (PKCS#8), PEM: for a server that reads them from
+    /// files.
+    pub cert_pem: String,
+    pub key_pem: String,
     cert: CertificateDer<'static>,
     key: Vec<u8>,
 }
 
 impl PrivateCa {
+    /// A CA and its certificate for `127.0.0.1` and `localhost`.
     pub fn new() -> PrivateCa {
+        PrivateCa::for_names(&["127.0.0.1", "localhost"])
+    }
+
+    /// A CA and its certificate for `names` (DNS names or IP addresses).
+    pub fn for_names(names: &[&str]) -> PrivateCa {
         let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
         ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
@@ -31,12 +42,15 @@ impl PrivateCa {
             .push(rcgen::DnType::CommonName, "podhost test CA");
         let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
         let key = KeyPair::generate().unwrap();
-        let server = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-            .unwrap()
-            .signed_by(&key, &ca)
-            .unwrap();
+        let server =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .unwrap()
+                .signed_by(&key, &ca)
+                .unwrap();
         PrivateCa {
             ca_pem: ca.pem(),
+            cert_pem: server.pem(),
+            key_pem: key.serialize_pem(),
             cert: server.der().clone(),
             key: key.serialize_der(),
         }

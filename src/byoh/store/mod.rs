@@ -27,6 +27,7 @@
 //! (`runner`), workspaces on disk (`runner`).
 
 mod migrate;
+mod pg_tls;
 mod postgres;
 mod sqlite;
 #[cfg(test)]
@@ -332,12 +333,16 @@ pub fn now_ms() -> i64 {
 }
 
 impl Store {
-    /// Opens the store, bringing its schema up to date (or refusing a newer one).
-    pub async fn open(spec: &StoreSpec) -> Result<Store, StoreError> {
+    /// Opens the store, bringing its schema up to date (or refusing a newer one). A
+    /// PostgreSQL store's TLS trusts what `tls` (podhost's one client configuration) trusts.
+    pub async fn open(
+        spec: &StoreSpec,
+        tls: &Arc<rustls::ClientConfig>,
+    ) -> Result<Store, StoreError> {
         match spec {
             StoreSpec::Sqlite(path) => Ok(Store::Sqlite(sqlite::Sqlite::open(path)?)),
             StoreSpec::Postgres(url) => Ok(Store::Postgres(
-                postgres::Postgres::open(url.expose()).await?,
+                postgres::Postgres::open(url.expose(), tls).await?,
             )),
         }
     }

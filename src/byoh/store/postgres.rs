@@ -15,9 +15,9 @@
 //! * A cancellation is announced (`pg_notify`) in the transaction that writes it, so it is
 //!   heard once it is committed; missed announcements (a dropped listener) are caught up by the
 //!   owner's lease renewals, which fail for a cancelled turn.
-//!
-//! Non-goals: TLS to the database (connections are plain; `sslmode=require` is refused with an
-//! error that says so): run PostgreSQL on a trusted network or behind a local TLS proxy.
+//! * Every connection (the migration's, the pool's, the listener's) speaks TLS as the
+//!   connection string's `sslmode` says, through [`pg_tls`]: verified against podhost's one
+//!   TLS configuration, never falling back to plain text after a failed handshake.
 
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -28,9 +28,10 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio_postgres::config::SslMode;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{AsyncMessage, NoTls, Row};
+use tokio_postgres::{AsyncMessage, Row};
 use tracing::{info, warn};
 
+use super::pg_tls::{self, MakeRustls};
 use super::{
     COLUMNS, Fence, InvocationRow, LeaseTerms, Orphan, ResumeOutcome, StartOutcome, StatusRow,
     StoreError, from_json, judge_resume, judge_transition, migrate, parse_status, to_json,
@@ -43,26 +44,31 @@ const POOL_SIZE: usize = 16;
 /// The channel cancellations are announced on.
 const CANCEL_CHANNEL: &str = "podhost_cancel";
 
-/// Parses and checks a connection string; errors name it as `setting`.
+/// Parses and checks a connection string; errors name it as `setting`, without its password.
+/// libpq's `verify-ca` and `verify-full` are read as `require`, which verifies as much (see
+/// [`pg_tls`]).
 pub(super) fn config(url: &str, setting: &str) -> Result<tokio_postgres::Config, String> {
-    let config = tokio_postgres::Config::from_str(url).map_err(|e| {
-        format!(
-            "{setting}: {:?} is not a valid PostgreSQL connection string: {e}",
-            super::redact(url)
-        )
+    let refused = |why: String| format!("{setting}: {:?} {why}", super::redact(url));
+    let (readable, verify) = pg_tls::tls_settings(url).map_err(refused)?;
+    let mut config = tokio_postgres::Config::from_str(&readable).map_err(|e| {
+        refused(format!(
+            "is not a valid PostgreSQL connection string: {}",
+            super::postgres_error(&e)
+        ))
     })?;
-    if config.get_ssl_mode() == SslMode::Require {
-        return Err(format!(
-            "{setting}: {:?} asks for sslmode=require, but podhost connects to \
-             PostgreSQL without TLS: use a trusted network (sslmode=disable) or a local TLS proxy",
-            super::redact(url)
-        ));
+    if verify {
+        config.ssl_mode(SslMode::Require);
     }
     Ok(config)
 }
 
-fn pool_err(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Pool(e.to_string())
+/// Why the pool has no connection; a connection that could not be made says why (a refused
+/// certificate, say), not only that it failed.
+fn pool_err(e: deadpool_postgres::PoolError) -> StoreError {
+    match e {
+        deadpool_postgres::PoolError::Backend(e) => StoreError::Pool(super::postgres_error(&e)),
+        other => StoreError::Pool(other.to_string()),
+    }
 }
 
 /// A handle on the PostgreSQL store. Cheap to clone.
@@ -153,19 +159,20 @@ async fn get_in(
 }
 
 impl Postgres {
-    /// Connects, migrates the schema (or refuses a newer one), opens the pool and starts the
-    /// cancellation listener.
-    pub async fn open(url: &str) -> Result<Postgres, StoreError> {
+    /// Connects (TLS trusting what `tls` trusts), migrates the schema (or refuses a newer
+    /// one), opens the pool and starts the cancellation listener.
+    pub async fn open(url: &str, tls: &Arc<rustls::ClientConfig>) -> Result<Postgres, StoreError> {
         let config = config(url, "the store").map_err(|why| StoreError::Open {
             what: super::redact(url),
             why,
         })?;
+        let tls = MakeRustls::new(tls);
         let open_err = |e: tokio_postgres::Error| StoreError::Open {
             what: super::redact(url),
-            why: e.to_string(),
+            why: super::postgres_error(&e),
         };
         let (mut client, conn) =
-            tokio::time::timeout(Duration::from_secs(30), config.connect(NoTls))
+            tokio::time::timeout(Duration::from_secs(30), config.connect(tls.clone()))
                 .await
                 .map_err(|_| StoreError::Open {
                     what: super::redact(url),
@@ -179,7 +186,7 @@ impl Postgres {
         migrated?;
         let manager = Manager::from_config(
             config.clone(),
-            NoTls,
+            tls.clone(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -196,7 +203,7 @@ impl Postgres {
                 why: e.to_string(),
             })?;
         let (tx, rx) = mpsc::channel(1024);
-        tokio::spawn(listen(config, tx));
+        tokio::spawn(listen(config, tls, tx));
         Ok(Postgres {
             pool,
             cancels: Arc::new(Mutex::new(Some(rx))),
@@ -693,10 +700,10 @@ impl Postgres {
 
 /// Hears cancellations other replicas announce, for as long as the receiver lives;
 /// reconnects (with a growing pause) when the connection drops.
-async fn listen(config: tokio_postgres::Config, tx: mpsc::Sender<String>) {
+async fn listen(config: tokio_postgres::Config, tls: MakeRustls, tx: mpsc::Sender<String>) {
     let mut pause = Duration::from_millis(200);
     while !tx.is_closed() {
-        match listen_once(&config, &tx).await {
+        match listen_once(&config, &tls, &tx).await {
             Ok(()) => return,
             Err(e) => {
                 warn!(error = %e, "the cancellation listener lost its connection; reconnecting")
@@ -709,9 +716,13 @@ async fn listen(config: tokio_postgres::Config, tx: mpsc::Sender<String>) {
 
 async fn listen_once(
     config: &tokio_postgres::Config,
+    tls: &MakeRustls,
     tx: &mpsc::Sender<String>,
 ) -> Result<(), String> {
-    let (client, mut conn) = config.connect(NoTls).await.map_err(|e| e.to_string())?;
+    let (client, mut conn) = config
+        .connect(tls.clone())
+        .await
+        .map_err(|e| super::postgres_error(&e))?;
     let forward = tx.clone();
     let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
     let mut pump = tokio::spawn(async move {

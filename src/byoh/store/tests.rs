@@ -11,6 +11,11 @@ use crate::chat::message::ToolCall;
 #[path = "../../../tests/support/pg.rs"]
 mod pg;
 
+/// podhost's one TLS client configuration, with the system's roots only.
+fn tls() -> Arc<rustls::ClientConfig> {
+    crate::floor::tls::client_config(&crate::floor::tls::TlsSettings::default()).unwrap()
+}
+
 /// A store to test, and what keeps it alive.
 struct Fixture {
     store: Store,
@@ -33,7 +38,7 @@ impl Fixture {
         let pg = pg::TestPg::shared()?;
         let spec = StoreSpec::Postgres(Secret::new(pg.fresh_db()));
         Some(Fixture {
-            store: Store::open(&spec).await.unwrap(),
+            store: Store::open(&spec, &tls()).await.unwrap(),
             spec,
             _dir: tempfile::tempdir().unwrap(),
         })
@@ -44,7 +49,7 @@ impl Fixture {
     async fn other(&self) -> Store {
         match &self.spec {
             StoreSpec::Sqlite(_) => self.store.clone(),
-            StoreSpec::Postgres(_) => Store::open(&self.spec).await.unwrap(),
+            StoreSpec::Postgres(_) => Store::open(&self.spec, &tls()).await.unwrap(),
         }
     }
 }
@@ -207,7 +212,7 @@ async fn starts_resumes_and_transitions(f: Fixture) {
     ));
     let spec = f.spec.clone();
     drop(f.store);
-    let store = Store::open(&spec).await.unwrap();
+    let store = Store::open(&spec, &tls()).await.unwrap();
     let got = store.get("i").await.unwrap().unwrap();
     assert_eq!(
         (got.status, got.needs_key, got.last_resume),
@@ -508,7 +513,7 @@ async fn a_newer_schema_is_refused(f: Fixture) {
         }
         StoreSpec::Postgres(url) => pg::TestPg::execute(url.expose(), future).await,
     }
-    let err = Store::open(&spec).await.unwrap_err();
+    let err = Store::open(&spec, &tls()).await.unwrap_err();
     assert_eq!(
         err.to_string(),
         format!(
@@ -539,7 +544,7 @@ async fn a_store_of_the_previous_schema_is_upgraded(f: Fixture) {
                 .unwrap()
                 .execute_batch(V1_ROW)
                 .unwrap();
-            Store::open(&StoreSpec::Sqlite(old)).await.unwrap()
+            Store::open(&StoreSpec::Sqlite(old), &tls()).await.unwrap()
         }
         StoreSpec::Postgres(_) => {
             let url = pg::TestPg::shared().unwrap().fresh_db();
@@ -556,7 +561,7 @@ async fn a_store_of_the_previous_schema_is_upgraded(f: Fixture) {
                 .unwrap();
             drop(client);
             let _ = driver.await;
-            Store::open(&StoreSpec::Postgres(Secret::new(url)))
+            Store::open(&StoreSpec::Postgres(Secret::new(url)), &tls())
                 .await
                 .unwrap()
         }
@@ -698,16 +703,87 @@ fn store_urls_are_printed_without_their_password() {
         "PODHOST_STORE: \"mysql://app:***@db/p\" is not a PostgreSQL URL: give \
          postgres://user@host:5432/db, or leave it unset for SQLite in the data directory"
     );
+}
+
+#[test]
+fn sslmode_is_read_as_libpq_names_it_with_verify_modes_as_require() {
+    use tokio_postgres::config::SslMode::{Disable, Prefer, Require};
+    let mode = |url: &str| postgres::config(url, "--store").map(|c| c.get_ssl_mode());
+    for (url, want) in [
+        ("postgres://app:s3cret@db/p", Prefer),
+        ("postgres://app:s3cret@db/p?sslmode=disable", Disable),
+        ("postgres://app:s3cret@db/p?sslmode=prefer", Prefer),
+        ("postgres://app:s3cret@db/p?sslmode=require", Require),
+        ("postgres://app:s3cret@db/p?sslmode=verify-ca", Require),
+        (
+            "postgres://db/p?application_name=x&sslmode=verify-full",
+            Require,
+        ),
+        // The last one counts, as in libpq.
+        (
+            "postgres://db/p?sslmode=verify-full&sslmode=disable",
+            Disable,
+        ),
+        (
+            "postgres://db/p?sslmode=disable&sslmode=verify-full",
+            Require,
+        ),
+        ("host=db dbname=p", Prefer),
+        ("host=db sslmode = 'require'", Require),
+        ("host=db sslmode=disable", Disable),
+        (
+            "host=db user=app password='s3 cr\\'et' sslmode=verify-full",
+            Require,
+        ),
+    ] {
+        assert_eq!(mode(url), Ok(want), "{url}");
+    }
+    // Reading a verify mode as require keeps every other setting.
+    let c = postgres::config(
+        "host=db user=app password='s3 cr\\'et' sslmode=verify-full dbname=p",
+        "--store",
+    )
+    .unwrap();
     assert_eq!(
-        StoreSpec::parse(
-            Some("postgres://app:s3cret@db/p?sslmode=require"),
-            dir,
-            "--store"
+        (c.get_user(), c.get_password(), c.get_dbname()),
+        (Some("app"), Some(&b"s3 cr'et"[..]), Some("p"))
+    );
+    let c = postgres::config(
+        "postgres://app:s3cret@db:6432/p?sslmode=verify-full&application_name=x",
+        "--store",
+    )
+    .unwrap();
+    assert_eq!(
+        (c.get_password(), c.get_ports(), c.get_application_name()),
+        (Some(&b"s3cret"[..]), &[6432][..], Some("x"))
+    );
+    assert_eq!(
+        mode("postgres://app:s3cret@db/p?sslmode=allow"),
+        Err(
+            "--store: \"postgres://app:***@db/p?sslmode=allow\" asks for sslmode=allow (plain \
+             text unless the server insists on TLS), which podhost does not offer: use \
+             sslmode=prefer (TLS when the server offers it; the default), require (TLS, \
+             verified) or disable (plain text)"
+                .to_owned()
         )
-        .unwrap_err(),
-        "--store: \"postgres://app:***@db/p?sslmode=require\" asks for \
-         sslmode=require, but podhost connects to PostgreSQL without TLS: use a trusted network \
-         (sslmode=disable) or a local TLS proxy"
+    );
+    assert_eq!(
+        mode("host=db password=s3cret sslrootcert=/etc/db-ca.pem"),
+        Err(
+            "--store: \"host=db password=*** sslrootcert=/etc/db-ca.pem\" sets sslrootcert, \
+             which podhost does not read: the server's certificate is checked against the \
+             system's CA bundle and PODHOST_CA_FILE (--ca-file), and podhost sends no client \
+             certificate"
+                .to_owned()
+        )
+    );
+    assert_eq!(
+        mode("postgres://app:s3cret@db/p?sslmode=on"),
+        Err(
+            "--store: \"postgres://app:***@db/p?sslmode=on\" is not a valid PostgreSQL \
+             connection string: invalid connection string: invalid value for option `sslmode`"
+                .to_owned()
+        )
     );
 }
 
@@ -742,5 +818,5 @@ async fn a_store_from_before_schema_versions_is_adopted() {
         .unwrap();
     old.execute_batch(V1_ROW).unwrap();
     drop(old);
-    check_upgraded(Store::open(&StoreSpec::Sqlite(path)).await.unwrap()).await;
+    check_upgraded(Store::open(&StoreSpec::Sqlite(path), &tls()).await.unwrap()).await;
 }
