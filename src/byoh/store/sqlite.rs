@@ -1,7 +1,7 @@
 //! The SQLite engine of the store: one file in the data directory, for one replica.
 //!
-//! Owns: the writer thread and its connection, a pool of read-only connections (all opened at start), and the lock on
-//! the data directory that keeps a second process off the same store.
+//! Owns: the writer thread and its connection, a pool of read-only connections (all opened at
+//! start), and the lock on the data directory that keeps a second process off the same store.
 //!
 //! Invariants:
 //! * One thread owns the writing connection and runs every write in turn, so each write is
