@@ -11,9 +11,13 @@ use crate::chat::message::ToolCall;
 #[path = "../../../tests/support/pg.rs"]
 mod pg;
 
-/// podhost's one TLS client configuration, with the system's roots only.
+/// podhost's one TLS client configuration, with the system's roots only (read once).
 fn tls() -> Arc<rustls::ClientConfig> {
-    crate::floor::tls::client_config(&crate::floor::tls::TlsSettings::default()).unwrap()
+    static TLS: std::sync::OnceLock<Arc<rustls::ClientConfig>> = std::sync::OnceLock::new();
+    TLS.get_or_init(|| {
+        crate::floor::tls::client_config(&crate::floor::tls::TlsSettings::default()).unwrap()
+    })
+    .clone()
 }
 
 /// A store to test, and what keeps it alive.
