@@ -12,6 +12,9 @@
 //!   lease unexpired); the row lock it takes serializes it against a takeover, so a write after
 //!   a takeover cannot land.
 //! * Lease times are the database's clock (`podhost_now_ms()`).
+//! * Every statement runs prepared, once per connection ([`Prepared`]): a run is one round
+//!   trip, and the server parses and plans it once. A turn's append, the write of every step,
+//!   is one statement that checks the fence and inserts, with no transaction around it.
 //! * A cancellation is announced (`pg_notify`) in the transaction that writes it, so it is
 //!   heard once it is committed; missed announcements (a dropped listener) are caught up by the
 //!   owner's lease renewals, which fail for a cancelled turn.
@@ -23,7 +26,7 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio_postgres::config::SslMode;
@@ -84,6 +87,42 @@ impl std::fmt::Debug for Postgres {
     }
 }
 
+/// Runs of statements prepared once per connection (the pool's statement cache): the first run
+/// on a connection parses and plans `sql`, every later one is a single round trip.
+trait Prepared: GenericClient {
+    async fn run(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, StoreError> {
+        Ok(self
+            .execute(&self.prepare_cached(sql).await?, params)
+            .await?)
+    }
+
+    async fn rows(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, StoreError> {
+        Ok(self.query(&self.prepare_cached(sql).await?, params).await?)
+    }
+
+    async fn one(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row, StoreError> {
+        Ok(self
+            .query_one(&self.prepare_cached(sql).await?, params)
+            .await?)
+    }
+
+    async fn opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, StoreError> {
+        Ok(self
+            .query_opt(&self.prepare_cached(sql).await?, params)
+            .await?)
+    }
+}
+
+impl<C: GenericClient> Prepared for C {}
+
 fn select() -> String {
     format!("SELECT {COLUMNS}, podhost_now_ms() FROM invocations")
 }
@@ -120,18 +159,15 @@ async fn append(
     messages: &[ChatMessage],
 ) -> Result<usize, StoreError> {
     let next: i64 = tx
-        .query_one(
+        .one(
             "SELECT COALESCE(MAX(seq) + 1, 0) FROM messages WHERE invocation_id = $1",
             &[&id],
         )
         .await?
         .try_get(0)?;
-    let bodies = messages
-        .iter()
-        .map(to_json)
-        .collect::<Result<Vec<_>, _>>()?;
+    let bodies = bodies(messages)?;
     if !bodies.is_empty() {
-        tx.execute(
+        tx.run(
             "INSERT INTO messages (invocation_id, seq, body) \
              SELECT $1, $2 + t.ord - 1, t.body FROM unnest($3::text[]) WITH ORDINALITY AS t(body, ord)",
             &[&id, &next, &bodies],
@@ -140,6 +176,30 @@ async fn append(
     }
     Ok(next as usize + bodies.len())
 }
+
+fn bodies(messages: &[ChatMessage]) -> Result<Vec<String>, StoreError> {
+    messages.iter().map(to_json).collect()
+}
+
+/// A turn's append in one statement: the fenced update of its row (owner `$2`, epoch `$3`,
+/// open, lease unexpired), then the bodies `$4` after the transcript's last message, inserted
+/// only where the update matched; answers how many rows the update matched (0 or 1).
+///
+/// The update's row lock orders the statement after a takeover, a cancellation or a renewal
+/// that holds the row. The statement's one snapshot is from before that wait, so it can miss
+/// only messages whose writer changed the epoch or the status (a resume, a takeover), and then
+/// the update matches nothing and nothing is inserted; a turn's own appends come one after the
+/// other.
+const APPEND_FENCED: &str = "WITH held AS (\
+        UPDATE invocations SET updated_ms = podhost_now_ms() WHERE invocation_id = $1 \
+        AND owner = $2 AND epoch = $3 AND status IN ('queued', 'running') \
+        AND lease_until_ms > podhost_now_ms() RETURNING invocation_id), \
+    inserted AS (\
+        INSERT INTO messages (invocation_id, seq, body) \
+        SELECT held.invocation_id, last.next + t.ord - 1, t.body FROM held, \
+        (SELECT COALESCE(MAX(seq) + 1, 0) AS next FROM messages WHERE invocation_id = $1) AS last, \
+        unnest($4::text[]) WITH ORDINALITY AS t(body, ord)) \
+    SELECT COUNT(*) FROM held";
 
 async fn get_in(
     tx: &deadpool_postgres::Transaction<'_>,
@@ -151,7 +211,7 @@ async fn get_in(
         select(),
         if lock { " FOR UPDATE" } else { "" }
     );
-    tx.query_opt(&sql, &[&id])
+    tx.opt(&sql, &[&id])
         .await?
         .as_ref()
         .map(read_row)
@@ -245,7 +305,7 @@ impl Postgres {
     pub async fn count(&self) -> Result<u64, StoreError> {
         let c = self.client().await?;
         let n: i64 = c
-            .query_one("SELECT COUNT(*) FROM invocations", &[])
+            .one("SELECT COUNT(*) FROM invocations", &[])
             .await?
             .try_get(0)?;
         Ok(n as u64)
@@ -253,12 +313,13 @@ impl Postgres {
 
     pub async fn status(&self, id: &str) -> Result<Option<StatusRow>, StoreError> {
         let c = self.client().await?;
-        let stmt = c
-            .prepare_cached(
+        let Some(r) = c
+            .opt(
                 "SELECT session_id, status, error FROM invocations WHERE invocation_id = $1",
+                &[&id],
             )
-            .await?;
-        let Some(r) = c.query_opt(&stmt, &[&id]).await? else {
+            .await?
+        else {
             return Ok(None);
         };
         let status: String = r.try_get(1)?;
@@ -271,10 +332,7 @@ impl Postgres {
 
     pub async fn get(&self, id: &str) -> Result<Option<InvocationRow>, StoreError> {
         let c = self.client().await?;
-        let stmt = c
-            .prepare_cached(&format!("{} WHERE invocation_id = $1", select()))
-            .await?;
-        c.query_opt(&stmt, &[&id])
+        c.opt(&format!("{} WHERE invocation_id = $1", select()), &[&id])
             .await?
             .as_ref()
             .map(read_row)
@@ -290,7 +348,7 @@ impl Postgres {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         let inserted = tx
-            .execute(
+            .run(
                 "INSERT INTO invocations (invocation_id, session_id, status, connection, \
                  needs_key, output_start, created_ms, updated_ms, owner, epoch, lease_until_ms) \
                  VALUES ($1, $2, 'queued', $3, $4, $5, podhost_now_ms(), podhost_now_ms(), $6, 1, \
@@ -312,7 +370,7 @@ impl Postgres {
                 return Ok(StartOutcome::Exists(Box::new(existing)));
             }
             let other = tx
-                .query_opt(
+                .opt(
                     "SELECT invocation_id FROM invocations WHERE session_id = $1",
                     &[&row.session_id],
                 )
@@ -349,7 +407,7 @@ impl Postgres {
             return Ok(outcome);
         }
         let end = append(&tx, id, &messages).await? as i64;
-        tx.execute(
+        tx.run(
             "UPDATE invocations SET status = 'queued', pending = '[]', last_resume = $2, \
              output_start = $3, connection = $4, needs_key = $5, updated_ms = podhost_now_ms(), \
              owner = $6, epoch = $7, lease_until_ms = podhost_now_ms() + $8 \
@@ -381,7 +439,7 @@ impl Postgres {
     ) -> Result<Option<(InvocationRow, Fence)>, StoreError> {
         let c = self.client().await?;
         let row = c
-            .query_opt(
+            .opt(
                 &format!(
                     "UPDATE invocations SET owner = $2, epoch = epoch + 1, \
                      lease_until_ms = podhost_now_ms() + $3, updated_ms = podhost_now_ms() \
@@ -428,29 +486,31 @@ impl Postgres {
         }
         let open = super::OPEN.contains(&to);
         let terminal = to.is_terminal();
-        tx.execute(
-            "UPDATE invocations SET status = $2, error = $3, pending = $4, \
-             updated_ms = podhost_now_ms(), \
-             finished_ms = CASE WHEN $5 THEN podhost_now_ms() END, \
-             lease_until_ms = CASE WHEN $6 THEN lease_until_ms END \
-             WHERE invocation_id = $1",
-            &[
-                &id,
-                &to.as_str(),
-                &error,
-                &to_json(&pending)?,
-                &terminal,
-                &open,
-            ],
-        )
-        .await?;
+        let row = tx
+            .one(
+                &format!(
+                    "UPDATE invocations SET status = $2, error = $3, pending = $4, \
+                     updated_ms = podhost_now_ms(), \
+                     finished_ms = CASE WHEN $5 THEN podhost_now_ms() END, \
+                     lease_until_ms = CASE WHEN $6 THEN lease_until_ms END \
+                     WHERE invocation_id = $1 RETURNING {COLUMNS}, podhost_now_ms()"
+                ),
+                &[
+                    &id,
+                    &to.as_str(),
+                    &error,
+                    &to_json(&pending)?,
+                    &terminal,
+                    &open,
+                ],
+            )
+            .await?;
         if to == Status::Cancelled {
-            tx.execute("SELECT pg_notify($1, $2)", &[&CANCEL_CHANNEL, &id])
+            tx.run("SELECT pg_notify($1, $2)", &[&CANCEL_CHANNEL, &id])
                 .await?;
         }
-        let row = get_in(&tx, id, false).await?;
         tx.commit().await?;
-        Ok((true, row))
+        Ok((true, Some(read_row(&row)?)))
     }
 
     pub async fn append(
@@ -459,32 +519,28 @@ impl Postgres {
         messages: Vec<ChatMessage>,
         fence: &Fence,
     ) -> Result<(), StoreError> {
-        let mut c = self.client().await?;
-        let tx = c.transaction().await?;
-        let held = tx
-            .execute(
-                "UPDATE invocations SET updated_ms = podhost_now_ms() WHERE invocation_id = $1 \
-                 AND owner = $2 AND epoch = $3 AND status IN ('queued', 'running') \
-                 AND lease_until_ms > podhost_now_ms()",
-                &[&id, &&*fence.owner, &fence.epoch],
+        let c = self.client().await?;
+        let held: i64 = c
+            .one(
+                APPEND_FENCED,
+                &[&id, &&*fence.owner, &fence.epoch, &bodies(&messages)?],
             )
-            .await?;
+            .await?
+            .try_get(0)?;
         if held == 0 {
             return Err(StoreError::Fenced(id.to_owned()));
         }
-        append(&tx, id, &messages).await?;
-        tx.commit().await?;
         Ok(())
     }
 
     pub async fn messages(&self, id: &str, from: usize) -> Result<Vec<ChatMessage>, StoreError> {
         let c = self.client().await?;
-        let stmt = c
-            .prepare_cached(
+        let rows = c
+            .rows(
                 "SELECT body FROM messages WHERE invocation_id = $1 AND seq >= $2 ORDER BY seq",
+                &[&id, &(from as i64)],
             )
             .await?;
-        let rows = c.query(&stmt, &[&id, &(from as i64)]).await?;
         rows.iter()
             .map(|r| from_json("message", r.try_get::<_, &str>(0)?))
             .collect()
@@ -494,7 +550,7 @@ impl Postgres {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         let held = tx
-            .execute(
+            .run(
                 "UPDATE invocations SET updated_ms = podhost_now_ms() WHERE invocation_id = $1 \
                  AND owner = $2 AND epoch = $3 AND status IN ('queued', 'running') \
                  AND lease_until_ms > podhost_now_ms()",
@@ -504,7 +560,7 @@ impl Postgres {
         if held == 0 {
             return Err(StoreError::Fenced(id.to_owned()));
         }
-        tx.execute(
+        tx.run(
             "INSERT INTO contexts (invocation_id, view) VALUES ($1, $2) \
              ON CONFLICT (invocation_id) DO UPDATE SET view = excluded.view",
             &[&id, &view],
@@ -517,7 +573,7 @@ impl Postgres {
     pub async fn view(&self, id: &str) -> Result<Option<String>, StoreError> {
         let c = self.client().await?;
         let row = c
-            .query_opt("SELECT view FROM contexts WHERE invocation_id = $1", &[&id])
+            .opt("SELECT view FROM contexts WHERE invocation_id = $1", &[&id])
             .await?;
         Ok(row.map(|r| r.try_get::<_, String>(0)).transpose()?)
     }
@@ -533,7 +589,7 @@ impl Postgres {
         let (ids, epochs): (Vec<String>, Vec<i64>) = held.into_iter().unzip();
         let c = self.client().await?;
         let rows = c
-            .query(
+            .rows(
                 "UPDATE invocations SET lease_until_ms = podhost_now_ms() + $2 \
                  FROM unnest($3::text[], $4::bigint[]) AS h(id, ep) \
                  WHERE invocation_id = h.id AND epoch = h.ep AND owner = $1 \
@@ -549,7 +605,7 @@ impl Postgres {
 
     pub async fn release(&self, id: &str, fence: &Fence) -> Result<(), StoreError> {
         let c = self.client().await?;
-        c.execute(
+        c.run(
             "UPDATE invocations SET lease_until_ms = podhost_now_ms() WHERE invocation_id = $1 \
              AND owner = $2 AND epoch = $3 AND lease_until_ms > podhost_now_ms()",
             &[&id, &&*fence.owner, &fence.epoch],
@@ -561,7 +617,7 @@ impl Postgres {
     pub async fn orphans(&self) -> Result<Vec<Orphan>, StoreError> {
         let c = self.client().await?;
         let rows = c
-            .query(
+            .rows(
                 "SELECT invocation_id, epoch, needs_key, \
                  podhost_now_ms() - COALESCE(lease_until_ms, updated_ms) \
                  FROM invocations WHERE status IN ('queued', 'running') \
@@ -590,7 +646,7 @@ impl Postgres {
     ) -> Result<bool, StoreError> {
         let c = self.client().await?;
         let n = c
-            .execute(
+            .run(
                 "UPDATE invocations SET status = 'failed', error = $2, \
                  updated_ms = podhost_now_ms(), finished_ms = podhost_now_ms(), \
                  epoch = epoch + 1, lease_until_ms = NULL \
@@ -611,7 +667,7 @@ impl Postgres {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         let rows = tx
-            .query(
+            .rows(
                 "UPDATE invocations SET swept = TRUE, pending = '[]', last_resume = '[]' \
                  WHERE swept = FALSE AND status IN ('completed', 'failed', 'cancelled') \
                  AND finished_ms < $1 RETURNING invocation_id, session_id",
@@ -622,12 +678,12 @@ impl Postgres {
             .iter()
             .map(|r| r.try_get(0))
             .collect::<Result<_, _>>()?;
-        tx.execute(
+        tx.run(
             "DELETE FROM messages WHERE invocation_id = ANY($1)",
             &[&ids],
         )
         .await?;
-        tx.execute(
+        tx.run(
             "DELETE FROM contexts WHERE invocation_id = ANY($1)",
             &[&ids],
         )
@@ -650,7 +706,7 @@ impl Postgres {
         // Another replica may take the uid found between the look and the insert: look again.
         for _ in 0..=count.min(1000) {
             if let Some(r) = c
-                .query_opt(
+                .opt(
                     "SELECT uid FROM session_uids WHERE session_id = $1",
                     &[&session_id],
                 )
@@ -659,7 +715,7 @@ impl Postgres {
                 return Ok(u32::try_from(r.try_get::<_, i64>(0)?).ok());
             }
             let free: Option<i64> = c
-                .query_one(
+                .one(
                     "SELECT MIN(c) FROM (SELECT $1::bigint AS c UNION ALL SELECT uid + 1 FROM \
                      session_uids WHERE uid BETWEEN $1 AND $2) AS cand \
                      WHERE c <= $2 AND c NOT IN (SELECT uid FROM session_uids)",
@@ -672,7 +728,7 @@ impl Postgres {
             };
             let params: [&(dyn ToSql + Sync); 3] = [&uid, &session_id, &owner];
             let inserted = c
-                .execute(
+                .run(
                     "INSERT INTO session_uids (uid, session_id, owner, claimed_ms) \
                      VALUES ($1, $2, $3, podhost_now_ms()) ON CONFLICT DO NOTHING",
                     &params,
@@ -689,7 +745,7 @@ impl Postgres {
 
     pub async fn release_uid(&self, session_id: &str) -> Result<(), StoreError> {
         let c = self.client().await?;
-        c.execute(
+        c.run(
             "DELETE FROM session_uids WHERE session_id = $1",
             &[&session_id],
         )

@@ -94,6 +94,7 @@ both_engines!(
     a_store_of_the_previous_schema_is_upgraded,
     sweeping_keeps_a_tombstone,
     a_context_view_is_kept_fenced_and_swept,
+    appends_racing_renewals_and_a_cancel_stay_whole,
 );
 
 fn terms(owner: &str, ttl_ms: i64) -> LeaseTerms {
@@ -424,6 +425,70 @@ async fn cancel_fences_the_owner_and_is_announced(f: Fixture) {
         (StoreSpec::Sqlite(_), None) => {}
         (spec, rx) => panic!("{spec}: announcements {}", rx.is_some()),
     }
+}
+
+/// A turn's appends, one after the other as a turn makes them, while its replica renews the
+/// lease and another replica cancels the turn part-way: each append lands whole, in order, or
+/// is refused as fenced — and once one is refused, every later one is.
+async fn appends_racing_renewals_and_a_cancel_stay_whole(f: Fixture) {
+    const APPENDS: usize = 300;
+    let t = terms("a", 60_000);
+    let fence = start(&f.store, "i", &t).await;
+    let other = f.other().await;
+    let (landed_tx, mut landed_rx) = tokio::sync::mpsc::unbounded_channel();
+    let appends = {
+        let store = f.store.clone();
+        tokio::spawn(async move {
+            let mut outcomes = Vec::new();
+            for n in 0..APPENDS {
+                let messages = vec![
+                    ChatMessage::user(format!("m{n}")),
+                    ChatMessage::user(format!("m{n}'")),
+                ];
+                let outcome = store.append("i", messages, &fence).await;
+                let _ = landed_tx.send(n);
+                outcomes.push(outcome);
+            }
+            outcomes
+        })
+    };
+    let renewals = {
+        let (store, t) = (f.store.clone(), t.clone());
+        tokio::spawn(async move {
+            for _ in 0..APPENDS {
+                store.renew(&t, vec![("i".into(), 1)]).await.unwrap();
+            }
+        })
+    };
+    // Cancel from the other replica once a third of the appends landed.
+    while landed_rx.recv().await.unwrap() < APPENDS / 3 {}
+    let (changed, _) = other
+        .transition("i", OPEN, Status::Cancelled, None, vec![], None)
+        .await
+        .unwrap();
+    assert!(changed);
+    renewals.await.unwrap();
+    let outcomes = appends.await.unwrap();
+    let landed = outcomes.iter().take_while(|o| o.is_ok()).count();
+    for o in &outcomes[landed..] {
+        assert!(matches!(o, Err(StoreError::Fenced(_))), "{o:?}");
+    }
+    assert!(
+        (APPENDS / 3..APPENDS).contains(&landed),
+        "{landed} appends landed"
+    );
+    let mut expected = vec!["hi".to_owned()];
+    for n in 0..landed {
+        expected.extend([format!("m{n}"), format!("m{n}'")]);
+    }
+    let texts: Vec<String> = other
+        .messages("i", 0)
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| m.content.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(texts, expected);
 }
 
 async fn renewals_answer_what_is_still_held(f: Fixture) {
