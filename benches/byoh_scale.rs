@@ -1,8 +1,11 @@
 //! BYOH scale-out benchmark, against baselines measured in the same run:
 //!
 //! * **Reads under writes**: 500 sessions whose turns are all active (each step a model call
-//!   and a tool call, every step committed), on one replica; `get_status` p50/p99 against
-//!   `/healthz` p50/p99 on the same server in the same rounds — SQLite, then PostgreSQL.
+//!   of about 2 s, as a model takes, and a tool call, every step committed), on one replica;
+//!   `get_status` p50/p99 against `/healthz` p50/p99 on the same server in the same rounds —
+//!   SQLite, then PostgreSQL, where a second replica that owns none of the turns answers
+//!   `get_status` from the database too, against its own `/healthz` and the owner's. Also what a
+//!   step costs in CPU, the replica's and PostgreSQL's, measured with no reads running.
 //! * **Turns per second** with a fast fake model (one model call per turn, no delay), the
 //!   client submitting and polling as Oumi does: one replica on SQLite, one on PostgreSQL,
 //!   three on PostgreSQL — each replica held to the same CPU share (a cgroup v1 CPU quota,
@@ -12,6 +15,8 @@
 //! The model, the client and PostgreSQL run outside the quota. Run with
 //! `cargo bench --bench byoh_scale` (release build; a throwaway PostgreSQL cluster, as the
 //! tests start it; as root for the cgroups — without them it says so and runs unlimited).
+//! `BYOH_SCALE_ONLY=reads` or `=throughput` runs one part, `BYOH_SCALE_STEP_MS` sets the model's
+//! time per step, `BYOH_SCALE_PODHOST` measures another build of `podhost` on the same load.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../tests/support/openai_fake.rs"]
@@ -19,6 +24,7 @@ mod openai_fake;
 #[path = "../tests/support/pg.rs"]
 mod pg;
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -35,6 +41,8 @@ const ACTIVE: usize = 500;
 /// Calls of each kind per round, and rounds (interleaved).
 const CALLS: usize = 400;
 const ROUNDS: usize = 5;
+/// The pause before each set of calls in the reads-under-writes rounds.
+const PACE: Duration = Duration::from_millis(5);
 /// Turns per throughput run, and the client's submissions in flight.
 const TURNS: usize = 600;
 /// `BYOH_SCALE_QUICK=1` divides the counts by ten: a check that the benchmark runs, not a
@@ -58,6 +66,28 @@ fn cpu_share() -> f64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.2)
+}
+
+/// The binary under test: this build's, or `BYOH_SCALE_PODHOST` (another build to compare, run
+/// on the same load in the same way).
+fn podhost() -> PathBuf {
+    std::env::var_os("BYOH_SCALE_PODHOST")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_podhost")))
+}
+
+/// How long the model takes over each step of the active sessions. A model's answer takes
+/// seconds; at 2 s, 500 sessions make 250 steps a second, a load that one replica keeps up with
+/// on this machine, so that the load stays the same over the run (a replica that falls behind
+/// slows every request, `/healthz` included, and the ratio then measures the machine).
+/// `BYOH_SCALE_STEP_MS` overrides it.
+fn step() -> Duration {
+    Duration::from_millis(
+        std::env::var("BYOH_SCALE_STEP_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2000),
+    )
 }
 
 struct Replica {
@@ -104,7 +134,7 @@ fn start_replica(
     max_running: usize,
     share: Option<(f64, usize)>,
 ) -> Replica {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_podhost"));
+    let mut cmd = Command::new(podhost());
     cmd.arg("serve")
         .env("PODHOST_LISTEN", "127.0.0.1:0")
         .env("PODHOST_DATA", data)
@@ -184,6 +214,44 @@ async fn submit(http: &reqwest::Client, url: &str, body: &Value) {
     }
 }
 
+/// CPU time (user and system, in clock ticks) used so far by each process that `pick` chooses
+/// by pid and command name.
+fn cpu_ticks(pick: impl Fn(u32, &str) -> bool) -> HashMap<u32, u64> {
+    let mut ticks = HashMap::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid … utime stime: the fields after the command's closing paren.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        if !pick(pid, &stat[open + 1..close]) {
+            continue;
+        }
+        let rest: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        let used = rest[11].parse::<u64>().unwrap() + rest[12].parse::<u64>().unwrap();
+        ticks.insert(pid, used);
+    }
+    ticks
+}
+
+/// The CPU ticks used between two readings of [`cpu_ticks`] by the processes in both (one that
+/// started or exited in between is left out).
+fn ticks_between(before: &HashMap<u32, u64>, after: &HashMap<u32, u64>) -> u64 {
+    after
+        .iter()
+        .filter_map(|(pid, t)| before.get(pid).map(|b| t.saturating_sub(*b)))
+        .sum()
+}
+
 /// 500 active sessions on one replica: get_status against /healthz, interleaved rounds.
 async fn reads_under_writes(label: &str, store: Option<String>, fake: &FakeModel) {
     let dir = tempfile::tempdir().unwrap();
@@ -227,6 +295,20 @@ async fn reads_under_writes(label: &str, store: Option<String>, fake: &FakeModel
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
+    // What a step costs, over a few seconds with no reads: the replica's CPU, and the
+    // database's (every PostgreSQL process; with SQLite the store is inside the replica).
+    let owner = replica.child.id();
+    let replica_cpu = || cpu_ticks(|pid, _| pid == owner);
+    let store_cpu = || cpu_ticks(|_, comm| comm == "postgres");
+    let (r0, d0, s0) = (replica_cpu(), store_cpu(), fake.count());
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (r1, d1, s1) = (replica_cpu(), store_cpu(), fake.count());
+    // Clock ticks are 10 ms (USER_HZ 100 on Linux).
+    let per_step = |ticks: u64| ticks as f64 * 10.0 / (s1 - s0).max(1) as f64;
+    let (replica_ms, store_ms) = (
+        per_step(ticks_between(&r0, &r1)),
+        per_step(ticks_between(&d0, &d1)),
+    );
     // On PostgreSQL, a second replica that runs none of these turns answers from the store.
     let other = store
         .as_deref()
@@ -239,8 +321,12 @@ async fn reads_under_writes(label: &str, store: Option<String>, fake: &FakeModel
     let mut status = Vec::new();
     let mut health = Vec::new();
     let mut elsewhere = Vec::new();
+    let mut elsewhere_health = Vec::new();
     for round in 0..ROUNDS {
         for i in 0..scaled(CALLS) {
+            // Spread over several steps' time, so the calls sample the load rather than one
+            // moment of it.
+            tokio::time::sleep(PACE).await;
             health.push(
                 timed_get(&http, &format!("{}/healthz", replica.url))
                     .await
@@ -256,6 +342,7 @@ async fn reads_under_writes(label: &str, store: Option<String>, fake: &FakeModel
                 .0,
             );
             if let Some(o) = &other {
+                elsewhere_health.push(timed_get(&http, &format!("{}/healthz", o.url)).await.0);
                 elsewhere.push(
                     timed_get(&http, &format!("{}/get_status?invocation_id={id}", o.url))
                         .await
@@ -266,9 +353,11 @@ async fn reads_under_writes(label: &str, store: Option<String>, fake: &FakeModel
     }
     let steps = fake.count() - writes_before;
     let elapsed = t.elapsed();
+
     status.sort();
     health.sort();
     elsewhere.sort();
+    elsewhere_health.sort();
     let (s50, s99) = (percentile(&status, 0.5), percentile(&status, 0.99));
     let (h50, h99) = (percentile(&health, 0.5), percentile(&health, 0.99));
     println!(
@@ -281,14 +370,28 @@ async fn reads_under_writes(label: &str, store: Option<String>, fake: &FakeModel
         ms(s99) / ms(h99),
         steps as f64 / elapsed.as_secs_f64()
     );
+    let database = match &store {
+        Some(_) => format!(", PostgreSQL {store_ms:5.2} ms"),
+        None => String::new(),
+    };
+    println!(
+        "  {label:<10} CPU per turn step, with no reads: replica {replica_ms:5.2} ms{database} \
+         ({} steps/s, of the {:.0} the sessions ask for)",
+        (s1 - s0) as f64 / 4.0,
+        scaled(ACTIVE) as f64 / step().as_secs_f64()
+    );
     if !elsewhere.is_empty() {
         let (e50, e99) = (percentile(&elsewhere, 0.5), percentile(&elsewhere, 0.99));
+        let eh99 = percentile(&elsewhere_health, 0.99);
         println!(
             "  {label:<10} get_status from another replica (the store's pool) p50 {:6.2} ms \
-             p99 {:6.2} ms | p99 ratio to the owner's /healthz {:4.2}×",
+             p99 {:6.2} ms | p99 ratio to the owner's /healthz {:4.2}×, to its own \
+             (p99 {:6.2} ms) {:4.2}×",
             ms(e50),
             ms(e99),
             ms(e99) / ms(h99),
+            ms(eh99),
+            ms(e99) / ms(eh99),
         );
     }
 }
@@ -363,16 +466,20 @@ async fn main() {
     println!("byoh_scale benchmark");
     load("at the start");
 
-    // Reads under writes: every turn keeps stepping (a 300 ms model call, then a glob) while
+    // Reads under writes: every turn keeps stepping (a model call of `step()`, then a glob) while
     // the rounds run; afterwards the turns are let finish.
     let stepping = Arc::new(AtomicBool::new(true));
     let fake = FakeModel::start("fake-model", Some("k")).await;
     fake.forget_requests();
     let on = stepping.clone();
+    let answered = std::sync::atomic::AtomicU64::new(0);
     fake.respond_with(move |_| {
         if on.load(Ordering::SeqCst) {
+            // Between half and one and a half steps, spread evenly: sessions submitted together
+            // drift apart instead of stepping in waves, so the writes come at a steady rate.
+            let n = answered.fetch_add(1, Ordering::Relaxed) * 7919 % 1000;
             Reply::Delay(
-                Duration::from_millis(300),
+                step().mul_f64(0.5 + n as f64 / 1000.0),
                 Box::new(Reply::call("g", "glob", json!({"pattern": "*.none"}))),
             )
         } else {
@@ -382,8 +489,10 @@ async fn main() {
     // BYOH_SCALE_ONLY=throughput skips this part.
     if std::env::var("BYOH_SCALE_ONLY").as_deref() != Ok("throughput") {
         println!(
-            "reads under writes: {} active sessions on one replica, {ROUNDS}×{} calls of each",
+            "reads under writes: {} active sessions on one replica, each step a {:?} model \
+             call and a glob; {ROUNDS}×{} calls of each",
             scaled(ACTIVE),
+            step(),
             scaled(CALLS)
         );
         reads_under_writes("sqlite", None, &fake).await;
@@ -391,6 +500,10 @@ async fn main() {
     }
     stepping.store(false, Ordering::SeqCst);
     load("after the reads");
+    // BYOH_SCALE_ONLY=reads skips the rest.
+    if std::env::var("BYOH_SCALE_ONLY").as_deref() == Ok("reads") {
+        return;
+    }
 
     // Throughput with a fast model.
     let fast = FakeModel::start("fake-model", Some("k")).await;
