@@ -353,7 +353,6 @@ async fn reads_under_writes(label: &str, store: Option<String>, fake: &FakeModel
     }
     let steps = fake.count() - writes_before;
     let elapsed = t.elapsed();
-
     status.sort();
     health.sort();
     elsewhere.sort();
