@@ -1,7 +1,8 @@
 //! The PostgreSQL engine of the store: one database shared by every replica.
 //!
-//! Owns: a connection pool (reads and writes alike, so reads never wait behind another
-//! request's write), and a listener connection that hears cancellations announced by other
+//! Owns: two connection pools — one for the reads the routes make (a status, a row, a
+//! transcript), one for everything else — so that a read never waits for a connection behind
+//! this replica's writes, and a listener connection that hears cancellations announced by other
 //! replicas (`LISTEN podhost_cancel`), reconnecting when it drops.
 //!
 //! Invariants:
@@ -42,8 +43,10 @@ use super::{
 use crate::byoh::protocol::Status;
 use crate::chat::message::{ChatMessage, ModelEndpoint};
 
-/// Connections the pool opens at most.
-const POOL_SIZE: usize = 16;
+/// Connections the writes' pool opens at most.
+pub(super) const POOL_SIZE: usize = 16;
+/// Connections the reads' pool opens at most.
+const READ_POOL_SIZE: usize = 4;
 /// The channel cancellations are announced on.
 const CANCEL_CHANNEL: &str = "podhost_cancel";
 
@@ -78,6 +81,7 @@ fn pool_err(e: deadpool_postgres::PoolError) -> StoreError {
 #[derive(Clone)]
 pub struct Postgres {
     pool: Pool,
+    reads: Pool,
     cancels: Arc<Mutex<Option<mpsc::Receiver<String>>>>,
 }
 
@@ -244,28 +248,32 @@ impl Postgres {
         drop(client);
         let _ = driver.await;
         migrated?;
-        let manager = Manager::from_config(
-            config.clone(),
-            tls.clone(),
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(POOL_SIZE)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(Duration::from_secs(10)))
-            .create_timeout(Some(Duration::from_secs(10)))
-            .recycle_timeout(Some(Duration::from_secs(5)))
-            .build()
-            .map_err(|e| StoreError::Open {
-                what: super::redact(url),
-                why: e.to_string(),
-            })?;
+        let pool = |size: usize| {
+            let manager = Manager::from_config(
+                config.clone(),
+                tls.clone(),
+                ManagerConfig {
+                    recycling_method: RecyclingMethod::Fast,
+                },
+            );
+            Pool::builder(manager)
+                .max_size(size)
+                .runtime(Runtime::Tokio1)
+                .wait_timeout(Some(Duration::from_secs(10)))
+                .create_timeout(Some(Duration::from_secs(10)))
+                .recycle_timeout(Some(Duration::from_secs(5)))
+                .build()
+                .map_err(|e| StoreError::Open {
+                    what: super::redact(url),
+                    why: e.to_string(),
+                })
+        };
+        let (pool, reads) = (pool(POOL_SIZE)?, pool(READ_POOL_SIZE)?);
         let (tx, rx) = mpsc::channel(1024);
         tokio::spawn(listen(config, tls, tx));
         Ok(Postgres {
             pool,
+            reads,
             cancels: Arc::new(Mutex::new(Some(rx))),
         })
     }
@@ -279,6 +287,11 @@ impl Postgres {
 
     async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
         self.pool.get().await.map_err(pool_err)
+    }
+
+    /// A connection of the reads' pool, which writes never hold.
+    async fn reader(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.reads.get().await.map_err(pool_err)
     }
 
     /// An update that matches no row, in a transaction rolled back at once: it needs what a
@@ -312,7 +325,7 @@ impl Postgres {
     }
 
     pub async fn status(&self, id: &str) -> Result<Option<StatusRow>, StoreError> {
-        let c = self.client().await?;
+        let c = self.reader().await?;
         let Some(r) = c
             .opt(
                 "SELECT session_id, status, error FROM invocations WHERE invocation_id = $1",
@@ -331,7 +344,7 @@ impl Postgres {
     }
 
     pub async fn get(&self, id: &str) -> Result<Option<InvocationRow>, StoreError> {
-        let c = self.client().await?;
+        let c = self.reader().await?;
         c.opt(&format!("{} WHERE invocation_id = $1", select()), &[&id])
             .await?
             .as_ref()
@@ -534,7 +547,7 @@ impl Postgres {
     }
 
     pub async fn messages(&self, id: &str, from: usize) -> Result<Vec<ChatMessage>, StoreError> {
-        let c = self.client().await?;
+        let c = self.reader().await?;
         let rows = c
             .rows(
                 "SELECT body FROM messages WHERE invocation_id = $1 AND seq >= $2 ORDER BY seq",

@@ -889,3 +889,88 @@ async fn a_store_from_before_schema_versions_is_adopted() {
     drop(old);
     check_upgraded(Store::open(&StoreSpec::Sqlite(path), &tls()).await.unwrap()).await;
 }
+
+/// Every connection the writes may use waits on row locks held elsewhere (a long transaction
+/// of another client): the routes' reads still answer at once, from connections of their own.
+#[tokio::test]
+async fn postgres_reads_answer_while_every_write_connection_waits() {
+    let Some(f) = Fixture::postgres().await else {
+        return;
+    };
+    let StoreSpec::Postgres(url) = &f.spec else {
+        unreachable!()
+    };
+    // More turns than the writes' pool has connections, each about to append.
+    let turns = postgres::POOL_SIZE + 4;
+    let mut fences = Vec::new();
+    for n in 0..turns {
+        fences.push(start(&f.store, &format!("i{n}"), &terms("a", 60_000)).await);
+    }
+    let connect = || async {
+        let (client, conn) = tokio_postgres::connect(url.expose(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        client
+    };
+    let (mut holder, watcher) = (connect().await, connect().await);
+    let lock = holder.transaction().await.unwrap();
+    lock.execute("SELECT 1 FROM invocations FOR UPDATE", &[])
+        .await
+        .unwrap();
+    let writes: Vec<_> = fences
+        .into_iter()
+        .enumerate()
+        .map(|(n, fence)| {
+            let store = f.store.clone();
+            tokio::spawn(async move {
+                store
+                    .append(&format!("i{n}"), vec![ChatMessage::user("more")], &fence)
+                    .await
+            })
+        })
+        .collect();
+    // Wait until every connection of the writes' pool waits on a lock.
+    let waiting = "SELECT COUNT(*) FROM pg_stat_activity \
+                   WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while watcher
+            .query_one(waiting, &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            < postgres::POOL_SIZE as i64
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the writes never all waited on the lock");
+    let read = Duration::from_secs(2);
+    let status = tokio::time::timeout(read, f.store.status("i0"))
+        .await
+        .expect("get_status waited behind the writes")
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.status, Status::Queued);
+    let row = tokio::time::timeout(read, f.store.get("i1"))
+        .await
+        .expect("a row read waited behind the writes")
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.epoch, 1);
+    let transcript = tokio::time::timeout(read, f.store.messages("i2", 0))
+        .await
+        .expect("a transcript read waited behind the writes")
+        .unwrap();
+    assert_eq!(transcript.len(), 1);
+    assert!(writes.iter().all(|w| !w.is_finished()));
+    lock.rollback().await.unwrap();
+    for w in writes {
+        w.await.unwrap().unwrap();
+    }
+    for n in 0..turns {
+        let transcript = f.store.messages(&format!("i{n}"), 0).await.unwrap();
+        assert_eq!(transcript.len(), 2, "i{n}");
+    }
+}
