@@ -192,8 +192,9 @@ fn bodies(messages: &[ChatMessage]) -> Result<Vec<String>, StoreError> {
 /// The update's row lock orders the statement after a takeover, a cancellation or a renewal
 /// that holds the row. The statement's one snapshot is from before that wait, so it can miss
 /// only messages whose writer changed the epoch or the status (a resume, a takeover), and then
-/// the update matches nothing and nothing is inserted; a turn's own appends come one after the
-/// other.
+/// the update matches nothing and nothing is inserted. A turn's own appends come one after the
+/// other: two at once would take the same sequence numbers, and the second would fail on the
+/// transcript's primary key rather than land after the first.
 const APPEND_FENCED: &str = "WITH held AS (\
         UPDATE invocations SET updated_ms = podhost_now_ms() WHERE invocation_id = $1 \
         AND owner = $2 AND epoch = $3 AND status IN ('queued', 'running') \
