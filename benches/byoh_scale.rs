@@ -383,7 +383,7 @@ async fn reads_under_writes(label: &str, store: Option<String>, fake: &FakeModel
         let (e50, e99) = (percentile(&elsewhere, 0.5), percentile(&elsewhere, 0.99));
         let eh99 = percentile(&elsewhere_health, 0.99);
         println!(
-            "  {label:<10} get_status from another replica (the store's pool) p50 {:6.2} ms \
+            "  {label:<10} get_status from another replica (the store's read pool) p50 {:6.2} ms \
              p99 {:6.2} ms | p99 ratio to the owner's /healthz {:4.2}×, to its own \
              (p99 {:6.2} ms) {:4.2}×",
             ms(e50),
