@@ -61,6 +61,7 @@ pub(crate) mod procs;
 pub mod protocol;
 pub mod quota;
 pub mod reaper;
+pub mod sandbox;
 pub mod session;
 mod spawn;
 pub mod supervise;

@@ -27,12 +27,9 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::{ToolError, ToolName, ToolOutcome, bash, codes, edit, glob, grep, parse, read, write};
-use crate::exec::cgroup::Group;
-use crate::exec::confine::{Confinement, Isolation, WorkspaceRules};
+use crate::exec::confine::{Confinement, WorkspaceRules};
 use crate::exec::env::Egress;
-use crate::exec::protocol::{CommandUser, SessionRequest};
-use crate::exec::quota::DiskQuota;
-use crate::exec::session::SessionSlot;
+use crate::exec::sandbox::{Sandbox, SandboxSpec};
 use crate::exec::{BaseEnv, CommandEnv, ExecConfig, ExecSettings, Executor, find_shell};
 use crate::floor::locks::FileLocks;
 use crate::floor::workspace::Workspace;
@@ -124,113 +121,32 @@ impl ToolboxBuilder {
             home: workspace.root().to_path_buf(),
             ..BaseEnv::default()
         });
-        let mut limits = self.settings.limits.clone();
-        let mut confinement = match private_tmp {
-            Some(tmp) => self.confinement.clone().private_tmp(tmp),
-            None => self.confinement.clone(),
-        };
-        let mut unusable = None;
-        let mut group = None;
-        let mut quota = None;
-        if let Some(iso) = confinement.isolation().cloned() {
-            match session_user(&iso, &confinement, &workspace, private_tmp, uid) {
-                Ok(Some(user)) => confinement = confinement.command_user(user),
-                Ok(None) => {}
-                Err(e) => unusable = Some(e),
-            }
-            if let Ok(cgroups) = &iso.cgroups {
-                match cgroups.group() {
-                    Ok(g) => group = Some(g),
-                    Err(e) => unusable = Some(format!("could not make the session's cgroup: {e}")),
-                }
-            }
-            if let Some(bytes) = iso.disk_quota {
-                let mut dirs = vec![workspace.root().to_path_buf()];
-                dirs.extend(private_tmp.map(Path::to_path_buf));
-                quota = Some(Arc::new(DiskQuota::new(bytes, dirs)));
-                // The kernel stops any one file at the quota, which no measurement can.
-                limits.file_size = Some(limits.file_size.map_or(bytes, |f| f.min(bytes)));
-            }
-        }
-        let mut executor = Executor::new(ExecConfig {
+        let config = ExecConfig {
             supervisor: self.supervisor.clone(),
             shell: find_shell(self.settings.shell.as_deref()),
             env: CommandEnv::new(base, self.egress.clone()),
-            limits,
-        })
-        .with_confinement(confinement.clone());
-        let mut rules = confinement.for_workspace(&workspace);
-        let procs = group.as_ref().map(Group::procs_files).unwrap_or_default();
-        match (&rules.view, confinement.isolation()) {
-            (Some(view), Some(iso)) => {
-                let userns = iso.namespaces.user_namespace().then(|| CommandUser {
-                    uid: nix::unistd::geteuid().as_raw(),
-                    gid: nix::unistd::getegid().as_raw(),
-                });
-                executor = executor.with_session(SessionSlot::new(
-                    iso.helper.clone(),
-                    SessionRequest {
-                        parent: std::process::id(),
-                        userns,
-                        pid_namespace: iso.namespaces.pid_namespace(),
-                        cgroup_procs: procs,
-                        view: view.clone(),
-                    },
-                ));
-            }
-            _ => rules.command.cgroup_procs = procs,
-        }
-        if let Some(g) = group {
-            executor = executor.with_group(g);
-        }
-        if let Some(q) = quota {
-            executor = executor.with_quota(q);
-        }
-        let mut toolbox = Toolbox::with_rules(workspace, executor, rules, self.one_at_a_time);
-        if let Some(why) = unusable {
-            tracing::error!(reason = %why, "a session could not be set up; its calls will fail");
-            if let Some(inner) = Arc::get_mut(&mut toolbox.inner) {
-                inner.unusable = Some(why);
-            }
-        }
-        toolbox
-    }
-}
-
-/// The user a session's commands run as, when the policy picks one per workspace: a uid from
-/// the pool (a root BYOH host), the workspace then given to it. With one command user for every
-/// workspace (a root pod's `nobody`, or root when asked for), the workspace is given to that user
-/// when it belongs to another: commands hold no capabilities, so a workspace they do not own is
-/// one they cannot write, root included.
-fn session_user(
-    iso: &Isolation,
-    confinement: &Confinement,
-    workspace: &Workspace,
-    private_tmp: Option<&Path>,
-    given: Option<u32>,
-) -> Result<Option<CommandUser>, String> {
-    if let Some(pool) = &iso.uid_pool {
-        let extra: Vec<&Path> = private_tmp.into_iter().collect();
-        let assigned = match given {
-            Some(uid) => pool.assign_given(workspace.root(), &extra, uid),
-            None => pool.assign(workspace.root(), &extra),
+            limits: self.settings.limits.clone(),
         };
-        return assigned
-            .map(Some)
-            .map_err(|e| format!("could not give the session a uid: {e}"));
+        let spec = SandboxSpec {
+            workspace: &workspace,
+            private_tmp,
+            uid,
+        };
+        match Sandbox::for_workspace(config.clone(), &self.confinement, spec) {
+            Ok(Sandbox { executor, rules }) => {
+                Toolbox::with_rules(workspace, executor, rules, self.one_at_a_time)
+            }
+            Err(e) => {
+                tracing::error!(reason = %e, "a session could not be set up; its calls will fail");
+                let executor = Executor::new(config).with_confinement(self.confinement.clone());
+                let mut toolbox = Toolbox::with_commands(workspace, executor, self.one_at_a_time);
+                if let Some(inner) = Arc::get_mut(&mut toolbox.inner) {
+                    inner.unusable = Some(e.to_string());
+                }
+                toolbox
+            }
+        }
     }
-    let user = match confinement.user() {
-        Some(user) => Some(user),
-        None if iso.root_asked => Some(CommandUser { uid: 0, gid: 0 }),
-        None => None,
-    };
-    if let Some(user) = user
-        && nix::unistd::geteuid().is_root()
-    {
-        crate::exec::confine::users::give_to(workspace.root(), user)
-            .map_err(|e| format!("could not give the workspace to uid {}: {e}", user.uid))?;
-    }
-    Ok(None)
 }
 
 /// Per-call facts a front passes to a tool: cancellation and the call's own environment.

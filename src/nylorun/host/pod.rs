@@ -113,14 +113,9 @@ pub async fn serve(
     // Before anything is logged or bound: a CA file that cannot be used is a setting's error.
     let tls = client_config(&config.tls)?;
     let volume = volume_id(&config.harness_root)?;
-    let toolbox = pod_toolbox(&config, supervisor)?;
-    let egress = toolbox
-        .executor()
-        .config()
-        .env
-        .egress
-        .clone()
-        .unwrap_or_default();
+    // One egress handle: the commands' environment reads it, the join fills it in.
+    let egress = Egress::new(config.egress_proxy.clone());
+    let toolbox = pod_toolbox(&config, supervisor, &egress)?;
     let workspace = WorkspaceServer::new(
         toolbox.clone(),
         &config.sandbox_id,
@@ -216,7 +211,11 @@ pub async fn serve(
 /// The toolbox of the pod's workspace: `/workspace` (read-write), `/tmp` (read-write) and
 /// `/skills` (read-only) as the tools see them; commands get `HOME` = the workspace (v2 notes
 /// §6.5) and the egress variables.
-fn pod_toolbox(config: &PodConfig, supervisor: PathBuf) -> Result<Toolbox, PodError> {
+fn pod_toolbox(
+    config: &PodConfig,
+    supervisor: PathBuf,
+    egress: &Egress,
+) -> Result<Toolbox, PodError> {
     let werr = |source| PodError::Workspace {
         path: config.workspace.clone(),
         source,
@@ -237,7 +236,7 @@ fn pod_toolbox(config: &PodConfig, supervisor: PathBuf) -> Result<Toolbox, PodEr
     }
     let builder = ToolboxBuilder::new(&config.exec, supervisor)
         .one_command_at_a_time()
-        .egress(Egress::new(config.egress_proxy.clone()))
+        .egress(egress.clone())
         .confine(|c| {
             c.hide_contents(&config.harness_root)
                 .hide_contents(&config.join_file)
