@@ -181,7 +181,9 @@ async fn resolve(listen: &str, setting: &str) -> Result<SocketAddr, ServeError> 
 /// its own workspace and tmp back. Their modes are checked at each use (see `state_guards`).
 fn tools(args: &ServeConfig, supervisor: PathBuf) -> ToolboxBuilder {
     ToolboxBuilder::new(&args.exec, supervisor).confine(|c| {
-        let mut c = c.hide(&args.data);
+        let mut c = c
+            .hide(&args.data)
+            .session_disks(&runner::disks_dir(&args.data));
         if let Some(file) = &args.token_file {
             c = c.hide(file);
         }

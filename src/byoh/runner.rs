@@ -60,6 +60,16 @@ pub fn session_tmp_dir(data_dir: &std::path::Path, session_id: &str) -> PathBuf 
     data_dir.join("tmp").join(session_dir_name(session_id))
 }
 
+/// Where sessions' disk images live (see `exec::disk`), beside their workspaces.
+pub fn disks_dir(data_dir: &std::path::Path) -> PathBuf {
+    data_dir.join("disks")
+}
+
+/// A session's disk image, when the host gives it one.
+pub fn session_disk_image(data_dir: &std::path::Path, session_id: &str) -> PathBuf {
+    crate::exec::disk::image_path(&disks_dir(data_dir), &session_dir_name(session_id))
+}
+
 fn session_dir_name(session_id: &str) -> String {
     let digest = Sha256::digest(session_id.as_bytes());
     format!("s-{}", &hex::encode(digest)[..32])
@@ -574,13 +584,16 @@ async fn sweep_loop(inner: &Inner) {
                         workspace_dir(&inner.config.data_dir, &session),
                         session_tmp_dir(&inner.config.data_dir, &session),
                     ];
+                    let image = session_disk_image(&inner.config.data_dir, &session);
                     let removed = tokio::task::spawn_blocking(move || {
+                        let gone = |r: std::io::Result<()>, p: &std::path::Path| match r {
+                            Ok(()) => Ok(()),
+                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                            Err(e) => Err(format!("{}: {e}", p.display())),
+                        };
                         dirs.iter()
-                            .try_for_each(|dir| match std::fs::remove_dir_all(dir) {
-                                Ok(()) => Ok(()),
-                                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                                Err(e) => Err(format!("{}: {e}", dir.display())),
-                            })
+                            .try_for_each(|dir| gone(std::fs::remove_dir_all(dir), dir))
+                            .and_then(|()| gone(std::fs::remove_file(&image), &image))
                     })
                     .await;
                     match removed {

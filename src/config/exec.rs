@@ -76,6 +76,17 @@ pub struct ConfineArgs {
     /// the kernel allows: on or off (Landlock alone).
     #[arg(long, env = "PODHOST_NAMESPACES", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
     pub namespaces: bool,
+    /// Pod and BYOH hosts, where namespaces are used: give each session a network namespace of
+    /// its own, with no route to the host's loopback or its addresses (outbound connections go
+    /// through podhost's proxy, or a pod's egress proxy): on or off (the host's network).
+    #[arg(long, env = "PODHOST_SESSION_NETWORK", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
+    pub session_network: bool,
+    /// Local use (`tool`, `run`, `mcp`): commands see the system read-only outside the
+    /// workspace, the temporary directory and each --allow-write directory (a mount namespace,
+    /// where the kernel allows one), so not even its metadata can change: on or off (Landlock
+    /// alone keeps their writes in those places).
+    #[arg(long, env = "PODHOST_READ_ONLY_SYSTEM", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
+    pub read_only_system: bool,
     /// A root BYOH host: the uids sessions' commands run as, one per session (`first-last`).
     #[arg(long, env = "PODHOST_UID_POOL", default_value = "400000-400999", value_parser = uid_range)]
     pub uid_pool: UidRange,
@@ -102,11 +113,14 @@ impl ConfineArgs {
         Settings {
             isolate: false,
             namespaces: self.namespaces,
+            session_network: self.session_network,
+            read_only_system: self.read_only_system,
             helper: None,
             uid_pool: None,
             root_asked,
             cgroup: CgroupLimits::default(),
             disk_quota: None,
+            session_disk_fs: true,
             user: user.filter(|u| u.uid != 0),
             enabled: self.confine,
             require: self.require_confinement,
@@ -118,7 +132,7 @@ impl ConfineArgs {
     }
 }
 
-fn on_off(s: &str) -> Result<bool, String> {
+pub(super) fn on_off(s: &str) -> Result<bool, String> {
     match s {
         "on" | "true" | "1" => Ok(true),
         "off" | "false" | "0" => Ok(false),

@@ -79,11 +79,17 @@ pub struct ServeArgs {
     #[arg(long, env = "PODHOST_HTTP_MAX_CONNECTIONS", default_value_t = 4096,
           value_parser = clap::value_parser!(u64).range(16..=1_000_000))]
     pub http_max_connections: u64,
-    /// MiB a session's workspace and temporary directory may hold together; past it, its
-    /// commands are stopped and writes refused until files are deleted (and no one file may
-    /// grow past it); 0 for no quota.
+    /// MiB a session's workspace and temporary directory may hold together: on a file system of
+    /// their own where podhost can make one (a writer past it gets ENOSPC), else measured (past
+    /// it, commands are stopped and writes refused until files are deleted); 0 for no quota.
     #[arg(long, env = "PODHOST_SESSION_DISK_MB", default_value_t = 10240)]
     pub session_disk_mb: u64,
+    /// Hold each session's quota with a file system of its own (a loop-mounted image in the
+    /// data directory, sized to the quota; podhost as root, with namespaces): on or off
+    /// (measured).
+    #[arg(long, env = "PODHOST_SESSION_DISK_FS", default_value = "on",
+          value_parser = crate::config::exec::on_off, action = clap::ArgAction::Set)]
+    pub session_disk_fs: bool,
     /// MiB the data directory must keep free; below it, new submissions are answered 503 (which
     /// Oumi retries); 0 for no floor.
     #[arg(long, env = "PODHOST_MIN_FREE_MB", default_value_t = 256)]
@@ -208,6 +214,7 @@ impl ServeArgs {
                 let mut exec = self.exec.isolated_settings(Sessions::Many);
                 exec.confine.disk_quota = (self.session_disk_mb > 0)
                     .then(|| self.session_disk_mb.saturating_mul(1 << 20));
+                exec.confine.session_disk_fs = self.session_disk_fs;
                 exec
             },
             start_afresh: self.start_afresh,

@@ -225,8 +225,10 @@ impl Egress {
             .clone()
     }
 
-    /// The proxy and trust variables for a command started now.
-    pub fn vars(&self) -> Vec<(String, String)> {
+    /// The proxy and trust variables for a command started now; `forward`: the port of the
+    /// session's exit in its own network namespace, which relays to the proxy (see
+    /// `exec::net`), so the variables name it instead of the proxy's own address.
+    pub fn vars(&self, forward: Option<u16>) -> Vec<(String, String)> {
         let s = self
             .inner
             .read()
@@ -234,13 +236,11 @@ impl Egress {
             .clone();
         let mut out = Vec::new();
         if let Some(proxy) = s.proxy.as_deref() {
-            let url = proxy_url(proxy, s.token.as_deref());
-            for name in PROXY_VARS {
-                out.push((name.to_owned(), url.clone()));
-            }
-            for name in ["NO_PROXY", "no_proxy"] {
-                out.push((name.to_owned(), "localhost,127.0.0.1".to_owned()));
-            }
+            let proxy = match forward {
+                Some(port) => local_authority(proxy, port),
+                None => proxy.to_owned(),
+            };
+            proxy_vars(&mut out, &proxy_url(&proxy, s.token.as_deref()));
         }
         if let Some(bundle) = s.ca_bundle {
             let bundle = bundle.to_string_lossy().into_owned();
@@ -250,6 +250,28 @@ impl Egress {
         }
         out
     }
+}
+
+/// The proxy variables naming `url`; loopback stays direct.
+fn proxy_vars(out: &mut Vec<(String, String)>, url: &str) {
+    for name in PROXY_VARS {
+        out.push((name.to_owned(), url.to_owned()));
+    }
+    for name in ["NO_PROXY", "no_proxy"] {
+        out.push((name.to_owned(), "localhost,127.0.0.1,::1".to_owned()));
+    }
+}
+
+/// `proxy` with its host and port replaced by `127.0.0.1:<port>`, its scheme and credentials
+/// kept.
+fn local_authority(proxy: &str, port: u16) -> String {
+    let (scheme, rest) = proxy.split_once("://").unwrap_or(("http", proxy));
+    let (userinfo, rest) = match rest.rsplit_once('@') {
+        Some((u, r)) => (format!("{u}@"), r),
+        None => (String::new(), rest),
+    };
+    let path = rest.find('/').map_or("", |i| &rest[i..]);
+    format!("{scheme}://{userinfo}127.0.0.1:{port}{path}")
 }
 
 /// `http://nylorun:<token>@host:port` from the proxy URL (trailing `/` dropped). The token is
@@ -285,11 +307,18 @@ fn encode_userinfo(s: &str) -> String {
 pub struct CommandEnv {
     pub base: BaseEnv,
     pub egress: Option<Egress>,
+    /// The port of the session's exit in its network namespace (see `exec::net`): the proxy
+    /// variables name it.
+    pub forward: Option<u16>,
 }
 
 impl CommandEnv {
     pub fn new(base: BaseEnv, egress: Option<Egress>) -> Self {
-        CommandEnv { base, egress }
+        CommandEnv {
+            base,
+            egress,
+            forward: None,
+        }
     }
 
     /// The whole environment for one command, `call` being the call's own variables.
@@ -325,10 +354,18 @@ impl CommandEnv {
                 set(k, v.clone());
             }
         }
-        if let Some(egress) = &self.egress {
-            for (k, v) in egress.vars() {
-                set(&k, v);
-            }
+        let mut egress = match &self.egress {
+            Some(egress) => egress.vars(self.forward),
+            None => Vec::new(),
+        };
+        if let Some(port) = self.forward
+            && !egress.iter().any(|(k, _)| k == "HTTP_PROXY")
+        {
+            // podhost's own proxy, the session's one way out.
+            proxy_vars(&mut egress, &format!("http://127.0.0.1:{port}"));
+        }
+        for (k, v) in egress {
+            set(&k, v);
         }
         vars
     }
@@ -374,7 +411,7 @@ mod tests {
             get(&vars, "HTTPS_PROXY"),
             Some("http://nylorun:tok%2Fen@egress:4200")
         );
-        assert_eq!(get(&vars, "no_proxy"), Some("localhost,127.0.0.1"));
+        assert_eq!(get(&vars, "no_proxy"), Some("localhost,127.0.0.1,::1"));
         assert_eq!(
             get(&vars, "CURL_CA_BUNDLE"),
             Some("/harness/egress-ca-bundle.pem")

@@ -53,10 +53,12 @@
 pub(crate) mod capture;
 pub mod cgroup;
 pub mod confine;
+pub mod disk;
 pub mod egress;
 pub(crate) mod env;
 pub mod init;
 pub(crate) mod limits;
+pub mod net;
 pub(crate) mod procs;
 pub mod protocol;
 pub mod quota;
@@ -250,6 +252,17 @@ impl Executor {
         self.quota.as_ref()
     }
 
+    /// The mount namespace a file tool must join to see the session's files as its commands
+    /// do: `Some` where they live there alone (a session's disk, see [`disk`]), the session
+    /// started first if need be; `None` where the host's directories are the session's.
+    pub async fn files_namespace(&self) -> Result<Option<std::os::fd::OwnedFd>, ExecError> {
+        let Some(slot) = self.session.as_ref().filter(|s| s.files_inside()) else {
+            return Ok(None);
+        };
+        let session = slot.running().await?;
+        Ok(Some(session.mount_namespace()?))
+    }
+
     /// The pid of the session holder commands run under, while one runs.
     pub fn session_holder_pid(&self) -> Option<i32> {
         self.session.as_ref()?.holder_pid()
@@ -289,6 +302,9 @@ impl Executor {
                 .unwrap_or_default()
         };
         let at_start = measure(quota.clone()).await;
+        // No one file may take more than the room left (none at all for a session already
+        // over, which may still delete): the kernel holds that between two measurements.
+        req.file_size_cap = Some(quota.bytes().saturating_sub(at_start.bytes));
         let outer = req.cancel.clone();
         let stop = outer.child_token();
         req.cancel = stop.clone();
@@ -360,6 +376,9 @@ pub struct ExecRequest {
     pub stream_chars: usize,
     /// The command's confinement (a toolbox's rules for its workspace).
     pub confine: protocol::Confine,
+    /// The largest file this command may write, when smaller than the executor's limit (the
+    /// room left in a measured disk quota); set by the executor.
+    pub file_size_cap: Option<u64>,
 }
 
 /// One captured stream, already cut to the requested size.

@@ -63,7 +63,23 @@ pub struct SessionRequest {
     /// process of the session is then counted and limited there.
     #[serde(with = "bytes_paths")]
     pub cgroup_procs: Vec<PathBuf>,
+    /// A network namespace of the session's own (no route to the host's loopback or its
+    /// interfaces); `None`: the host's network.
+    pub network: Option<SessionNetwork>,
+    /// The session's workspace and temporary directory on a disk image of their own, sized to
+    /// its quota (see `exec::disk`); `None`: the host's directories, bound back.
+    pub disk: Option<super::disk::SessionDisk>,
     pub view: View,
+}
+
+/// A session's network namespace: loopback only, and at most one way out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionNetwork {
+    /// The holder listens on `127.0.0.1:<port>` inside the namespace and hands the listening
+    /// socket to podhost, which serves it (the session's proxy, see `exec::net`); `None`:
+    /// loopback only, nothing leaves.
+    pub forward_port: Option<u16>,
 }
 
 /// A command's view of the file system: the host's, read-only, with podhost's state covered by
@@ -84,6 +100,11 @@ pub struct View {
     pub hidden: Vec<PathBuf>,
     /// Bytes of the session's private `/dev/shm`.
     pub shm_bytes: u64,
+    /// Keep the host's `/dev` (read-only mounts; its devices still usable) instead of a minimal
+    /// one: local use, whose commands are the user's own.
+    pub host_dev: bool,
+    /// Leave the host's UNIX sockets reachable (local use) instead of covering each one.
+    pub host_sockets: bool,
 }
 
 /// The confinement of one command, built by podhost ([`Confinement::for_workspace`]) and applied
@@ -193,7 +214,7 @@ impl Status {
 }
 
 /// Lists of paths as lists of byte arrays.
-mod bytes_paths {
+pub(crate) mod bytes_paths {
     use super::*;
     use serde::{Deserializer, Serializer};
 
@@ -212,7 +233,7 @@ mod bytes_paths {
 }
 
 /// Paths as byte arrays, so that a path that is not UTF-8 still crosses.
-mod bytes_path {
+pub(crate) mod bytes_path {
     use super::*;
     use serde::{Deserializer, Serializer};
 

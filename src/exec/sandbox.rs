@@ -17,10 +17,14 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use std::os::unix::fs::DirBuilderExt;
+
 use super::confine::{Confinement, Isolation, WorkspaceRules, users};
-use super::protocol::{CommandUser, SessionRequest};
+use super::disk::{self, SessionDisk};
+use super::net::{Exit, FORWARD_PORT};
+use super::protocol::{CommandUser, SessionNetwork, SessionRequest};
 use super::quota::DiskQuota;
-use super::session::SessionSlot;
+use super::session::{Namespaces, SessionSlot};
 use super::{ExecConfig, Executor};
 use crate::floor::workspace::Workspace;
 
@@ -45,6 +49,8 @@ pub enum SandboxError {
     Owner { uid: u32, message: String },
     #[error("could not make the session's cgroup: {0}")]
     Cgroup(String),
+    #[error("could not make the session's disk: {0}")]
+    Disk(String),
 }
 
 /// One workspace's executor and the rules its file tools follow.
@@ -67,8 +73,27 @@ impl Sandbox {
             None => policy.clone(),
         };
         let Some(iso) = confinement.isolation().cloned() else {
-            let executor = Executor::new(config).with_confinement(confinement.clone());
+            // Local use: the user's own commands, in a read-only system where the host allows.
             let rules = confinement.for_workspace(spec.workspace);
+            let mut executor = Executor::new(config).with_confinement(confinement.clone());
+            if let (Some(view), Some(namespaces)) =
+                (rules.view.clone(), confinement.local_namespaces())
+            {
+                let helper = executor.config().supervisor.clone();
+                let request = SessionRequest {
+                    parent: std::process::id(),
+                    userns: (namespaces != Namespaces::Root).then(|| CommandUser {
+                        uid: nix::unistd::geteuid().as_raw(),
+                        gid: nix::unistd::getegid().as_raw(),
+                    }),
+                    pid_namespace: false,
+                    cgroup_procs: Vec::new(),
+                    network: None,
+                    disk: None,
+                    view,
+                };
+                executor = executor.with_session(SessionSlot::new(helper, request, None));
+            }
             return Ok(Sandbox { executor, rules });
         };
         if let Some(user) = session_user(&iso, &confinement, spec)? {
@@ -82,7 +107,14 @@ impl Sandbox {
             ),
             Err(_) => None,
         };
-        let quota = iso.disk_quota.map(|bytes| {
+        let disk = match (iso.disk_quota, confinement.disks()) {
+            (Some(bytes), Some(dir)) if iso.disk_fs => {
+                session_disk(dir, bytes, spec, disk_owner(&iso, &confinement))?
+            }
+            _ => None,
+        };
+        let measured = if disk.is_some() { None } else { iso.disk_quota };
+        let quota = measured.map(|bytes| {
             let mut dirs = vec![spec.workspace.root().to_path_buf()];
             dirs.extend(spec.private_tmp.map(Path::to_path_buf));
             // The kernel stops any one file at the quota, which no measurement can.
@@ -96,9 +128,12 @@ impl Sandbox {
             .map(super::cgroup::Group::procs_files)
             .unwrap_or_default();
         let session = match rules.view.clone() {
-            Some(view) => Some(SessionSlot::new(
-                iso.helper.clone(),
-                SessionRequest {
+            Some(view) => {
+                let (network, exit) = match iso.network {
+                    true => network(&mut config, &mut rules),
+                    false => (None, None),
+                };
+                let request = SessionRequest {
                     parent: std::process::id(),
                     userns: iso.namespaces.user_namespace().then(|| CommandUser {
                         uid: nix::unistd::geteuid().as_raw(),
@@ -106,9 +141,12 @@ impl Sandbox {
                     }),
                     pid_namespace: iso.namespaces.pid_namespace(),
                     cgroup_procs: procs,
+                    network,
+                    disk,
                     view,
-                },
-            )),
+                };
+                Some(SessionSlot::new(iso.helper.clone(), request, exit))
+            }
             // Without a holder, each command's supervisor joins the groups itself.
             None => {
                 rules.command.cgroup_procs = procs;
@@ -127,6 +165,83 @@ impl Sandbox {
         }
         Ok(Sandbox { executor, rules })
     }
+}
+
+/// A session's own network namespace (see `exec::net`): loopback only when the network is
+/// denied (inside it a command may still use loopback, so the socket filter is not needed);
+/// else one way out, through the pod's egress proxy or podhost's own proxy, which the commands'
+/// proxy variables name.
+fn network(
+    config: &mut ExecConfig,
+    rules: &mut WorkspaceRules,
+) -> (Option<SessionNetwork>, Option<Exit>) {
+    if rules.command.deny_network {
+        rules.command.deny_network = false;
+        return (Some(SessionNetwork { forward_port: None }), None);
+    }
+    let exit = match &config.env.egress {
+        Some(egress) if egress.proxy().is_some() => Exit::Relay(egress.clone()),
+        _ => Exit::Proxy,
+    };
+    config.env.forward = Some(FORWARD_PORT);
+    let network = SessionNetwork {
+        forward_port: Some(FORWARD_PORT),
+    };
+    (Some(network), Some(exit))
+}
+
+/// Who owns a session's disk's directories: its command user (a pool uid, or the one user of
+/// every session), else root when asked for, else podhost's own user.
+fn disk_owner(iso: &Isolation, confinement: &Confinement) -> CommandUser {
+    match confinement.user() {
+        Some(user) => user,
+        None if iso.root_asked => CommandUser { uid: 0, gid: 0 },
+        None => CommandUser {
+            uid: nix::unistd::geteuid().as_raw(),
+            gid: nix::unistd::getegid().as_raw(),
+        },
+    }
+}
+
+/// The disk of the session whose workspace `spec` names (see `exec::disk`): its image in `dir`,
+/// named after the workspace's directory. `None` for a session that already keeps files on the
+/// host's directories without an image (one from before disks, or from a host that could not
+/// make them): its quota stays measured, so nothing it has is hidden.
+fn session_disk(
+    dir: &Path,
+    bytes: u64,
+    spec: SandboxSpec<'_>,
+    owner: CommandUser,
+) -> Result<Option<SessionDisk>, SandboxError> {
+    let root = spec.workspace.root();
+    let name = root
+        .file_name()
+        .ok_or_else(|| SandboxError::Disk(format!("{} has no name", root.display())))?;
+    let image = disk::image_path(dir, &name.to_string_lossy());
+    let mut targets = vec![root.to_path_buf()];
+    targets.extend(spec.private_tmp.map(Path::to_path_buf));
+    if !image.exists() {
+        let holds_files = |d: &Path| std::fs::read_dir(d).is_ok_and(|mut e| e.next().is_some());
+        if targets.iter().any(|t| holds_files(t)) {
+            tracing::warn!(
+                workspace = %root.display(),
+                "a session's files are on the host without a disk of their own: its quota is \
+                 measured"
+            );
+            return Ok(None);
+        }
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| SandboxError::Disk(format!("{}: {e}", dir.display())))?;
+    }
+    Ok(Some(SessionDisk {
+        image,
+        bytes,
+        targets,
+        owner,
+    }))
 }
 
 /// The user a session's commands run as, when the policy picks one per workspace: a uid from

@@ -78,7 +78,13 @@ pub(super) async fn execute(
             .into_iter()
             .filter(|(_, v)| !v.contains('\0'))
             .collect(),
-        limits: config.limits.clone(),
+        limits: {
+            let mut limits = config.limits.clone();
+            if let Some(cap) = req.file_size_cap {
+                limits.file_size = Some(limits.file_size.map_or(cap, |f| f.min(cap)));
+            }
+            limits
+        },
         confine: req.confine,
     }
     .encode()

@@ -17,6 +17,7 @@ use std::fmt;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 /// A system call that failed, with the step it was for.
@@ -231,6 +232,270 @@ pub fn mknod_char(step: &str, path: &CStr, major: u32, minor: u32) -> Res<()> {
 pub fn chdir(step: &str, path: &CStr) -> Res<()> {
     // SAFETY: a live C string.
     check(step, unsafe { libc::chdir(path.as_ptr()) }.into()).map(drop)
+}
+
+/// open_tree(2) of `path` beneath the directory (or detached mount) `dir`: a detached, recursive
+/// copy of that tree.
+pub fn open_tree_at(step: &str, dir: &OwnedFd, path: &CStr) -> Res<OwnedFd> {
+    let flags = OPEN_TREE_CLONE | AT_RECURSIVE | libc::O_CLOEXEC as u32;
+    // SAFETY: a descriptor we own and a live C string; the call returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, dir.as_raw_fd(), path.as_ptr(), flags) };
+    // SAFETY: a descriptor the kernel just gave us, owned by nothing else.
+    check(step, fd).map(|fd| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+const FSOPEN_CLOEXEC: libc::c_uint = 1;
+const FSCONFIG_SET_FLAG: libc::c_uint = 0;
+const FSCONFIG_SET_STRING: libc::c_uint = 1;
+const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+
+/// An ext4 file system on the block device `source`, mounted detached (fsopen, fsconfig,
+/// fsmount: attached nowhere until a tree of it is moved somewhere) with `flags` set, `nosuid`
+/// and `nodev`.
+pub fn fsmount_ext4(source: &CStr, flags: &[&CStr]) -> Res<OwnedFd> {
+    let step = |what: &str| format!("mount the session's disk: {what}");
+    // SAFETY: a live C string; the call returns a new descriptor or -1.
+    let fs = unsafe { libc::syscall(libc::SYS_fsopen, c"ext4".as_ptr(), FSOPEN_CLOEXEC) };
+    // SAFETY: a descriptor the kernel just gave us, owned by nothing else.
+    let fs = check(&step("fsopen"), fs).map(|fd| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })?;
+    let config = |cmd: libc::c_uint, key: Option<&CStr>, value: Option<&CStr>, what: &str| {
+        let p = |c: Option<&CStr>| c.map_or(std::ptr::null(), CStr::as_ptr);
+        // SAFETY: a descriptor we own and null or live C strings the kernel only reads.
+        let rc =
+            unsafe { libc::syscall(libc::SYS_fsconfig, fs.as_raw_fd(), cmd, p(key), p(value), 0) };
+        check(&step(what), rc).map(drop)
+    };
+    config(FSCONFIG_SET_STRING, Some(c"source"), Some(source), "source")?;
+    for flag in flags {
+        config(FSCONFIG_SET_FLAG, Some(flag), None, &flag.to_string_lossy())?;
+    }
+    config(FSCONFIG_CMD_CREATE, None, None, "create")?;
+    let attrs = (MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV) as libc::c_uint;
+    // SAFETY: a descriptor we own; the call returns a new descriptor or -1.
+    let mnt = unsafe { libc::syscall(libc::SYS_fsmount, fs.as_raw_fd(), FSMOUNT_CLOEXEC, attrs) };
+    // SAFETY: a descriptor the kernel just gave us, owned by nothing else.
+    check(&step("fsmount"), mnt).map(|fd| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+const LO_FLAGS_AUTOCLEAR: u32 = 4;
+
+/// The kernel's `struct loop_info64`.
+#[repr(C)]
+struct LoopInfo64 {
+    device: u64,
+    inode: u64,
+    rdevice: u64,
+    offset: u64,
+    sizelimit: u64,
+    number: u32,
+    encrypt_type: u32,
+    encrypt_key_size: u32,
+    flags: u32,
+    file_name: [u8; 64],
+    crypt_name: [u8; 64],
+    encrypt_key: [u8; 32],
+    init: [u64; 2],
+}
+
+/// The kernel's `struct loop_config`.
+#[repr(C)]
+struct LoopConfig {
+    fd: u32,
+    block_size: u32,
+    info: LoopInfo64,
+    reserved: [u64; 8],
+}
+
+/// A free loop device backed by `file`, detaching itself once nothing holds it
+/// (`LO_FLAGS_AUTOCLEAR`): the device's descriptor and its path.
+pub fn loop_attach(file: &OwnedFd) -> Res<(OwnedFd, CString)> {
+    let step = |what: &str| format!("attach the session's disk to a loop device: {what}");
+    let control = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/loop-control")
+        .map_err(|e| {
+            StepError::new(
+                step("/dev/loop-control"),
+                e.raw_os_error().unwrap_or(libc::EIO),
+            )
+        })?;
+    // Another process may take the device found between the two calls: try again.
+    for _ in 0..16 {
+        // SAFETY: a plain ioctl on a descriptor we own; it returns a device number or -1.
+        let n = unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE as _) };
+        if n < 0 {
+            return Err(StepError::last(step("LOOP_CTL_GET_FREE")));
+        }
+        let path = CString::new(format!("/dev/loop{n}"))
+            .map_err(|_| StepError::new(step("path"), libc::EINVAL))?;
+        let device = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(path.to_string_lossy().as_ref())
+            .map_err(|e| {
+                StepError::new(
+                    step("open the device"),
+                    e.raw_os_error().unwrap_or(libc::EIO),
+                )
+            })?;
+        // SAFETY: `LoopConfig` is plain old data; all zeroes is a valid value.
+        let mut config: LoopConfig = unsafe { std::mem::zeroed() };
+        config.fd = file.as_raw_fd() as u32;
+        config.info.flags = LO_FLAGS_AUTOCLEAR;
+        // SAFETY: LOOP_CONFIGURE reads a live `loop_config` naming a descriptor we own.
+        let rc = unsafe { libc::ioctl(device.as_raw_fd(), LOOP_CONFIGURE as _, &config) };
+        if rc == 0 {
+            return Ok((OwnedFd::from(device), path));
+        }
+        if errno() != libc::EBUSY {
+            return Err(StepError::last(step("LOOP_CONFIGURE")));
+        }
+    }
+    Err(StepError::new(
+        step("every free device was taken"),
+        libc::EBUSY,
+    ))
+}
+
+/// Copies `src` to `dst` (of the same length, already sized) region by region, leaving holes
+/// where `src` has them (SEEK_DATA, SEEK_HOLE, copy_file_range): a sparse file stays sparse.
+pub fn copy_sparse(src: &std::fs::File, dst: &std::fs::File) -> io::Result<()> {
+    let (s, d) = (src.as_raw_fd(), dst.as_raw_fd());
+    let mut at: libc::off_t = 0;
+    loop {
+        // SAFETY: plain lseek calls on descriptors the caller owns.
+        let data = unsafe { libc::lseek(s, at, libc::SEEK_DATA) };
+        if data < 0 {
+            let e = io::Error::last_os_error();
+            // ENXIO: no data past `at`.
+            return if e.raw_os_error() == Some(libc::ENXIO) {
+                Ok(())
+            } else {
+                Err(e)
+            };
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(s, data, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let (mut from, mut to) = (data, data);
+        while from < hole {
+            let left = (hole - from) as usize;
+            // SAFETY: both offsets are live locals the kernel updates; the descriptors are owned.
+            let n = unsafe { libc::copy_file_range(s, &mut from, d, &mut to, left, 0) };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if n == 0 {
+                break;
+            }
+        }
+        at = hole;
+    }
+}
+
+/// flock(2) `LOCK_EX | LOCK_NB`: `true` when taken, `false` when another open file holds it.
+pub fn flock_exclusive_now(fd: &OwnedFd) -> io::Result<bool> {
+    // SAFETY: a plain system call on a descriptor we own.
+    if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(e)
+    }
+}
+
+/// Moves the calling thread into the mount namespace `ns`: first a file-system context of its
+/// own (`unshare(CLONE_FS)`, which `setns` demands of a thread whose process has others), then
+/// the namespace. Only this thread changes; its root and working directory become the
+/// namespace's root.
+pub fn enter_mount_namespace(ns: &OwnedFd) -> io::Result<()> {
+    // SAFETY: plain system calls on integers and a descriptor we own; they change only the
+    // calling thread's file-system context and namespace.
+    unsafe {
+        if libc::unshare(libc::CLONE_FS) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNS) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+// ---- network ---------------------------------------------------------------------------------
+
+/// Sets the loopback interface up (a fresh network namespace has it down).
+pub fn loopback_up() -> Res<()> {
+    let step = "bring the loopback interface up";
+    // SAFETY: a plain socket(2) call; the descriptor is owned at once.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(StepError::last(step));
+    }
+    // SAFETY: `fd` is a descriptor socket(2) just returned, owned by nobody else.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: `ifreq` is plain old data; all zeroes is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS fills the flags member of a live `ifreq` naming an interface.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } != 0 {
+        return Err(StepError::last(step));
+    }
+    // SAFETY: the union's flags member is the one SIOCGIFFLAGS just set.
+    unsafe {
+        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    }
+    // SAFETY: SIOCSIFFLAGS reads a live `ifreq`.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } != 0 {
+        return Err(StepError::last(step));
+    }
+    Ok(())
+}
+
+/// The addresses of this host's interfaces (getifaddrs(3)); empty if they cannot be read.
+pub fn interface_addresses() -> Vec<std::net::IpAddr> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs allocates a list and stores its head in `head`, freed below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, not yet freed.
+        let node = unsafe { &*cur };
+        if !node.ifa_addr.is_null() {
+            // SAFETY: a non-null `ifa_addr` points at a sockaddr whose family says its type.
+            let family = i32::from(unsafe { (*node.ifa_addr).sa_family });
+            if family == libc::AF_INET {
+                // SAFETY: an AF_INET address is a `sockaddr_in`.
+                let sin = unsafe { &*(node.ifa_addr as *const libc::sockaddr_in) };
+                out.push(std::net::IpAddr::from(
+                    u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
+                ));
+            } else if family == libc::AF_INET6 {
+                // SAFETY: an AF_INET6 address is a `sockaddr_in6`.
+                let sin6 = unsafe { &*(node.ifa_addr as *const libc::sockaddr_in6) };
+                out.push(std::net::IpAddr::from(sin6.sin6_addr.s6_addr));
+            }
+        }
+        cur = node.ifa_next;
+    }
+    // SAFETY: `head` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    out
 }
 
 // ---- processes and namespaces ---------------------------------------------------------------

@@ -72,6 +72,7 @@ pub async fn execute(
         cancel: ctx.cancel.clone(),
         stream_chars: STREAM_CHARS,
         confine: tb.rules().command.clone(),
+        file_size_cap: None,
     };
     match tb.executor().execute(req).await {
         Ok(out) => Ok(ToolOutcome::completed(output(out, timeout))),

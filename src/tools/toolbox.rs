@@ -407,7 +407,8 @@ impl Toolbox {
 
     /// Runs `f` on a thread confined by `rules`.
     ///
-    /// Confined, each call gets a fresh thread that restricts itself with the Landlock rules (and
+    /// Confined, each call gets a fresh thread that joins the session's mount namespace when its
+    /// files live there alone (its own disk), then restricts itself with the Landlock rules (and
     /// takes the command user's file-system identity, if any) before it touches the file
     /// system (Landlock binds a thread and the threads it spawns, such as grep's walkers; a
     /// pooled thread must never be restricted, since it would carry the rules into unrelated
@@ -423,7 +424,14 @@ impl Toolbox {
         F: FnOnce() -> T + Send + 'static,
     {
         let worker = |message: String| ToolError::Worker { what, message };
-        if !rules.confines_files() {
+        // Where the session's files live in its own mount namespace, the call joins it.
+        let namespace = self
+            .inner
+            .executor
+            .files_namespace()
+            .await
+            .map_err(|e| worker(format!("could not reach the session's files: {e}")))?;
+        if !rules.confines_files() && namespace.is_none() {
             return tokio::task::spawn_blocking(f)
                 .await
                 .map_err(|e| worker(e.to_string()));
@@ -432,9 +440,16 @@ impl Toolbox {
         std::thread::Builder::new()
             .name(format!("podhost-{what}"))
             .spawn(move || {
-                let result = crate::exec::confine::confine_thread(&rules)
-                    .map(|()| f())
-                    .map_err(|e| format!("could not confine the call: {e}"));
+                let joined = match &namespace {
+                    Some(ns) => crate::exec::session::enter_mount_namespace(ns)
+                        .map_err(|e| format!("could not join the session's mount namespace: {e}")),
+                    None => Ok(()),
+                };
+                let result = joined.and_then(|()| {
+                    crate::exec::confine::confine_thread(&rules)
+                        .map(|()| f())
+                        .map_err(|e| format!("could not confine the call: {e}"))
+                });
                 let _ = tx.send(result);
             })
             .map_err(|e| worker(format!("could not start a thread: {e}")))?;

@@ -95,6 +95,16 @@ fn write_locked(resolved: &Resolved, shown: &str, content: &[u8]) -> ToolOutcome
 
 /// The failure of writing `display`, with the OS error.
 pub(crate) fn write_failed(display: &str, e: &io::Error) -> ToolOutcome {
+    // The session's own disk is full: the kernel holds its quota.
+    if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
+        return ToolOutcome::failed(
+            codes::QUOTA_EXCEEDED,
+            format!(
+                "Could not write {display}: the session's disk is full (its quota). Delete \
+                 files (with bash) before writing more."
+            ),
+        );
+    }
     ToolOutcome::failed(
         codes::WRITE_FAILED,
         format!("Could not write {display}: {e}"),

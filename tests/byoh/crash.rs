@@ -108,7 +108,8 @@ async fn crash_at(row: &Row) {
         &json!({"role": "assistant", "content": "Done."}),
         "{what}"
     );
-    let lines = std::fs::read_to_string(s.workspace("s").join("log.txt"))
+    let lines = s
+        .read_file("s", "log.txt")
         .map(|t| t.lines().count())
         .unwrap_or(0);
     assert_eq!(lines, row.log_lines, "{what}: the command's side effect");

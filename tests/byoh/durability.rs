@@ -83,10 +83,9 @@ async fn a_turn_without_a_key_resumes_after_kill_9_and_its_tool_is_not_run_again
     ]);
     let mut s = Serve::start(dir.path());
     s.submit(start("s", "i", "x", &fake.base_url(), None)).await;
-    let runs = s.workspace("s").join("runs.txt");
     let deadline = std::time::Instant::now() + T;
     // `>>` creates the file before `echo` writes to it: wait for the line itself.
-    while std::fs::read_to_string(&runs).map_or(true, |r| r != "ran\n") {
+    while s.read_file("s", "runs.txt").is_none_or(|r| r != "ran\n") {
         assert!(
             std::time::Instant::now() < deadline,
             "bash never ran:\n{}",
@@ -109,7 +108,7 @@ async fn a_turn_without_a_key_resumes_after_kill_9_and_its_tool_is_not_run_again
             {"role": "assistant", "content": "recovered"}
         ])
     );
-    assert_eq!(std::fs::read_to_string(&runs).unwrap(), "ran\n");
+    assert_eq!(s.read_file("s", "runs.txt").as_deref(), Some("ran\n"));
 }
 
 #[tokio::test]
@@ -132,8 +131,10 @@ async fn finished_sessions_are_swept_and_keep_a_tombstone() {
     s.wait_status("i2", "input_required", T).await;
     let ws = s.workspace("s");
     assert!(ws.exists());
+    // Where sessions have disks of their own, the image goes with the workspace.
+    let image = podhost::byoh::runner::session_disk_image(&s.data, "s");
     let deadline = std::time::Instant::now() + T;
-    while ws.exists() {
+    while ws.exists() || image.exists() {
         assert!(
             std::time::Instant::now() < deadline,
             "the workspace was never swept"

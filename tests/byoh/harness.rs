@@ -281,6 +281,29 @@ impl Serve {
     pub fn workspace(&self, session: &str) -> PathBuf {
         podhost::byoh::runner::workspace_dir(&self.data, session)
     }
+
+    /// A file of `session`'s workspace as its commands see it, `None` when there is none: on
+    /// the host's directory, or, where the session has a disk of its own (see `exec::disk`), in
+    /// its image, read with debugfs after a `sync` (the image is mounted in the session's
+    /// namespace only).
+    pub fn read_file(&self, session: &str, rel: &str) -> Option<String> {
+        let image = podhost::byoh::runner::session_disk_image(&self.data, session);
+        if !image.exists() {
+            return std::fs::read_to_string(self.workspace(session).join(rel)).ok();
+        }
+        nix::unistd::sync();
+        let out = Command::new("debugfs")
+            .arg("-R")
+            .arg(format!("cat /ws/{rel}"))
+            .arg(&image)
+            .output()
+            .expect("debugfs (e2fsprogs)");
+        let err = String::from_utf8_lossy(&out.stderr);
+        if err.contains("File not found") {
+            return None;
+        }
+        Some(String::from_utf8(out.stdout).unwrap())
+    }
 }
 
 /// A start body for `fake`'s model with `key`.

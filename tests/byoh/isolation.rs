@@ -94,10 +94,12 @@ async fn a_session_filling_the_disk_is_stopped_at_its_quota_while_another_comple
                 "bash",
                 json!({"command": "dd if=/dev/zero of=one bs=1M count=40 2>/dev/null; stat -c %s one"}),
             ),
+            // Deleting works past the quota (a command started past it may write nothing).
+            ("bash", json!({"command": "rm one; echo deleted"})),
             // Many files, slowly: podhost measures the session and stops the command.
             (
                 "bash",
-                json!({"command": "rm one; for i in $(seq 1 200); do head -c 1048576 /dev/zero > f$i; sleep 0.05; done; echo never"}),
+                json!({"command": "for i in $(seq 1 200); do head -c 1048576 /dev/zero > f$i; sleep 0.05; done; echo never"}),
             ),
             ("write", json!({"path": "more.txt", "content": "more"})),
             ("bash", json!({"command": "rm f*; echo freed"})),
@@ -117,6 +119,7 @@ async fn a_session_filling_the_disk_is_stopped_at_its_quota_while_another_comple
         dir.path(),
         Options::default()
             .env("PODHOST_SESSION_DISK_MB", "8")
+            .env("PODHOST_SESSION_DISK_FS", "off")
             .env("PODHOST_MIN_FREE_MB", "1"),
     );
     assert_eq!(s.data, disk.path);
@@ -134,13 +137,19 @@ async fn a_session_filling_the_disk_is_stopped_at_its_quota_while_another_comple
         .await;
     let (_, out) = s.collect("f1").await;
     let m = &out["messages"];
-    assert_eq!(
-        answer(m, "c0")["stdout"],
-        json!(format!("{}\n", 8 << 20)),
-        "{}",
+    // The kernel stops the file at the room the session had left (the quota less what its
+    // directories take).
+    let size: u64 = answer(m, "c0")["stdout"]
+        .as_str()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{}", answer(m, "c0")));
+    assert!(
+        ((8 << 20) - (64 << 10)..=8 << 20).contains(&size),
+        "{size}: {}",
         answer(m, "c0")
     );
-    let stopped = answer(m, "c1");
+    assert_eq!(answer(m, "c1")["stdout"], json!("deleted\n"));
+    let stopped = answer(m, "c2");
     let stderr = stopped["stderr"].as_str().unwrap().to_owned();
     assert_eq!(stopped["exitCode"], json!(137), "{stopped}");
     assert!(
@@ -149,21 +158,87 @@ async fn a_session_filling_the_disk_is_stopped_at_its_quota_while_another_comple
         "{stderr}"
     );
     assert_eq!(
-        answer(m, "c2"),
-        json!({"kind": "failed", "code": "sandbox.quota_exceeded", "message": answer(m, "c2")["message"]})
+        answer(m, "c3"),
+        json!({"kind": "failed", "code": "sandbox.quota_exceeded", "message": answer(m, "c3")["message"]})
     );
     assert!(
-        answer(m, "c2")["message"].as_str().unwrap().ends_with(
+        answer(m, "c3")["message"].as_str().unwrap().ends_with(
             " MiB, over its disk quota of 8.0 MiB. Delete files (with bash) before writing more."
         ),
         "{}",
-        answer(m, "c2")
+        answer(m, "c3")
     );
-    assert_eq!(answer(m, "c3")["stdout"], json!("freed\n"));
+    assert_eq!(answer(m, "c4")["stdout"], json!("freed\n"));
     // `write` answers a completed object (not a failure) once the session is back under.
-    assert_eq!(answer(m, "c4").get("kind"), None, "{}", answer(m, "c4"));
+    assert_eq!(answer(m, "c5").get("kind"), None, "{}", answer(m, "c5"));
     let (code, _) = s.call("GET", "/healthz", None).await;
     assert_eq!(code, reqwest::StatusCode::OK);
+}
+
+/// The measured quota's wall between two measurements: a command started while its session is
+/// past the quota may write no byte to any file (it may still delete, and the next command has
+/// room again), so three quick commands in a row — each done before podhost could measure —
+/// grow the session by nothing.
+#[tokio::test]
+async fn a_session_past_a_measured_quota_can_grow_no_more() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(_disk) = SmallDisk::new(dir.path(), 64) else {
+        eprintln!("cannot mount a size-limited tmpfs here (not root): the attack is not run");
+        return;
+    };
+    let model = FakeModel::start("fake-model", None).await;
+    let quick = "head -c 20M /dev/zero > q$RANDOM 2>/dev/null; echo done";
+    script(
+        &model,
+        vec![
+            // Past the quota in one go: two files, each within the room left at the start.
+            (
+                "bash",
+                json!({"command": "head -c 6M /dev/zero > a; head -c 6M /dev/zero > b; echo over"}),
+            ),
+            ("bash", json!({"command": quick})),
+            ("bash", json!({"command": quick})),
+            ("bash", json!({"command": quick})),
+            (
+                "bash",
+                json!({"command": "find . -name 'q*' -size +0 | wc -l; rm a b q*"}),
+            ),
+            ("bash", json!({"command": "echo room again > c; cat c"})),
+        ],
+    );
+    let s = Serve::start_with(
+        dir.path(),
+        Options::default()
+            .env("PODHOST_SESSION_DISK_MB", "8")
+            .env("PODHOST_SESSION_DISK_FS", "off")
+            .env("PODHOST_MIN_FREE_MB", "1"),
+    );
+    s.submit(start("over", "v1", "x", &model.base_url(), None))
+        .await;
+    s.wait_status("v1", "completed", std::time::Duration::from_secs(60))
+        .await;
+    let (_, out) = s.collect("v1").await;
+    let m = &out["messages"];
+    for call in ["c1", "c2", "c3"] {
+        assert_eq!(
+            answer(m, call)["stdout"],
+            json!("done\n"),
+            "{}",
+            answer(m, call)
+        );
+    }
+    assert_eq!(
+        answer(m, "c4")["stdout"],
+        json!("0\n"),
+        "{}",
+        answer(m, "c4")
+    );
+    assert_eq!(
+        answer(m, "c5")["stdout"],
+        json!("room again\n"),
+        "{}",
+        answer(m, "c5")
+    );
 }
 
 #[tokio::test]
@@ -248,12 +323,28 @@ async fn the_level_in_force_is_logged_at_start_and_reported_by_healthz() {
             "devices",
             format!("devices {}", level["devices"].as_str().unwrap()),
         ),
+        (
+            "network",
+            format!("network {}", level["network"].as_str().unwrap()),
+        ),
     ] {
         assert!(line.contains(&words), "{key}: {line}");
     }
     assert_eq!(level["command_capabilities"], json!("none"));
+    let probe = podhost::exec::session::probe_host(crate::support::supervisor_bin());
+    assert_eq!(
+        level["network"],
+        json!(if probe.network { "namespace" } else { "host" })
+    );
     assert_eq!(level["state_modes_checked"], json!(true));
-    assert_eq!(level["disk_quota"], json!("measured"));
+    assert_eq!(
+        level["disk_quota"],
+        json!(if probe.disk.is_ok() {
+            "filesystem"
+        } else {
+            "measured"
+        })
+    );
     if nix::unistd::geteuid().is_root() {
         assert_eq!(level["uid_pool"], json!("400000-400999"));
         assert!(
@@ -261,4 +352,177 @@ async fn the_level_in_force_is_logged_at_start_and_reported_by_healthz() {
             "{line}"
         );
     }
+}
+
+/// A session's commands cannot reach `podhost serve` itself (its API on loopback: another
+/// session's transcript, its cancel) — not directly, not through the session's proxy, not even
+/// with the credential — while serve goes on serving both sessions.
+#[tokio::test]
+async fn a_sessions_commands_cannot_reach_serve_itself() {
+    let probe = podhost::exec::session::probe_host(crate::support::supervisor_bin());
+    let dir = tempfile::tempdir().unwrap();
+    let s = Serve::start(dir.path());
+    let port = s.url.rsplit(':').next().unwrap().to_owned();
+    // The other session: asked a question, so its turn waits (input_required) with a transcript.
+    let other = FakeModel::start("fake-model", None).await;
+    script(
+        &other,
+        vec![(
+            "ask_user",
+            json!({"question": "the other session's secret question?"}),
+        )],
+    );
+    s.submit(start("other", "o1", "x", &other.base_url(), None))
+        .await;
+    s.wait_status("o1", "input_required", T).await;
+    let attacker = FakeModel::start("fake-model", None).await;
+    let auth = format!("Authorization: Bearer {}", crate::harness::TOKEN);
+    script(
+        &attacker,
+        vec![(
+            "bash",
+            json!({"command": format!(
+                "ask() {{ curl -sS -m 5 \"$@\" -H '{auth}' \
+                   'http://127.0.0.1:{port}/get_status?session_id=other&invocation_id=o1' 2>&1 \
+                   | sed 's/ after .*//'; \
+                   curl -sS -m 5 \"$@\" -H '{auth}' -H 'Content-Type: application/json' \
+                   -d '{{\"session_id\":\"other\",\"invocation_id\":\"o1\"}}' \
+                   http://127.0.0.1:{port}/cancel 2>&1 | sed 's/ after .*//'; }}; \
+                 ask --noproxy '*'; ask --noproxy '' -x http://127.0.0.1:3128"
+            )}),
+        )],
+    );
+    s.submit(start("attacker", "a1", "x", &attacker.base_url(), None))
+        .await;
+    s.wait_status("a1", "completed", T).await;
+    let (_, out) = s.collect("a1").await;
+    let stdout = answer(&out["messages"], "c0")["stdout"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    if probe.network {
+        let refused = format!("curl: (7) Failed to connect to 127.0.0.1 port {port}\n");
+        let proxied = "podhost: 127.0.0.1 is the host's loopback: a session's commands cannot \
+                       reach the host's own services\n";
+        assert_eq!(
+            stdout,
+            format!("{refused}{refused}{proxied}{proxied}"),
+            "{out}"
+        );
+    } else {
+        eprintln!("no network namespace for sessions here: serve's port is reachable from them");
+    }
+    // The other session is untouched: still waiting, its question intact.
+    let (_, st) = s.status("o1").await;
+    assert_eq!(st["status"], json!("input_required"), "{st}");
+    let (code, _) = s.call("GET", "/healthz", None).await;
+    assert_eq!(code, reqwest::StatusCode::OK);
+}
+
+/// A session's quota held by the kernel: its workspace and temporary directory are on a file
+/// system of their own, sized to the quota. A writer past it gets ENOSPC at once — one large
+/// file, and several quick commands that each finish between two of the measured level's
+/// looks — and `write` is refused the same way; once files are deleted both work again, and
+/// the file tools and `bash` see the same tree. Nothing of it shows on the host's directories.
+#[tokio::test]
+async fn a_session_past_its_quota_gets_enospc_from_a_file_system_of_its_own() {
+    let probe = podhost::exec::session::probe_host(crate::support::supervisor_bin());
+    if let Err(why) = &probe.disk {
+        eprintln!(
+            "no file system per session here ({why}): the measured quota is checked by \
+             a_session_filling_the_disk_is_stopped_at_its_quota_while_another_completes"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let model = FakeModel::start("fake-model", None).await;
+    script(
+        &model,
+        vec![
+            (
+                "bash",
+                json!({"command": "dd if=/dev/zero of=big bs=1M count=200 2>&1 | grep -o 'No space left on device' | head -1; \
+                                   for i in 1 2 3; do head -c 100M /dev/zero > f$i 2>/dev/null || echo \"f$i: full\"; done; \
+                                   [ \"$(du -sm . | cut -f1)\" -le 50 ] && echo 'at most the quota'"}),
+            ),
+            (
+                "write",
+                json!({"path": "note.txt", "content": "x".repeat(4096)}),
+            ),
+            (
+                "bash",
+                json!({"command": "rm -f big f1 f2 f3; echo from bash > hello.txt; head -c 1M /dev/zero > \"$TMPDIR/t\" && echo tmp ok"}),
+            ),
+            (
+                "write",
+                json!({"path": "from-write.txt", "content": "from write\n"}),
+            ),
+            ("bash", json!({"command": "cat from-write.txt"})),
+            ("read", json!({"path": "hello.txt"})),
+        ],
+    );
+    let s = Serve::start_with(
+        dir.path(),
+        Options::default().env("PODHOST_SESSION_DISK_MB", "50"),
+    );
+    let (_, health) = s.call("GET", "/healthz", None).await;
+    assert_eq!(health["confinement"]["disk_quota"], json!("filesystem"));
+    s.submit(start("full", "q1", "fill it", &model.base_url(), None))
+        .await;
+    s.wait_status("q1", "completed", std::time::Duration::from_secs(60))
+        .await;
+    let (_, out) = s.collect("q1").await;
+    let m = &out["messages"];
+    assert_eq!(
+        answer(m, "c0"),
+        json!({
+            "exitCode": 0,
+            "stdout": "No space left on device\nf1: full\nf2: full\nf3: full\nat most the quota\n",
+            "stderr": ""
+        })
+    );
+    let refused = answer(m, "c1");
+    assert_eq!(
+        refused["code"],
+        json!("sandbox.quota_exceeded"),
+        "{refused}"
+    );
+    assert!(
+        refused["message"].as_str().unwrap().ends_with(
+            "note.txt: the session's disk is full (its quota). Delete files (with bash) before \
+             writing more."
+        ),
+        "{refused}"
+    );
+    assert_eq!(
+        answer(m, "c2")["stdout"],
+        json!("tmp ok\n"),
+        "{}",
+        answer(m, "c2")
+    );
+    assert_eq!(answer(m, "c3").get("kind"), None, "{}", answer(m, "c3"));
+    assert_eq!(answer(m, "c4")["stdout"], json!("from write\n"));
+    let read = answer(m, "c5");
+    assert!(
+        read.to_string().contains("from bash"),
+        "read sees what bash wrote: {read}"
+    );
+    // The files live on the session's disk, not in the host's directories.
+    let ws = s.workspace("full");
+    assert_eq!(
+        std::fs::read_dir(&ws).unwrap().count(),
+        0,
+        "{}",
+        ws.display()
+    );
+    // The session's image, beside the empty one it was copied from.
+    let disks: Vec<_> = std::fs::read_dir(s.data.join("disks"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| !n.starts_with(".empty-"))
+        .collect();
+    assert_eq!(disks.len(), 1, "{disks:?}");
+    assert!(disks[0].ends_with(".img"), "{disks:?}");
+    let (code, _) = s.call("GET", "/healthz", None).await;
+    assert_eq!(code, reqwest::StatusCode::OK);
 }

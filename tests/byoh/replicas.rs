@@ -342,8 +342,7 @@ async fn a_replica_paused_past_its_lease_writes_nothing_and_kills_its_commands()
     );
     assert_eq!(rs[0].status("i").await.1, status_obj("s", "i", "completed"));
     assert_eq!(fake.requests().len(), 2);
-    let runs = std::fs::read_to_string(rs[1].workspace("s").join("runs.txt")).unwrap();
-    assert_eq!(runs, "ran\n");
+    assert_eq!(rs[1].read_file("s", "runs.txt").as_deref(), Some("ran\n"));
 }
 
 #[tokio::test]

@@ -218,8 +218,8 @@ async fn ten_parallel_sessions_keep_their_workspaces_apart() {
             assert!(!listing.contains(&format!("marker{other}")), "{listing}");
         }
         assert!(listing.contains(&format!("marker{n}")), "{listing}");
-        let file = std::fs::read_to_string(s.workspace(&format!("s{n}")).join("mine.txt")).unwrap();
-        assert_eq!(file, format!("marker{n}\n"));
+        let file = s.read_file(&format!("s{n}"), "mine.txt");
+        assert_eq!(file, Some(format!("marker{n}\n")));
     }
     let mut dirs: Vec<_> = std::fs::read_dir(s.data.join("sessions"))
         .unwrap()
@@ -284,7 +284,10 @@ async fn a_session_cannot_reach_another_sessions_files_or_the_store() {
     s.submit(start("a", "ia", "write", &url, None)).await;
     s.wait_status("ia", "completed", T).await;
     let theirs = s.workspace("a").join("secret.txt");
-    assert_eq!(std::fs::read_to_string(&theirs).unwrap(), "secret-of-a\n");
+    assert_eq!(
+        s.read_file("a", "secret.txt").as_deref(),
+        Some("secret-of-a\n")
+    );
 
     // Session b tries every way to it, and to the database.
     let data = s.data.canonicalize().unwrap();

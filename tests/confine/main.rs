@@ -12,6 +12,8 @@
 //! the real binary (`podhost tool`) where podhost's own process is the target.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::new_without_default)]
 
+#[path = "../support/pg.rs"]
+mod pg;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -22,6 +24,7 @@ mod namespaces;
 mod network;
 mod paths;
 mod process;
+mod session_network;
 mod sessions;
 
 use std::ffi::OsString;

@@ -206,3 +206,79 @@ async fn git_cargo_and_npm_work_in_a_local_run() {
         out.stdout
     );
 }
+
+/// Whether local use gets a read-only system here (a mount namespace: podhost is root, or
+/// unprivileged user namespaces are allowed); says so when it does not.
+fn read_only_system() -> bool {
+    let ns = podhost::exec::session::probe_host(crate::support::supervisor_bin()).namespaces;
+    if !ns.any() {
+        println!("no namespaces here: local use has no read-only system (Landlock alone)");
+    }
+    ns.any()
+}
+
+/// Outside the workspace, its temporary directory and each --allow-write directory, a local
+/// command cannot change even the metadata of a file its own user owns: `chmod`, `chown`,
+/// `touch` and writes fail with EROFS (HOME stays readable); inside them everything works. With
+/// `PODHOST_READ_ONLY_SYSTEM=off`, Landlock alone keeps writes out, not metadata changes.
+#[tokio::test]
+async fn the_system_is_read_only_outside_the_writable_places() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (home, ws, tmp, allowed) = (
+        dir.path().join("home"),
+        dir.path().join("ws"),
+        dir.path().join("tmp"),
+        dir.path().join("allowed"),
+    );
+    for d in [&home, &ws, &tmp, &allowed] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let owned = home.join("mine.txt");
+    std::fs::write(&owned, "mine\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&owned, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let uid = nix::unistd::geteuid().as_raw();
+    let command = format!(
+        "cat {f}; for op in 'chmod 600' 'chown {uid}' 'touch'; do $op {f} 2>&1 | sed 's/.*: //'; done; \
+         echo w > in-ws && echo w > \"$TMPDIR/t\" && echo w > {a}/x && echo writable; \
+         python3 -c 'import pty; pty.openpty(); print(\"pty ok\")'; echo > /dev/null && echo devices ok",
+        f = owned.display(),
+        a = allowed.display(),
+    );
+    let setup = |off: bool| {
+        let (home, tmp, allowed) = (home.clone(), tmp.clone(), allowed.clone());
+        move |cmd: &mut tokio::process::Command| {
+            cmd.env("HOME", &home)
+                .env("PODHOST_TMP_DIR", &tmp)
+                .arg("--allow-write")
+                .arg(&allowed);
+            if off {
+                cmd.env("PODHOST_READ_ONLY_SYSTEM", "off");
+            }
+        }
+    };
+    let out = bash(&ws, &command, setup(false)).await;
+    let tail = "writable\npty ok\ndevices ok\n";
+    if read_only_system() {
+        assert_eq!(
+            out,
+            json!({
+                "exitCode": 0,
+                "stdout": format!(
+                    "mine\nRead-only file system\nRead-only file system\nRead-only file system\n{tail}"
+                ),
+                "stderr": ""
+            })
+        );
+        let mode = std::fs::metadata(&owned).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o644, "the file's mode changed");
+    }
+    // Without it: Landlock refuses the write (`touch` opens for writing), not the mode change.
+    let out = bash(&ws, &command, setup(true)).await;
+    assert_eq!(out["exitCode"], json!(0), "{out}");
+    if confined() {
+        let mode = std::fs::metadata(&owned).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "Landlock alone stops no chmod: {out}");
+    }
+    assert!(out["stdout"].as_str().unwrap().ends_with(tail), "{out}");
+}

@@ -100,8 +100,13 @@ async fn a_seeded_disk_runs_nothing_and_is_recorded() {
 /// The largest setup file podhost fetches (32 MiB, as the README says).
 const FETCH_MAX: usize = 32 << 20;
 
-/// A file server on 127.0.0.1:0 for setup files given by URL (commands reach 127.0.0.1
-/// directly: it is in `NO_PROXY`); `/big` answers one byte past the fetch limit.
+/// Where setup files given by URL live, as the tests name them: reached through the egress
+/// proxy (a pod's commands reach nothing else).
+const FILES: &str = "http://files.test";
+
+/// The egress proxy for setup files given by URL, on 127.0.0.1:0: it answers the absolute-form
+/// requests a proxy gets (`GET http://files.test/data.csv`) by their path; `/big` answers one
+/// byte past the fetch limit. Answers its URL, for `NYLORUN_EGRESS_PROXY`.
 async fn file_server() -> (String, tokio_util::sync::CancellationToken) {
     use axum::routing::get;
     let app = axum::Router::new()
@@ -119,9 +124,17 @@ async fn file_server() -> (String, tokio_util::sync::CancellationToken) {
     (url, stop)
 }
 
+/// The pod's environment with `proxy` as its egress proxy.
+fn proxied_env(core: &FakeCore, dirs: &PodDirs, proxy: &str) -> Vec<(String, String)> {
+    let mut env = pod_env(core, dirs);
+    crate::set_env(&mut env, "NYLORUN_EGRESS_PROXY", proxy);
+    env
+}
+
 #[tokio::test]
 async fn a_setup_file_without_bytes_is_fetched_from_its_url_and_checked() {
-    let (url, _stop) = file_server().await;
+    let (proxy, _stop) = file_server().await;
+    let url = FILES;
     let core = FakeCore::start(CoreOptions::default()).await;
     let sha = "sha256:d1dcbc7ac6b8a6a1f4c2ca4bdb5f4d7a6ac9f1f4f25f1b2f9b6e53cb8f8fd3a1";
     let good = {
@@ -133,7 +146,7 @@ async fn a_setup_file_without_bytes_is_fetched_from_its_url_and_checked() {
         {"path": "in/other.csv", "url": format!("{url}/data.csv"), "sha256": sha},
     ], "commands": ["touch never"]}}));
     let dirs = PodDirs::new(&core);
-    let _pod = PodProcess::spawn(&pod_env(&core, &dirs));
+    let _pod = PodProcess::spawn(&proxied_env(&core, &dirs, &proxy));
     core.wait_request(0, "lease").await;
     assert_eq!(
         std::fs::read_to_string(dirs.workspace.join("in/data.csv")).unwrap(),
@@ -159,7 +172,8 @@ async fn a_setup_file_without_bytes_is_fetched_from_its_url_and_checked() {
 
 #[tokio::test]
 async fn a_setup_file_with_no_bytes_and_no_url_fails_the_setup_and_writes_nothing() {
-    let (url, _stop) = file_server().await;
+    let (proxy, _stop) = file_server().await;
+    let url = FILES;
     let core = FakeCore::start(CoreOptions::default()).await;
     core.set_join_extras(json!({"setup": {"files": [
         {"path": "in/empty.txt", "content": ""},
@@ -191,7 +205,7 @@ async fn a_setup_file_with_no_bytes_and_no_url_fails_the_setup_and_writes_nothin
         {"path": "in/big.bin", "url": format!("{url}/big?token=secret-in-query")},
     ]}}));
     let dirs = PodDirs::new(&core);
-    let pod = PodProcess::spawn(&pod_env(&core, &dirs));
+    let pod = PodProcess::spawn(&proxied_env(&core, &dirs, &proxy));
     core.wait_request(0, "lease").await;
     assert!(!dirs.workspace.join("in/big.bin").exists());
     assert_eq!(

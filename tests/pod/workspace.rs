@@ -392,6 +392,71 @@ async fn commands_get_the_egress_environment_and_nothing_of_podhost() {
     );
 }
 
+/// A pod's commands run in a network namespace of their own: the egress proxy is reached
+/// through the session's relay (the proxy variables name it on the session's loopback; the
+/// proxy sees the command's request and the egress token), and nothing else on the host's
+/// loopback — core's own port included — is reached at all.
+#[tokio::test]
+async fn commands_reach_the_egress_proxy_through_the_relay_and_nothing_else() {
+    use std::io::{Read, Write};
+    let network = podhost::exec::session::probe_host(crate::support::supervisor_bin()).network;
+    let proxy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let proxy_url = format!("http://{}", proxy.local_addr().unwrap());
+    let seen = std::thread::spawn(move || {
+        let (mut conn, _) = proxy.accept().unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap() == 1 {
+            head.push(byte[0]);
+        }
+        conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nvia proxy\n")
+            .unwrap();
+        String::from_utf8(head).unwrap()
+    });
+    let (core, _dirs, _pod, conn) = start_pod(CoreOptions::default(), |env| {
+        crate::set_env(env, "NYLORUN_EGRESS_PROXY", &proxy_url);
+    })
+    .await;
+    let command = format!(
+        "printenv HTTP_PROXY | sed 's/egress-token-[^@]*@/TOKEN@/'; \
+         curl -sS -m 10 http://example.test/page; \
+         curl -sS -m 5 --noproxy '*' -o /dev/null {} 2>&1 | sed 's/ after .*//'",
+        core.url()
+    );
+    let exec = json!({"session": session(), "tool": "bash", "input": {"command": command}});
+    let out = ask(&core, conn, "workspace.exec", exec).await;
+    let stdout = out["output"]["stdout"].as_str().unwrap().to_owned();
+    if !network {
+        eprintln!(
+            "this machine gives sessions no network namespace: the pod's commands use the host's"
+        );
+        assert!(
+            stdout.starts_with(&proxy_url.replace("http://", "http://nylorun:TOKEN@")),
+            "{out}"
+        );
+        return;
+    }
+    let core_port = core.url().rsplit(':').next().unwrap().to_owned();
+    assert_eq!(
+        stdout,
+        format!(
+            "http://nylorun:TOKEN@127.0.0.1:3128\nvia proxy\n\
+             curl: (7) Failed to connect to 127.0.0.1 port {core_port}\n"
+        ),
+        "{out}"
+    );
+    let head = seen.join().unwrap();
+    assert!(
+        head.starts_with("GET http://example.test/page HTTP/1.1\r\n"),
+        "{head}"
+    );
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("proxy-authorization: basic "),
+        "the egress token reached the proxy: {head}"
+    );
+}
+
 /// Whether a process whose command line contains `marker` is alive.
 fn running(marker: &str) -> bool {
     std::fs::read_dir("/proc")

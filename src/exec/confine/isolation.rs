@@ -20,6 +20,8 @@ pub struct Isolation {
     pub namespaces: Namespaces,
     /// Why stronger levels were refused.
     pub refused: Vec<String>,
+    /// Each session gets a network namespace of its own (see `exec::net`).
+    pub network: bool,
     /// The helper binary that holds sessions (`podhost-exec`).
     pub helper: PathBuf,
     /// One uid per session (a root BYOH host).
@@ -28,6 +30,9 @@ pub struct Isolation {
     pub cgroups: Result<Cgroups, String>,
     /// A BYOH session's disk quota, in bytes.
     pub disk_quota: Option<u64>,
+    /// The quota is held by a file system of the session's own (see `exec::disk`); else
+    /// measured.
+    pub disk_fs: bool,
     /// Commands stay root because the configuration asked.
     pub root_asked: bool,
 }
@@ -41,28 +46,110 @@ impl Isolation {
             .clone()
             .or_else(|| crate::exec::find_supervisor().ok())
             .unwrap_or_default();
-        let (namespaces, refused) = if settings.namespaces {
+        let (namespaces, mut refused, mut network) = if settings.namespaces {
             let probe = crate::exec::session::probe_host(&helper);
-            (probe.namespaces, probe.refused)
+            (probe.namespaces, probe.refused, probe.network)
         } else {
             (
                 Namespaces::None,
                 vec!["namespaces are turned off (PODHOST_NAMESPACES=off)".to_owned()],
+                false,
             )
         };
+        // A disk of its own needs a view podhost can join (as root) and a host that mounts one.
+        let disk_fs = settings.disk_quota.is_some()
+            && namespaces == Namespaces::Root
+            && match (
+                settings.session_disk_fs,
+                crate::exec::session::probe_host(&helper).disk,
+            ) {
+                (true, Ok(())) => true,
+                (true, Err(why)) => {
+                    refused.push(format!("a file system per session: {why}"));
+                    false
+                }
+                (false, _) => {
+                    refused.push(
+                        "a file system per session: turned off (PODHOST_SESSION_DISK_FS=off)"
+                            .to_owned(),
+                    );
+                    false
+                }
+            };
+        if network && !settings.session_network {
+            network = false;
+            refused
+                .push("a network namespace: turned off (PODHOST_SESSION_NETWORK=off)".to_owned());
+        }
         Isolation {
             namespaces,
             refused,
+            network,
             helper,
             uid_pool: settings.uid_pool.map(UidPool::new),
             cgroups: Cgroups::set_up(settings.cgroup),
             disk_quota: settings.disk_quota,
+            disk_fs,
             root_asked: settings.root_asked,
         }
     }
 }
 
+impl Isolation {
+    /// Local use: the namespaces this host allows for a read-only system (a mount namespace,
+    /// inside a user namespace unless podhost is root); `None` where it allows none.
+    pub(super) fn local_namespaces(settings: &Settings) -> Option<Namespaces> {
+        let helper = settings
+            .helper
+            .clone()
+            .or_else(|| crate::exec::find_supervisor().ok())?;
+        let probe = crate::exec::session::probe_host(&helper);
+        probe.namespaces.any().then_some(probe.namespaces)
+    }
+}
+
 impl Confinement {
+    /// The view of local use (see [`Settings::read_only_system`]): the whole system read-only,
+    /// its devices (terminals included) and sockets as they are; the workspace's roots (the
+    /// `--allow-write` directories among them), the temporary directories and `/dev/shm`
+    /// writable; the hidden paths covered.
+    pub(super) fn local_view(&self, ws: &Workspace) -> View {
+        let mut view = View {
+            host_dev: true,
+            host_sockets: true,
+            ..View::default()
+        };
+        for root in ws.roots() {
+            let list = if root.writable {
+                &mut view.writable
+            } else {
+                &mut view.readonly
+            };
+            push_unique(list, &root.host);
+        }
+        for p in &self.readable {
+            push_unique(&mut view.readonly, p);
+        }
+        for h in &self.hidden {
+            push_unique(&mut view.hidden, h);
+        }
+        let tmp: Vec<PathBuf> = match &self.tmp {
+            Some(tmp) => vec![tmp.clone()],
+            None => ["/tmp", "/var/tmp"]
+                .iter()
+                .map(|d| canonical_lenient(Path::new(d)))
+                .collect(),
+        };
+        for d in tmp
+            .iter()
+            .map(PathBuf::as_path)
+            .chain([Path::new("/dev/shm")])
+        {
+            push_unique(&mut view.writable, d);
+        }
+        view
+    }
+
     /// The view of the file system a session holder builds for `ws` (see `session::view`): the
     /// workspace's roots and temporary directory bound back, the hidden paths and the host's
     /// socket directories covered (and, with a private temporary directory, the shared ones).
@@ -154,6 +241,7 @@ mod tests {
                     p("/var/tmp")
                 ],
                 shm_bytes: SHM_BYTES,
+                ..View::default()
             }
         );
         let pod = policy.view(&workspace);
@@ -168,6 +256,7 @@ mod tests {
                 readonly,
                 hidden: vec![data, p("/run"), p("/var/run")],
                 shm_bytes: SHM_BYTES,
+                ..View::default()
             }
         );
     }

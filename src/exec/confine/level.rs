@@ -23,6 +23,10 @@ pub struct Level {
     pub scoped_signals: bool,
     /// Commands can open no socket but `AF_UNIX`.
     pub network_filter: bool,
+    /// The network commands are on: `host` (the host's own), `namespace` (a session's own
+    /// network namespace, no route to the host's loopback or addresses, outbound connections
+    /// through a proxy podhost serves), or `namespace, loopback only` (the network denied).
+    pub network: &'static str,
     /// podhost is non-dumpable: its memory and environment are closed to same-user processes.
     pub non_dumpable: bool,
     /// Commands start with `no_new_privs` (always).
@@ -49,7 +53,9 @@ pub struct Level {
     pub devices: &'static str,
     /// podhost checks and repairs the modes of its own state at each use.
     pub state_modes_checked: bool,
-    /// A BYOH session's disk quota: `measured` (podhost stops commands past it), or `none`.
+    /// A BYOH session's disk quota: `filesystem` (a file system of the session's own, sized to
+    /// it: the kernel refuses writes past it), `measured` (podhost stops commands past it), or
+    /// `none`.
     pub disk_quota: &'static str,
 }
 
@@ -91,14 +97,15 @@ impl Level {
         );
         if self.namespaces != "off" {
             text.push_str(&format!(
-                ", namespaces {}{}, capabilities {}, devices {}, cgroups {} (limits by {}), \
-                 state modes checked {}, disk quota {}",
+                ", namespaces {}{}, network {}, capabilities {}, devices {}, cgroups {} (limits \
+                 by {}), state modes checked {}, disk quota {}",
                 self.namespaces,
                 if self.pid_namespace {
                     " with a PID namespace"
                 } else {
                     ""
                 },
+                self.network,
                 self.command_capabilities,
                 self.devices,
                 self.cgroups,
@@ -183,6 +190,7 @@ impl Confinement {
             kernel_landlock_abi: self.kernel_abi,
             scoped_signals: self.abi >= 6,
             network_filter: self.deny_network,
+            network: "host",
             non_dumpable: is_non_dumpable(),
             no_new_privs: true,
             command_uid: self.user.map(|u| u.uid),
@@ -204,6 +212,15 @@ impl Confinement {
             return level;
         };
         level.namespaces = iso.namespaces.as_str();
+        if iso.network && iso.namespaces.any() {
+            // The namespace holds the network; no socket filter is needed inside it.
+            level.network_filter = false;
+            level.network = if self.deny_network {
+                "namespace, loopback only"
+            } else {
+                "namespace"
+            };
+        }
         level.pid_namespace = iso.namespaces.pid_namespace();
         level.command_capabilities = "none";
         level.uid_pool = iso.uid_pool.as_ref().map(|p| p.range().to_string());
@@ -222,10 +239,10 @@ impl Confinement {
             "all"
         };
         level.state_modes_checked = true;
-        level.disk_quota = if iso.disk_quota.is_some() {
-            "measured"
-        } else {
-            "none"
+        level.disk_quota = match (iso.disk_quota, iso.disk_fs) {
+            (Some(_), true) => "filesystem",
+            (Some(_), false) => "measured",
+            (None, _) => "none",
         };
         level
     }

@@ -172,6 +172,13 @@ pub struct Settings {
     /// Use namespaces when isolating (`PODHOST_NAMESPACES`, default on; off forces the
     /// Landlock-only level).
     pub namespaces: bool,
+    /// Give each session a network namespace of its own where namespaces are used
+    /// (`PODHOST_SESSION_NETWORK`, default on; off leaves commands on the host's network).
+    pub session_network: bool,
+    /// Local use: run commands in a mount namespace whose system is read-only outside the
+    /// workspace, the temporary directory and the `--allow-write` directories, where the kernel
+    /// allows one (`PODHOST_READ_ONLY_SYSTEM`).
+    pub read_only_system: bool,
     /// The helper binary the namespace probe runs (`podhost-exec`); `None`: beside podhost.
     pub helper: Option<PathBuf>,
     /// A root podhost on a BYOH host: the uids sessions' commands run as, one each.
@@ -182,6 +189,9 @@ pub struct Settings {
     pub cgroup: CgroupLimits,
     /// A BYOH session's disk quota, in bytes.
     pub disk_quota: Option<u64>,
+    /// Hold the quota with a file system of the session's own where podhost can make one
+    /// (`PODHOST_SESSION_DISK_FS`, default on; off: the quota is measured).
+    pub session_disk_fs: bool,
     /// Use Landlock when the kernel has it (`PODHOST_CONFINE`, default on).
     pub enabled: bool,
     /// Refuse to start without Landlock (`PODHOST_REQUIRE_CONFINEMENT`).
@@ -203,11 +213,14 @@ impl Default for Settings {
         Settings {
             isolate: false,
             namespaces: true,
+            session_network: true,
+            read_only_system: false,
             helper: None,
             uid_pool: None,
             root_asked: false,
             cgroup: CgroupLimits::default(),
             disk_quota: None,
+            session_disk_fs: true,
             enabled: true,
             require: false,
             deny_network: false,
@@ -259,6 +272,10 @@ pub struct Confinement {
     readable: Vec<PathBuf>,
     tmp: Option<PathBuf>,
     user: Option<CommandUser>,
+    /// Where sessions' disk images live (a BYOH host's data directory; see `exec::disk`).
+    disks: Option<PathBuf>,
+    /// Local use with a read-only system: the namespaces this host allows for it.
+    local_view: Option<crate::exec::session::Namespaces>,
 }
 
 impl Default for Confinement {
@@ -282,6 +299,9 @@ impl Confinement {
         let isolation = settings
             .isolate
             .then(|| Arc::new(Isolation::find(settings)));
+        let local_view = (!settings.isolate && settings.read_only_system && settings.namespaces)
+            .then(|| Isolation::local_namespaces(settings))
+            .flatten();
         let mut c = Confinement {
             isolation,
             guards: Vec::new(),
@@ -293,6 +313,8 @@ impl Confinement {
             readable: Vec::new(),
             tmp: settings.tmp.as_deref().map(canonical_lenient),
             user: settings.user,
+            disks: None,
+            local_view,
         };
         for h in &settings.hidden {
             c = c.hide(h);
@@ -349,6 +371,18 @@ impl Confinement {
         self
     }
 
+    /// Sessions' disk images live in `dir` (podhost's own, hidden from sessions): where the
+    /// host allows, a session's workspace and temporary directory are on an image there.
+    pub fn session_disks(mut self, dir: &Path) -> Self {
+        self.disks = Some(canonical_lenient(dir));
+        self
+    }
+
+    /// Where sessions' disk images live, when they have any.
+    pub fn disks(&self) -> Option<&Path> {
+        self.disks.as_deref()
+    }
+
     /// Checks (and repairs) the mode of podhost's state at `guard.path` at each use.
     pub fn guard(mut self, guard: Guard) -> Self {
         self.guards.push(guard);
@@ -369,6 +403,11 @@ impl Confinement {
     /// How sessions are isolated (`None` in local use).
     pub fn isolation(&self) -> Option<&Arc<Isolation>> {
         self.isolation.as_ref()
+    }
+
+    /// Local use: the namespaces commands run in for a read-only system, when they do.
+    pub fn local_namespaces(&self) -> Option<crate::exec::session::Namespaces> {
+        self.local_view
     }
 
     /// Whether commands run in a session's namespaces.
@@ -440,7 +479,11 @@ impl Confinement {
             },
             files,
             tmp: self.tmp.clone(),
-            view: self.uses_namespaces().then(|| self.view(ws)),
+            view: if self.uses_namespaces() {
+                Some(self.view(ws))
+            } else {
+                self.local_view.map(|_| self.local_view(ws))
+            },
         }
     }
 

@@ -17,8 +17,10 @@
 //!   exits with H's status; when podhost dies (its parent-death signal) or sends SIGTERM, it
 //!   SIGKILLs H. O is exec'ed, hence dumpable again (podhost is not), which the user namespace's
 //!   id maps need.
-//! * **H** (pid 1 of the session) builds the view (`view`), answers `ok` (or `error …`) on the
-//!   socket, ignores SIGCHLD (the kernel reaps its children and every orphan of the session),
+//! * **H** (pid 1 of the session) builds the view (`view`) — mounting the session's disk in it,
+//!   when it has one (`exec::disk`) — and its network (`exec::net`), answers `ok` with its mount
+//!   namespace (and the network's listening socket) attached, or `error …`, on the socket,
+//!   ignores SIGCHLD (the kernel reaps its children and every orphan of the session),
 //!   and forks one supervisor per message. It dies with O (parent-death SIGKILL), and with it
 //!   every process of the session: the kernel kills a PID namespace whose init ends. It ends by
 //!   itself when podhost closes the socket.
@@ -43,7 +45,7 @@ use std::process::ExitCode;
 use nix::sys::signal::{SigSet, Signal};
 
 use super::view;
-use crate::exec::protocol::SessionRequest;
+use crate::exec::protocol::{SessionNetwork, SessionRequest};
 use crate::exec::sys::{self, StepError};
 
 /// `argv[1]` that makes the supervisor binary a session holder.
@@ -132,7 +134,10 @@ fn start(req: &SessionRequest, sock: i32) -> Result<(libc::pid_t, OwnedFd), Step
             )
         })?;
     }
-    let prepared = view::prepare(&req.view, req.pid_namespace, req.userns.is_some())?;
+    let mut prepared = view::prepare(&req.view, req.pid_namespace, req.userns.is_some())?;
+    if let Some(disk) = &req.disk {
+        prepared.disk = Some((disk.clone(), crate::exec::disk::prepare(disk)?));
+    }
     let (life_r, life_w) =
         sys::pipe().map_err(|e| StepError::new("pipe", e.raw_os_error().unwrap_or(libc::EIO)))?;
     if let Some(ids) = req.userns {
@@ -153,10 +158,13 @@ fn start(req: &SessionRequest, sock: i32) -> Result<(libc::pid_t, OwnedFd), Step
     if req.pid_namespace {
         flags |= libc::CLONE_NEWPID;
     }
+    if req.network.is_some() {
+        flags |= libc::CLONE_NEWNET;
+    }
     let h = sys::fork_with("make the session's namespaces", flags)?;
     if h == 0 {
         drop(life_w);
-        holder(sock, &prepared, life_r);
+        holder(sock, &mut prepared, req.network, life_r);
     }
     drop(life_r);
     // H alone holds the session socket now: when H is gone, podhost's sends fail at once.
@@ -191,8 +199,14 @@ fn wait_for(h: libc::pid_t, waited: &SigSet) -> u8 {
     }
 }
 
-/// H: builds the view, says so, and starts a supervisor per message. Never returns.
-fn holder(sock: i32, prepared: &view::Prepared, life: OwnedFd) -> ! {
+/// H: builds the view (and the network, in its own namespace), says so, and starts a supervisor
+/// per message. Never returns.
+fn holder(
+    sock: i32,
+    prepared: &mut view::Prepared,
+    network: Option<SessionNetwork>,
+    life: OwnedFd,
+) -> ! {
     if sys::set_parent_death_signal(libc::SIGKILL).is_err() || parent_gone(&life) {
         sys::exit_now(i32::from(EXIT_BROKEN));
     }
@@ -200,10 +214,35 @@ fn holder(sock: i32, prepared: &view::Prepared, life: OwnedFd) -> ! {
         report(sock, &format!("could not build the command view: {e}"));
         sys::exit_now(i32::from(EXIT_BROKEN));
     }
+    let forward = match network.map(set_up_network).transpose() {
+        Ok(forward) => forward.flatten(),
+        Err(e) => {
+            report(
+                sock,
+                &format!("could not set up the session's network: {e}"),
+            );
+            sys::exit_now(i32::from(EXIT_BROKEN));
+        }
+    };
+    // podhost's file tools join this view (a session's disk is mounted in it alone).
+    let mntns = match std::fs::File::open("/proc/self/ns/mnt") {
+        Ok(f) => OwnedFd::from(f),
+        Err(e) => {
+            report(
+                sock,
+                &format!("could not open the session's mount namespace: {e}"),
+            );
+            sys::exit_now(i32::from(EXIT_BROKEN));
+        }
+    };
     sys::set_signal_ignored(libc::SIGCHLD, true);
-    if sys::send_with_fds(sock, READY, &[]).is_err() {
+    let mut handed = vec![mntns.as_raw_fd()];
+    handed.extend(forward.iter().map(AsRawFd::as_raw_fd));
+    if sys::send_with_fds(sock, READY, &handed).is_err() {
         sys::exit_now(0);
     }
+    // podhost holds them now; the session's processes must not.
+    drop((mntns, forward));
     let mut buf = [0u8; 16];
     loop {
         let (n, fds) = match sys::recv_with_fds(sock, &mut buf) {
@@ -220,6 +259,12 @@ fn holder(sock: i32, prepared: &view::Prepared, life: OwnedFd) -> ! {
         if &buf[..n] != LAUNCH {
             continue;
         }
+        // Sockets the host bound since the last command are covered before this one starts.
+        for socket in prepared.sockets.scan() {
+            if let Ok(c) = sys::cpath(&socket) {
+                let _ = view::cover_file(&c);
+            }
+        }
         // The command's descriptors go with the forked supervisor; a failed fork drops them, and
         // podhost sees the control socket close without a pidfd.
         if let Ok(0) = sys::fork_with("fork a supervisor", 0) {
@@ -227,6 +272,23 @@ fn holder(sock: i32, prepared: &view::Prepared, life: OwnedFd) -> ! {
             supervisor(sock, ctl, out, err)
         }
     }
+}
+
+/// Brings up the new network namespace's loopback and, when the session has a way out, listens
+/// on it for podhost (see `exec::net`).
+fn set_up_network(network: SessionNetwork) -> Result<Option<OwnedFd>, StepError> {
+    sys::loopback_up()?;
+    let Some(port) = network.forward_port else {
+        return Ok(None);
+    };
+    let listener =
+        std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)).map_err(|e| {
+            StepError::new(
+                format!("listen on 127.0.0.1:{port}"),
+                e.raw_os_error().unwrap_or(libc::EIO),
+            )
+        })?;
+    Ok(Some(OwnedFd::from(listener)))
 }
 
 /// Whether O has already died (its end of the life pipe is closed; it never writes).

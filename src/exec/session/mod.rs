@@ -23,6 +23,7 @@
 
 pub mod holder;
 pub mod probe;
+pub mod sockets;
 pub mod view;
 
 use std::io;
@@ -38,6 +39,9 @@ use tokio::process::{Child, Command};
 
 pub use probe::{Namespaces, Probe};
 
+use tokio_util::sync::CancellationToken;
+
+use super::net::{self, Exit};
 use super::protocol::SessionRequest;
 use super::{ExecError, reaper, sys};
 
@@ -53,7 +57,9 @@ pub fn probe_host(helper: &Path) -> Probe {
         .get_or_init(|| {
             let none = |why: String| Probe {
                 namespaces: Namespaces::None,
-                refused: vec![why],
+                refused: vec![why.clone()],
+                network: false,
+                disk: Err(why),
             };
             let out = std::process::Command::new(helper)
                 .arg(probe::PROBE_ARG)
@@ -80,12 +86,21 @@ pub struct Session {
     /// The holder's pidfd: readable once it has exited (its namespaces are then going away,
     /// even if the socket has not hung up yet).
     pidfd: Option<OwnedFd>,
+    /// Stops serving the session's way out (see `exec::net`) when the session goes.
+    exit: CancellationToken,
+    /// The holder's mount namespace: where the session's files are as its commands see them.
+    mntns: Option<OwnedFd>,
 }
 
 impl Session {
     /// Starts a holder (the `supervisor` binary, as `__session`) for `req` and waits until it has
-    /// built the view, or says why it could not.
-    pub async fn start(supervisor: &Path, req: &SessionRequest) -> Result<Session, ExecError> {
+    /// built the view, or says why it could not; then serves the session's way out as `exit`
+    /// says, when it has one.
+    pub async fn start(
+        supervisor: &Path,
+        req: &SessionRequest,
+        exit: Option<&Exit>,
+    ) -> Result<Session, ExecError> {
         let (ours, theirs) = sys::seqpacket_pair()?;
         let request = serde_json::to_vec(req).map_err(io::Error::other)?;
         // Queued before the holder exists, so it reads it at once.
@@ -110,11 +125,13 @@ impl Session {
             holder: Some(child),
             pid,
             pidfd: sys::pidfd_open(pid).ok(),
+            exit: CancellationToken::new(),
+            mntns: None,
         };
         let mut answer = [0u8; 4096];
         let got = tokio::time::timeout(START_BOUND, session.recv(&mut answer)).await;
-        let n = match got {
-            Ok(Ok(n)) => n,
+        let (n, fds) = match got {
+            Ok(Ok(got)) => got,
             Ok(Err(e)) => return Err(ExecError::Io(e)),
             Err(_) => {
                 return Err(ExecError::Session {
@@ -124,6 +141,19 @@ impl Session {
         };
         let answer = &answer[..n];
         if answer == holder::READY {
+            let mut fds = fds.into_iter();
+            session.mntns = fds.next();
+            match (fds.next(), exit, req.network.and_then(|n| n.forward_port)) {
+                (Some(listener), Some(exit), Some(_)) => {
+                    net::serve(listener, exit.clone(), session.exit.clone())?;
+                }
+                (None, _, None) if session.mntns.is_some() => {}
+                _ => {
+                    return Err(ExecError::Session {
+                        message: "it answered ready without what it was asked to make".to_owned(),
+                    });
+                }
+            }
             return Ok(session);
         }
         let message = match std::str::from_utf8(answer) {
@@ -142,11 +172,11 @@ impl Session {
         Err(ExecError::Session { message })
     }
 
-    async fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+    async fn recv(&self, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
         loop {
             let mut guard = self.sock.readable().await?;
             match guard.try_io(|fd| sys::recv_with_fds(fd.as_raw_fd(), buf)) {
-                Ok(got) => return got.map(|(n, _)| n),
+                Ok(got) => return got,
                 Err(_would_block) => continue,
             }
         }
@@ -165,6 +195,17 @@ impl Session {
         }
     }
 
+    /// A descriptor of the session's mount namespace, for a thread to join
+    /// ([`enter_mount_namespace`]).
+    pub fn mount_namespace(&self) -> io::Result<OwnedFd> {
+        match &self.mntns {
+            Some(ns) => ns.try_clone(),
+            None => Err(io::Error::other(
+                "the session holder gave no mount namespace",
+            )),
+        }
+    }
+
     /// Whether the holder has exited or hung up (its session is gone, or going).
     fn is_gone(&self) -> bool {
         let exited = self
@@ -179,6 +220,7 @@ impl Session {
 impl Drop for Session {
     /// The toolbox is gone: so is the session, and with it every process in it.
     fn drop(&mut self) {
+        self.exit.cancel();
         let Some(mut child) = self.holder.take() else {
             return;
         };
@@ -201,14 +243,17 @@ impl Drop for Session {
 pub struct SessionSlot {
     supervisor: PathBuf,
     request: SessionRequest,
+    /// What serves the session's way out, when its network has one.
+    exit: Option<Exit>,
     current: tokio::sync::Mutex<Option<Arc<Session>>>,
 }
 
 impl SessionSlot {
-    pub fn new(supervisor: PathBuf, request: SessionRequest) -> Self {
+    pub fn new(supervisor: PathBuf, request: SessionRequest, exit: Option<Exit>) -> Self {
         SessionSlot {
             supervisor,
             request,
+            exit,
             current: tokio::sync::Mutex::new(None),
         }
     }
@@ -232,22 +277,29 @@ impl SessionSlot {
         true
     }
 
+    /// The running session, started (or restarted) first when it is not.
+    pub async fn running(&self) -> Result<Arc<Session>, ExecError> {
+        let mut current = self.current.lock().await;
+        if let Some(s) = current.as_ref().filter(|s| !s.is_gone()) {
+            return Ok(s.clone());
+        }
+        let started =
+            Arc::new(Session::start(&self.supervisor, &self.request, self.exit.as_ref()).await?);
+        *current = Some(started.clone());
+        Ok(started)
+    }
+
+    /// Whether the session's files live in its mount namespace alone (a disk of its own), so
+    /// that the file tools must join it.
+    pub fn files_inside(&self) -> bool {
+        self.request.disk.is_some()
+    }
+
     /// Hands the command's descriptors to the session's holder, starting (or restarting) it;
     /// the session it went to.
     pub async fn launch(&self, fds: [&OwnedFd; 3]) -> Result<Arc<Session>, ExecError> {
         for attempt in 0..2 {
-            let session = {
-                let mut current = self.current.lock().await;
-                match current.as_ref() {
-                    Some(s) if !s.is_gone() => s.clone(),
-                    _ => {
-                        let started =
-                            Arc::new(Session::start(&self.supervisor, &self.request).await?);
-                        *current = Some(started.clone());
-                        started
-                    }
-                }
-            };
+            let session = self.running().await?;
             match session.launch(fds).await {
                 Ok(()) => return Ok(session),
                 Err(e) if attempt == 0 => {
@@ -264,6 +316,12 @@ impl SessionSlot {
             message: "it could not be started".to_owned(),
         })
     }
+}
+
+/// Moves the calling thread (a fresh one, which ends with its call) into a session's mount
+/// namespace: see [`sys::enter_mount_namespace`].
+pub fn enter_mount_namespace(ns: &OwnedFd) -> io::Result<()> {
+    sys::enter_mount_namespace(ns)
 }
 
 fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {

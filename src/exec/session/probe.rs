@@ -66,6 +66,10 @@ pub struct Probe {
     pub namespaces: Namespaces,
     /// Why each stronger level was refused, in words.
     pub refused: Vec<String>,
+    /// A network namespace can be made at that level (with its loopback up).
+    pub network: bool,
+    /// A session's disk can be made and mounted (see `exec::disk`), or why not.
+    pub disk: Result<(), String>,
 }
 
 /// The probe's `main`: prints one JSON line.
@@ -81,54 +85,94 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// Tries each level, strongest first.
+/// Tries each level, strongest first, then a network namespace at the level found.
 pub fn run() -> Probe {
     let mut refused = Vec::new();
+    let mut levels = Vec::new();
     if nix::unistd::geteuid().is_root() {
-        match attempt(false, true) {
-            Ok(()) => {
-                return Probe {
-                    namespaces: Namespaces::Root,
-                    refused,
-                };
+        levels.push((Namespaces::Root, false, true, "namespaces as root"));
+    }
+    levels.push((Namespaces::Userns, true, true, "a user namespace"));
+    levels.push((
+        Namespaces::UsernsNoproc,
+        true,
+        false,
+        "a user namespace without /proc",
+    ));
+    for (namespaces, userns, pid, what) in levels {
+        if let Err(e) = attempt(userns, pid, false) {
+            refused.push(format!("{what}: {e}"));
+            continue;
+        }
+        let network = match attempt(userns, pid, true) {
+            Ok(()) => true,
+            Err(e) => {
+                refused.push(format!("a network namespace: {e}"));
+                false
             }
-            Err(e) => refused.push(format!("namespaces as root: {e}")),
-        }
-    }
-    match attempt(true, true) {
-        Ok(()) => {
-            return Probe {
-                namespaces: Namespaces::Userns,
-                refused,
-            };
-        }
-        Err(e) => refused.push(format!("a user namespace: {e}")),
-    }
-    match attempt(true, false) {
-        Ok(()) => Probe {
-            namespaces: Namespaces::UsernsNoproc,
+        };
+        let disk = if namespaces == Namespaces::Root {
+            attempt_disk()
+        } else {
+            Err("podhost is not root".to_owned())
+        };
+        return Probe {
+            namespaces,
             refused,
-        },
-        Err(e) => {
-            refused.push(format!("a user namespace without /proc: {e}"));
-            Probe {
-                namespaces: Namespaces::None,
-                refused,
-            }
-        }
+            network,
+            disk,
+        };
+    }
+    Probe {
+        namespaces: Namespaces::None,
+        refused,
+        network: false,
+        disk: Err("no namespaces".to_owned()),
     }
 }
 
-/// Makes the namespaces in a child and, in a grandchild inside them, the mounts a view needs;
-/// the first step that fails, in words.
-fn attempt(userns: bool, pid: bool) -> Result<(), String> {
+/// Makes a small disk image and mounts it, detached, in a throw-away mount namespace, as a
+/// session holder would; the first step that fails, in words.
+fn attempt_disk() -> Result<(), String> {
+    if !crate::exec::disk::tools_present() {
+        return Err("mkfs.ext4 or e2fsck is not installed (e2fsprogs)".to_owned());
+    }
+    let dir = std::env::temp_dir().join(format!("podhost-probe-{}", std::process::id()));
+    std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let image = dir.join("probe.img");
+    let tried = crate::exec::disk::make_image(&image, 8 << 20)
+        .map_err(|e| e.to_string())
+        .and_then(|()| in_child(|| mount_image(&image)));
+    let _ = std::fs::remove_dir_all(&dir);
+    tried
+}
+
+fn mount_image(image: &Path) -> Result<(), StepError> {
+    sys::unshare("unshare(CLONE_NEWNS)", libc::CLONE_NEWNS)?;
+    sys::mount(
+        "make / private",
+        None,
+        c"/",
+        None,
+        libc::MS_REC | libc::MS_PRIVATE,
+        None,
+    )?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(image)
+        .map_err(|e| StepError::new("open the image", e.raw_os_error().unwrap_or(libc::EIO)))?;
+    let (_device, path) = sys::loop_attach(&std::os::fd::OwnedFd::from(file))?;
+    sys::fsmount_ext4(&path, &[c"discard", c"noinit_itable"]).map(drop)
+}
+
+/// Runs `f` in a forked child; its error, in words.
+fn in_child(f: impl FnOnce() -> Result<(), StepError>) -> Result<(), String> {
     let (rd, wr) = sys::pipe().map_err(|e| format!("pipe: {e}"))?;
-    let uid = nix::unistd::geteuid().as_raw();
-    let gid = nix::unistd::getegid().as_raw();
     let child = sys::fork_with("fork", 0).map_err(|e| e.to_string())?;
     if child == 0 {
         drop(rd);
-        let code = match in_namespaces(userns, pid, uid, gid) {
+        let code = match f() {
             Ok(()) => 0,
             Err(e) => {
                 let _ = sys::write_all(wr.as_raw_fd(), e.to_string().as_bytes());
@@ -150,7 +194,39 @@ fn attempt(userns: bool, pid: bool) -> Result<(), String> {
     }
 }
 
-fn in_namespaces(userns: bool, pid: bool, uid: u32, gid: u32) -> Result<(), String> {
+/// Makes the namespaces in a child and, in a grandchild inside them, the mounts a view needs
+/// (and, with `net`, a network namespace with its loopback up); the first step that fails, in
+/// words.
+fn attempt(userns: bool, pid: bool, net: bool) -> Result<(), String> {
+    let (rd, wr) = sys::pipe().map_err(|e| format!("pipe: {e}"))?;
+    let uid = nix::unistd::geteuid().as_raw();
+    let gid = nix::unistd::getegid().as_raw();
+    let child = sys::fork_with("fork", 0).map_err(|e| e.to_string())?;
+    if child == 0 {
+        drop(rd);
+        let code = match in_namespaces(userns, pid, net, uid, gid) {
+            Ok(()) => 0,
+            Err(e) => {
+                let _ = sys::write_all(wr.as_raw_fd(), e.to_string().as_bytes());
+                1
+            }
+        };
+        sys::exit_now(code);
+    }
+    drop(wr);
+    let mut why = String::new();
+    let _ = std::fs::File::from(rd).read_to_string(&mut why);
+    let status = sys::wait(child, 0).map(|(_, s)| s).unwrap_or(-1);
+    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+        Ok(())
+    } else if why.is_empty() {
+        Err("the probe died".to_owned())
+    } else {
+        Err(why)
+    }
+}
+
+fn in_namespaces(userns: bool, pid: bool, net: bool, uid: u32, gid: u32) -> Result<(), String> {
     if userns {
         sys::unshare("unshare(CLONE_NEWUSER)", libc::CLONE_NEWUSER).map_err(|e| e.to_string())?;
         let write = |file: &str, text: String| {
@@ -169,12 +245,15 @@ fn in_namespaces(userns: bool, pid: bool, uid: u32, gid: u32) -> Result<(), Stri
     if pid {
         flags |= libc::CLONE_NEWPID;
     }
+    if net {
+        flags |= libc::CLONE_NEWNET;
+    }
     let (rd, wr) = sys::pipe().map_err(|e| format!("pipe: {e}"))?;
     let inner =
         sys::fork_with("clone(CLONE_NEWNS|CLONE_NEWPID)", flags).map_err(|e| e.to_string())?;
     if inner == 0 {
         drop(rd);
-        let code = match mounts(pid) {
+        let code = match mounts(pid).and_then(|()| if net { sys::loopback_up() } else { Ok(()) }) {
             Ok(()) => 0,
             Err(e) => {
                 let _ = sys::write_all(wr.as_raw_fd(), e.to_string().as_bytes());

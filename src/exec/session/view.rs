@@ -36,6 +36,8 @@ use std::ffi::CString;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
+pub use super::sockets::SocketWatch;
+use crate::exec::disk::SessionDisk;
 use crate::exec::protocol::View;
 use crate::exec::sys::{
     self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY, Res,
@@ -83,6 +85,13 @@ pub struct Prepared {
     shm_data: CString,
     proc: bool,
     bind_devices: bool,
+    /// Keep the host's `/dev` (see [`View::host_dev`]).
+    host_dev: bool,
+    /// The host's sockets, watched for those bound after the view was built.
+    pub sockets: SocketWatch,
+    /// The session's disk and its image, opened and locked (see `exec::disk`): its directories
+    /// are bound instead of the host's.
+    pub disk: Option<(SessionDisk, OwnedFd)>,
 }
 
 fn depth(p: &Path) -> usize {
@@ -98,6 +107,12 @@ pub const RUN_DIRS: [&str; 2] = ["/run", "/var/run"];
 pub fn prepare(view: &View, proc: bool, bind_devices: bool) -> Res<Prepared> {
     // Hidden paths that exist, as directories or files; the rest have nothing to cover.
     let mut hidden: Vec<(PathBuf, bool)> = Vec::new();
+    // Every socket bound on the host now, wherever it lies: a read-only mount does not stop a
+    // `connect`. Those bound later are covered before each command (see `sockets`).
+    let mut sockets = SocketWatch::open(view.writable.clone(), !view.host_sockets);
+    for socket in sockets.scan() {
+        hidden.push((socket, false));
+    }
     for h in &view.hidden {
         match std::fs::symlink_metadata(h) {
             Ok(m) if m.is_dir() => hidden.push((h.clone(), true)),
@@ -184,6 +199,9 @@ pub fn prepare(view: &View, proc: bool, bind_devices: bool) -> Res<Prepared> {
         shm_data: CString::new(shm).map_err(|_| StepError::new("shm options", libc::EINVAL))?,
         proc,
         bind_devices,
+        host_dev: view.host_dev,
+        sockets,
+        disk: None,
     })
 }
 
@@ -207,15 +225,42 @@ impl Prepared {
                 true,
             )?);
         }
+        if let Some((disk, image)) = &self.disk {
+            // While the host's /dev is still there to make the loop device from.
+            for (target, tree) in crate::exec::disk::mount(disk, image)? {
+                let target = cpath(&target)?;
+                match self.sources.iter().position(|s| *s == target) {
+                    Some(k) => trees[k] = tree,
+                    None => {
+                        return Err(StepError::new(
+                            format!("bind the session's disk at {}", target.to_string_lossy()),
+                            libc::ENOENT,
+                        ));
+                    }
+                }
+            }
+        }
+        // The host's /dev, kept: taken before the root's `nodev` reaches it.
+        let host_dev = match self.host_dev {
+            true => Some(sys::open_tree("capture /dev", c"/dev", true)?),
+            false => None,
+        };
         let mut dev_trees = Vec::new();
-        if self.bind_devices {
+        if self.bind_devices && !self.host_dev {
             for (name, _, _) in DEVICES {
                 let p = dev_path(name)?;
                 dev_trees.push(sys::open_tree(&format!("capture /dev/{name}"), &p, false)?);
             }
         }
         read_only_root()?;
-        self.build_dev(&dev_trees)?;
+        match &host_dev {
+            // Read-only and `nosuid`, its devices still usable.
+            Some(tree) => {
+                sys::move_mount("put /dev back", tree, c"/dev")?;
+                sys::mount_setattr("/dev read-only", c"/dev", true, RO | NOSUID)?;
+            }
+            None => self.build_dev(&dev_trees)?,
+        }
         for op in &self.ops {
             match op {
                 Op::HideDir(p) => sys::mount(
@@ -226,11 +271,7 @@ impl Prepared {
                     libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
                     Some(c"mode=0755,size=64k,nr_inodes=1024"),
                 )?,
-                Op::HideFile(p) => {
-                    let step = format!("cover {}", p.to_string_lossy());
-                    sys::mount(&step, Some(c"/dev/null"), p, None, libc::MS_BIND, None)?;
-                    sys::mount_setattr(&step, p, false, RO | NOSUID | NODEV | NOEXEC)?;
-                }
+                Op::HideFile(p) => cover_file(p)?,
                 Op::Bind {
                     tree,
                     target,
@@ -342,6 +383,13 @@ impl Prepared {
     }
 }
 
+/// Lays the view's `/dev/null`, read-only, over the file `p`.
+pub fn cover_file(p: &CString) -> Res<()> {
+    let step = format!("cover {}", p.to_string_lossy());
+    sys::mount(&step, Some(c"/dev/null"), p, None, libc::MS_BIND, None)?;
+    sys::mount_setattr(&step, p, false, RO | NOSUID | NODEV | NOEXEC)
+}
+
 fn dev_path(name: &str) -> Res<CString> {
     CString::new(format!("/dev/{name}")).map_err(|_| StepError::new("device name", libc::EINVAL))
 }
@@ -424,6 +472,7 @@ mod tests {
             readonly: vec![],
             hidden: vec![data.clone(), root.join("join"), root.join("missing")],
             shm_bytes: 1 << 20,
+            ..View::default()
         };
         let p = prepare(&view, true, false).unwrap();
         let c = |p: &Path| CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
@@ -444,6 +493,8 @@ mod tests {
                         .collect::<Vec<_>>()
                 ),
             })
+            // The host's own sockets are covered too: not this test's concern.
+            .filter(|op| op.contains(root.to_str().unwrap()))
             .collect();
         let s = |p: &Path| p.to_string_lossy().into_owned();
         assert_eq!(
