@@ -39,8 +39,9 @@ fn without_landlock_podhost_starts_and_warns() {
         Some(
             ": commands and file tools are NOT confined: they can read everything podhost's user \
              can (set PODHOST_REQUIRE_CONFINEMENT to refuse to start instead) confinement=no \
-             Landlock (the kernel has none), signal scoping off, network filter off, \
-             non-dumpable on, no_new_privs on, command user podhost's own"
+             Landlock (the kernel has none), signal scoping off, network filter off, syscall \
+             filter docker-default, session keyring per command, non-dumpable on, no_new_privs \
+             on, command user podhost's own"
         )
     );
 }
