@@ -44,7 +44,8 @@
 //! refuses every keyring call; on top, a session holder (or the supervisor of a command that has
 //! none) joins a new anonymous session keyring (`KEYCTL_JOIN_SESSION_KEYRING` with no name)
 //! before it starts a command, so that a command's `@s` is never podhost's or another
-//! session's. Where the kernel has no keyrings, or a filter around podhost refuses `keyctl`,
+//! session's; the keyring's rights are its possessors' alone, so another session of the same uid
+//! cannot even see it in `/proc/keys`. Where the kernel has no keyrings, or a filter around podhost refuses `keyctl`,
 //! there is nothing to join and nothing a command could reach.
 //!
 //! Invariants: the program is built before `fork` and installed with one system call (nothing
@@ -368,7 +369,11 @@ pub fn filter_available() -> bool {
 
 const KEYCTL_GET_KEYRING_ID: libc::c_long = 0;
 const KEYCTL_JOIN_SESSION_KEYRING: libc::c_long = 1;
+const KEYCTL_SETPERM: libc::c_long = 5;
 const KEY_SPEC_THREAD_KEYRING: libc::c_long = -1;
+const KEY_SPEC_SESSION_KEYRING: libc::c_long = -3;
+/// Every right for the keyring's possessors, none for its user, group or others.
+const KEY_POS_ALL: libc::c_long = 0x3f00_0000;
 
 /// Whether an error of `keyctl` means this process cannot use keyrings at all: the kernel has
 /// none (`ENOSYS`), or a filter around podhost refuses the call (`EPERM`, Docker's answer) —
@@ -396,9 +401,10 @@ pub fn keyrings_available() -> bool {
     })
 }
 
-/// Joins a new anonymous session keyring, which every process this one starts inherits:
-/// `Ok(true)`, or `Ok(false)` where there is none to join (see [`no_keyrings`]). A single system
-/// call: safe in a child forked from a single-threaded process.
+/// Joins a new anonymous session keyring, which every process this one starts inherits, and
+/// leaves it to its possessors alone (not even its id is shown to other processes of the same
+/// uid in `/proc/keys`): `Ok(true)`, or `Ok(false)` where there is none to join (see
+/// [`no_keyrings`]). Two system calls: safe in a child forked from a single-threaded process.
 #[allow(unsafe_code)]
 pub fn join_session_keyring() -> io::Result<bool> {
     // SAFETY: keyctl with a null name pointer (an anonymous keyring); it reads no memory.
@@ -409,11 +415,23 @@ pub fn join_session_keyring() -> io::Result<bool> {
             std::ptr::null::<libc::c_char>(),
         )
     };
-    if rc >= 0 {
-        return Ok(true);
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        return if no_keyrings(&e) { Ok(false) } else { Err(e) };
     }
-    let e = io::Error::last_os_error();
-    if no_keyrings(&e) { Ok(false) } else { Err(e) }
+    // SAFETY: keyctl on integers only.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_keyctl,
+            KEYCTL_SETPERM,
+            KEY_SPEC_SESSION_KEYRING,
+            KEY_POS_ALL,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -721,7 +739,6 @@ mod tests {
     #[test]
     #[allow(unsafe_code)]
     fn each_join_makes_a_new_session_keyring() {
-        const KEY_SPEC_SESSION_KEYRING: libc::c_long = -3;
         let ids = std::thread::spawn(|| {
             // SAFETY: keyctl on integers; with `create` 0 it makes no keyring.
             let session = || unsafe {
