@@ -354,6 +354,30 @@ async fn the_holder_works_and_its_commands_are_filtered_at_every_level() {
     let none = host.isolated(|s| s.namespaces = false);
     assert_eq!(none.executor().confinement().level().namespaces, "none");
     attack_toolbox(&host, &none, "namespaces none").await;
+    // Without a holder each command's supervisor joins a keyring of its own: two commands, two
+    // keyrings, neither podhost's.
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let out = bash(&host, &none, "cat /proc/keys").await;
+        let mine = session_keyrings(out["stdout"].as_str().unwrap());
+        assert_eq!(mine.len(), 1, "{out}");
+        seen.extend(mine);
+    }
+    assert_ne!(seen[0], seen[1]);
+    assert!(!seen.contains(&podhosts_session_keyring()), "{seen:?}");
+}
+
+/// podhost's own session keyring (the test process is podhost here), as `/proc/keys` names it.
+fn podhosts_session_keyring() -> String {
+    python_as(
+        nix::unistd::geteuid().as_raw(),
+        &format!(
+            "{PRELUDE}\nprint('%08x' % raw({}, 0, -3, 0))",
+            libc::SYS_keyctl
+        ),
+    )
+    .trim()
+    .to_owned()
 }
 
 /// `podhost tool` arguments for `host`'s workspace, isolated as a pod's when `isolate`.
@@ -583,17 +607,10 @@ async fn a_later_byoh_session_of_the_same_uid_reads_no_key() {
     );
     // The key was there to be read, outside the sandbox: only the filter kept it.
     assert_eq!(read, SECRET);
-    // podhost's own session keyring is neither (the test process is podhost here).
-    let own = python_as(
-        nix::unistd::geteuid().as_raw(),
-        &format!(
-            "{PRELUDE}\nprint('%08x' % raw({}, 0, -3, 0))",
-            libc::SYS_keyctl
-        ),
-    );
+    // podhost's own session keyring is neither.
+    let own = podhosts_session_keyring();
     assert!(
-        !first_keyring.contains(&own.trim().to_owned())
-            && !second_keyring.contains(&own.trim().to_owned()),
+        !first_keyring.contains(&own) && !second_keyring.contains(&own),
         "{own} {first_keyring:?} {second_keyring:?}"
     );
     assert_still_works(&second).await;

@@ -752,7 +752,9 @@ mod tests {
             let before = session();
             let first = (join_session_keyring().unwrap(), session());
             let second = (join_session_keyring().unwrap(), session());
-            (before, first, second)
+            // As this thread sees it: possessed, so listed.
+            let keys = std::fs::read_to_string("/proc/keys").unwrap_or_default();
+            (before, first, second, keys)
         })
         .join()
         .unwrap();
@@ -760,12 +762,21 @@ mod tests {
             assert_eq!((ids.1.0, ids.2.0), (false, false));
             return;
         }
-        let (before, (joined, first), (again, second)) = ids;
+        let (before, (joined, first), (again, second), keys) = ids;
         assert!(joined && again);
         assert!(first > 0 && second > 0, "{first} {second}");
         assert!(
             before != first && first != second,
             "{before} {first} {second}"
+        );
+        // Every right for its possessors, none for its uid, group or others.
+        let line = keys
+            .lines()
+            .find(|l| l.starts_with(&format!("{second:08x} ")))
+            .unwrap_or_else(|| panic!("{second:08x} not in /proc/keys: {keys}"));
+        assert!(
+            line.contains(" perm 3f000000 ") && line.contains(" _ses"),
+            "{line}"
         );
     }
 }
