@@ -3,15 +3,19 @@
 //! got, on every front — a BYOH session (a toolbox isolated as `podhost serve` isolates its
 //! sessions, in-process), a pod (`podhost tool --isolate`: the pod's isolation, the real
 //! binary), local `podhost tool` as root and as an unprivileged user — and at every namespace
-//! level of a session holder (`root`, `userns`, `userns-noproc`, `none`). A key planted in a uid's user keyring (as a session before the
-//! filter could have left it) cannot be read by a later session of that uid, and no session
-//! can add one. Ordinary tools keep working, and podhost keeps serving after each attack.
+//! level of a session holder (`root`, `userns`, `userns-noproc`, `none`). A key planted in a
+//! uid's user keyring (as a session before the filter could have left it) cannot be read by a
+//! later session of that uid, and no session can add one. Ordinary tools keep working, and
+//! podhost keeps serving after each attack.
 //!
-//! The arguments are chosen so that, without the filter, most calls would succeed or fail with
-//! another errno (`add_key`, `userfaultfd(UFFD_USER_MODE_ONLY)`, a user-space
-//! `perf_event_open`, `io_uring_setup`, `unshare(CLONE_NEWUSER)`, `clone3`, `quotactl(Q_SYNC)`,
-//! `personality(ADDR_NO_RANDOMIZE)`, `socket(AF_ALG)` all work for an unprivileged process on a
-//! usual kernel): the answers printed are the filter's.
+//! The arguments are chosen so that the filter's answer shows: with its installation skipped
+//! (tried by hand, Linux 6.18), a BYOH session's command got `ok` from `add_key`, `keyctl`,
+//! `request_key`, `userfaultfd(UFFD_USER_MODE_ONLY)`, a user-space `perf_event_open`,
+//! `io_uring_setup`, `unshare(CLONE_NEWUSER)` (and, inside that namespace, `unshare(CLONE_NEWNS)`,
+//! `clone(CLONE_NEWNET)` and `fsopen`), `clone3`, `quotactl(Q_SYNC)`,
+//! `personality(ADDR_NO_RANDOMIZE)`, `socket(AF_VSOCK)` and `sysfs`, and its x32 call ran; the
+//! calls that need a capability the command lacks got the kernel's own `EPERM` (or `EINVAL`,
+//! `ENOSYS`) instead.
 
 use std::ffi::OsString;
 use std::path::Path;
@@ -236,7 +240,8 @@ fn attacks() -> Vec<(&'static str, String, &'static str)> {
 }
 
 /// The x32 call (x86-64's 32-bit ABI) the script makes in a child: the filter kills it.
-const X32_CHILD: &str = r#"r = subprocess.run([sys.executable, "-c", "import ctypes; ctypes.CDLL(None).syscall(0x40000000 | 39)"])
+const X32_CHILD: &str = r#"x32 = "import ctypes; ctypes.CDLL(None).syscall(0x40000000 | 39)"
+r = subprocess.run([sys.executable, "-c", x32])
 print(f"x32 getpid: signal {-r.returncode}")
 "#;
 

@@ -45,8 +45,10 @@
 //! none) joins a new anonymous session keyring (`KEYCTL_JOIN_SESSION_KEYRING` with no name)
 //! before it starts a command, so that a command's `@s` is never podhost's or another
 //! session's; the keyring's rights are its possessors' alone, so another session of the same uid
-//! cannot even see it in `/proc/keys`. Where the kernel has no keyrings, or a filter around podhost refuses `keyctl`,
-//! there is nothing to join and nothing a command could reach.
+//! cannot even see it in `/proc/keys`. Where the kernel has no keyrings, or a filter around
+//! podhost refuses `keyctl`, there is nothing to join and nothing a command could reach. Any
+//! other failure to join (the uid's key quota, `kernel.keys.maxkeys`, exhausted) fails the
+//! session or the command with the reason, never running it with podhost's keyring.
 //!
 //! Invariants: the program is built before `fork` and installed with one system call (nothing
 //! in the child allocates); a filter that cannot be built or installed fails the command.
