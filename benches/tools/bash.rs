@@ -22,6 +22,14 @@
 //! holder's processes are not this process's children, so the session's CPU column counts
 //! podhost's side only; compare wall times.
 //!
+//! The system-call filter's cost, which every command pays (the tool cannot run without it, so
+//! its parts are measured apart, in another interleaved loop): building it (the supervisor does,
+//! per command), installing it (the command's process does, once), and a bare `bash -c true`
+//! started from a thread under the filter (so bash runs under it, as a command does) against one
+//! started from a thread without it; their sum against the bash tool call measured in the same
+//! loop is the filter's share of a command. `cargo bench --bench tools filter` runs this part
+//! alone.
+//!
 //! The supervisor is the `podhost-exec` binary cargo builds for this bench
 //! (`CARGO_BIN_EXE_podhost-exec`, release profile under `cargo bench`), so no separate build
 //! step is needed:
@@ -167,6 +175,7 @@ pub fn main() {
     }
     let m: Vec<(f64, f64)> = series.iter().map(|s| medians(s)).collect();
     isolation(&rt, &supervisor, &shell, [&toolbox, &hiding], &bare);
+    syscall_filter_cost();
     for (label, (wall, cpu), base) in [
         ("bash, confinement off", m[0], m[0]),
         ("bash, Landlock (default policy)", m[1], m[0]),
@@ -295,6 +304,144 @@ fn isolation(
         "session start (first call - warm call)",
         starts[starts.len() / 2].as_secs_f64() * 1e3,
         starts.len()
+    );
+}
+
+/// What the system-call filter costs a command: building and installing it, and `bash -c true`
+/// under it against a bare one, interleaved with the bash tool call (see the module doc).
+pub fn syscall_filter_cost() {
+    use podhost::exec::confine::syscall_filter;
+    let supervisor = PathBuf::from(env!("CARGO_BIN_EXE_podhost-exec"));
+    let shell = podhost::exec::find_shell(None);
+    let dir = tempfile::tempdir().unwrap();
+    let ws = Workspace::new(dir.path(), None).unwrap();
+    let exec = Executor::new(ExecConfig {
+        supervisor,
+        shell: shell.clone(),
+        env: CommandEnv::new(
+            BaseEnv {
+                home: ws.root().to_path_buf(),
+                ..BaseEnv::default()
+            },
+            None,
+        ),
+        limits: ResourceLimits::default(),
+    });
+    let toolbox = Toolbox::new(ws, exec);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (input, ctx) = (json!({"command": "true"}), CallContext::default());
+    let tool = || {
+        measure(|| {
+            let out = rt
+                .block_on(toolbox.call(ToolName::Bash.as_str(), &input, &ctx))
+                .unwrap();
+            assert!(out.is_completed(), "{out:?}");
+        })
+    };
+    let bare = || timed(Command::new(&shell).args(["-c", "true"]), true);
+    // A thread under the filter that starts `bash -c true` on request: bash inherits the filter.
+    let (ask, asked) = std::sync::mpsc::channel::<()>();
+    let (tell, told) = std::sync::mpsc::channel::<Sample>();
+    let filtered = {
+        let shell = shell.clone();
+        let program = syscall_filter(false).unwrap();
+        std::thread::spawn(move || {
+            nix::sys::prctl::set_no_new_privs().unwrap();
+            seccompiler::apply_filter(&program).unwrap();
+            for () in asked {
+                let sample = timed(Command::new(&shell).args(["-c", "true"]), true);
+                if tell.send(sample).is_err() {
+                    break;
+                }
+            }
+        })
+    };
+    let under_filter = || {
+        ask.send(()).unwrap();
+        told.recv().unwrap()
+    };
+    let build = || {
+        let start = Instant::now();
+        std::hint::black_box(syscall_filter(false).unwrap());
+        start.elapsed()
+    };
+    // Installing it on a fresh thread (the program built beforehand, as the supervisor does).
+    let install = || {
+        let program = syscall_filter(false).unwrap();
+        std::thread::spawn(move || {
+            nix::sys::prctl::set_no_new_privs().unwrap();
+            let start = Instant::now();
+            seccompiler::apply_filter(&program).unwrap();
+            start.elapsed()
+        })
+        .join()
+        .unwrap()
+    };
+    println!(
+        "system-call filter ({} instructions; {ROUNDS} rounds × {ITERATIONS}, interleaved)",
+        syscall_filter(false).unwrap().len()
+    );
+    for _ in 0..WARM_UP {
+        bare();
+        under_filter();
+        tool();
+        build();
+        install();
+    }
+    let (mut all, mut builds, mut installs) = (<[Vec<Sample>; 3]>::default(), vec![], vec![]);
+    for round in 1..=ROUNDS {
+        let mut series: [Vec<Sample>; 3] = Default::default();
+        for _ in 0..ITERATIONS {
+            series[0].push(bare());
+            series[1].push(under_filter());
+            series[2].push(tool());
+            builds.push(build());
+            installs.push(install());
+        }
+        let [b, f, t] = [0, 1, 2].map(|i| medians(&series[i]));
+        println!(
+            "{:>8}: bash -c true bare {:.3} ms, under the filter {:.3} ms ({:.3}×, {:+.3} ms); \
+             bash tool {:.3} ms | cpu bare {:.3} ms, under the filter {:.3} ms",
+            format!("round {round}"),
+            b.0,
+            f.0,
+            f.0 / b.0,
+            f.0 - b.0,
+            t.0,
+            b.1,
+            f.1
+        );
+        for (a, s) in all.iter_mut().zip(series) {
+            a.extend(s);
+        }
+    }
+    drop(ask);
+    let _ = filtered.join();
+    let us = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2].as_secs_f64() * 1e6
+    };
+    let (build_us, install_us) = (us(builds), us(installs));
+    let [b, f, t] = [0, 1, 2].map(|i| medians(&all[i]));
+    let cost = build_us / 1e3 + install_us / 1e3 + (f.0 - b.0);
+    println!(
+        "{:>8}: bash -c true bare {:.3} ms, under the filter {:.3} ms ({:.3}×, {:+.3} ms); \
+         build {build_us:.1} µs, install {install_us:.1} µs (medians)",
+        "all",
+        b.0,
+        f.0,
+        f.0 / b.0,
+        f.0 - b.0
+    );
+    println!(
+        "the filter's cost per command: {cost:.3} ms (build + install + bash under it) of a \
+         {:.3} ms bash tool call: {:.1}%, a ratio of {:.3}× against the same call without it",
+        t.0,
+        100.0 * cost / t.0,
+        t.0 / (t.0 - cost)
     );
 }
 

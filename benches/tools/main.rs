@@ -12,6 +12,8 @@ fn main() {
     let wants = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));
     if wants("bash") {
         bash::main();
+    } else if wants("syscall filter") {
+        bash::syscall_filter_cost();
     }
     if wants("grep") || wants("glob") || wants("search") {
         search::main();

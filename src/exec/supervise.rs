@@ -3,8 +3,10 @@
 //! the shell.
 //!
 //! Owns: starting the shell in its own session and process group with the request's environment,
-//! working directory, resource limits and `PR_SET_NO_NEW_PRIVS`; reaping; and killing every
-//! descendant when the shell ends or when podhost asks (or dies).
+//! working directory, resource limits, `PR_SET_NO_NEW_PRIVS` and confinement (the system-call
+//! filter last, on every command); a fresh session keyring for a command started without a
+//! session holder; reaping; and killing every descendant when the shell ends or when podhost
+//! asks (or dies).
 //!
 //! How it works: the supervisor makes itself a child subreaper, so every orphan of the command
 //! (a `sleep &`, a `setsid` daemon, a double fork) is re-parented to it and stays findable. It
@@ -121,6 +123,16 @@ fn run(signals: SigSet, start: Start) -> u8 {
     if start == Start::Exec && u32::try_from(getppid().as_raw()).ok() != Some(req.parent) {
         // podhost is gone already: nobody is waiting for this command.
         return EXIT_BROKEN;
+    }
+    // A command without a session holder gets a session keyring of its own, never podhost's
+    // (a holder joined one for its whole session already).
+    if start == Start::Exec
+        && let Err(e) = confine::join_session_keyring()
+    {
+        sup.report(&Status::Error(format!(
+            "could not join a fresh session keyring: {e}"
+        )));
+        return 0;
     }
     let status = sup.supervise(&req);
     sup.report(&status);
@@ -318,7 +330,7 @@ fn spawn_shell(req: &Request, supervisor: Pid) -> Result<Pid, String> {
     // SAFETY: the closure runs in the forked child before exec. This process is single-threaded,
     // so no lock can be held by a thread that did not survive the fork, and the closure only
     // makes system calls (sigprocmask, rt_sigaction, setrlimit, set*id, prctl, getppid,
-    // landlock_restrict_self, seccomp) on values prepared before the fork.
+    // capset, landlock_restrict_self, seccomp) on values prepared before the fork.
     unsafe {
         cmd.pre_exec(move || {
             // The supervisor blocks the signals it waits for; the shell must not inherit that

@@ -34,14 +34,25 @@ fn without_landlock_podhost_starts_and_warns() {
             .replace("\u{1b}[0m", "")
             .replace("\u{1b}[3m", "")
     });
+    // Where local use gets a read-only system, its commands share a session holder (and so a
+    // session keyring); elsewhere each command gets one.
+    let keyring = if podhost::exec::session::probe_host(crate::support::supervisor_bin())
+        .namespaces
+        .any()
+    {
+        "per session"
+    } else {
+        "per command"
+    };
     assert_eq!(
-        message.as_deref(),
-        Some(
+        message,
+        Some(format!(
             ": commands and file tools are NOT confined: they can read everything podhost's user \
              can (set PODHOST_REQUIRE_CONFINEMENT to refuse to start instead) confinement=no \
-             Landlock (the kernel has none), signal scoping off, network filter off, \
-             non-dumpable on, no_new_privs on, command user podhost's own"
-        )
+             Landlock (the kernel has none), signal scoping off, network filter off, syscall \
+             filter docker-default, session keyring {keyring}, non-dumpable on, no_new_privs \
+             on, command user podhost's own"
+        ))
     );
 }
 

@@ -1,9 +1,10 @@
 //! Adversarial tests of confinement: from `bash` and from the file tools, a command or a call
 //! tries to reach podhost's secrets (its memory and environment, the join file, the harness
 //! root, another session's workspace, the BYOH database), to escape through links, to take
-//! podhost down (fork bomb, a 10 GB file, a signal, ptrace), or to reach the network when it is
-//! denied. Each test asserts that the attempt fails AND that podhost keeps working: a following
-//! normal tool call succeeds.
+//! podhost down (fork bomb, a 10 GB file, a signal, ptrace), to reach the network when it is
+//! denied, or to make the calls the system-call filter refuses (keyrings, `bpf`, `io_uring`,
+//! namespaces, mounts, …) and leave a key for a later session. Each test asserts that the
+//! attempt fails AND that podhost keeps working: a following normal tool call succeeds.
 //!
 //! The layout every test gets ([`Host`]) mimics both fronts' state in one temporary directory:
 //! a harness root with a host token and the egress CA bundle, a join file, and a BYOH data
@@ -26,6 +27,7 @@ mod paths;
 mod process;
 mod session_network;
 mod sessions;
+mod syscalls;
 
 use std::ffi::OsString;
 use std::os::unix::fs::PermissionsExt;

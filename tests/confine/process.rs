@@ -17,10 +17,15 @@ const ENV: [(&str, &str); 2] = [
     ("PODHOST_CANARY_SETTING", "canary-visible"),
 ];
 
-/// Shell that sets `$P` to podhost's pid, then runs `body`; pids are printed as `PID`.
+/// Shell that sets `$P` to podhost's pid — the first process named `podhost` above the
+/// command's supervisor (a session holder, where there is one, lies between them) — then runs
+/// `body`; pids are printed as `PID`.
 fn against_podhost(body: &str) -> serde_json::Value {
     json!({ "command": format!(
-        "P=$(cut -d' ' -f4 /proc/$PPID/stat); {{ {body}; }} 2>&1 | sed \"s/$P/PID/g; s/$PPID/SUP/g\""
+        "P=$(cut -d' ' -f4 /proc/$PPID/stat); \
+         while [ \"$(cat /proc/$P/comm)\" != podhost ] && [ \"$P\" -gt 1 ]; do \
+           P=$(cut -d' ' -f4 /proc/$P/stat); done; \
+         {{ {body}; }} 2>&1 | sed \"s/$P/PID/g; s/$PPID/SUP/g\""
     )})
 }
 

@@ -1,72 +1,22 @@
 //! Applying a command's confinement in its process: prepared in the supervisor before `fork`
-//! ([`Prepared::new`]: the Landlock ruleset opened, the seccomp filter compiled), applied in the
-//! child with plain system calls only ([`Prepared::switch_user`], [`Prepared::restrict`]).
+//! ([`Prepared::new`]: the Landlock ruleset opened, the system-call filter built, see
+//! `syscalls`), applied in the child with plain system calls only ([`Prepared::switch_user`],
+//! [`Prepared::restrict`]).
 //!
-//! Invariants: nothing in the child allocates or takes a lock; a command asked to hold no
-//! capabilities ([`Confine::no_capabilities`], every command on a pod or BYOH host) execs with
-//! all five sets empty and the securebits locked, whatever its uid; otherwise a root command
-//! sheds every capability but [`ROOT_KEEPS`] before its `exec`.
+//! Invariants: every command, on every front, execs under the system-call filter, installed
+//! last (after Landlock); nothing in the child allocates or takes a lock; a command asked to
+//! hold no capabilities ([`Confine::no_capabilities`], every command on a pod or BYOH host)
+//! execs with all five sets empty and the securebits locked, whatever its uid; otherwise a root
+//! command sheds every capability but [`ROOT_KEEPS`] before its `exec`.
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-    SeccompRule, TargetArch,
-};
+use seccompiler::BpfProgram;
 
-use super::{ConfineError, ruleset};
+use super::{ConfineError, ruleset, syscalls};
 use crate::exec::protocol::{CommandUser, Confine};
-
-/// The seccomp filter that denies the network: `socket` and `socketpair` for any family but
-/// `AF_UNIX`, and `io_uring` (which opens sockets without those calls) fail with `EPERM`.
-/// Other architectures' system calls (32-bit x86 on x86-64) kill the process, since the filter
-/// cannot see their numbers.
-pub fn network_filter() -> Result<BpfProgram, ConfineError> {
-    let err = |e: seccompiler::BackendError| ConfineError::Seccomp(e.to_string());
-    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(err)?;
-    let not_unix = || -> Result<Vec<SeccompRule>, ConfineError> {
-        Ok(vec![
-            SeccompRule::new(vec![
-                SeccompCondition::new(
-                    0,
-                    SeccompCmpArgLen::Dword,
-                    SeccompCmpOp::Ne,
-                    libc::AF_UNIX as u64,
-                )
-                .map_err(err)?,
-            ])
-            .map_err(err)?,
-        ])
-    };
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    let mut add = |nr: i64, r: Vec<SeccompRule>| {
-        // x32 system calls share the x86-64 audit arch but carry this bit in their number.
-        if cfg!(target_arch = "x86_64") {
-            rules.insert(nr | 0x4000_0000, r.clone());
-        }
-        rules.insert(nr, r);
-    };
-    add(libc::SYS_socket, not_unix()?);
-    add(libc::SYS_socketpair, not_unix()?);
-    for nr in [
-        libc::SYS_io_uring_setup,
-        libc::SYS_io_uring_enter,
-        libc::SYS_io_uring_register,
-    ] {
-        add(nr, Vec::new());
-    }
-    let filter = SeccompFilter::new(
-        rules,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM as u32),
-        arch,
-    )
-    .map_err(err)?;
-    BpfProgram::try_from(filter).map_err(err)
-}
 
 /// Takes `user`'s file-system identity on the calling thread only: no supplementary groups, its
 /// fsgid and fsuid (which also drops the thread's file-system capabilities). Raw system calls:
@@ -113,10 +63,11 @@ pub const ROOT_KEEPS: [u32; 12] = [
 ];
 
 /// A command's confinement, prepared in the supervisor before `fork` and applied in the child.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Prepared {
     ruleset: Option<OwnedFd>,
-    filter: Option<BpfProgram>,
+    /// The system-call filter, with the network denied when the request says so.
+    filter: BpfProgram,
     user: Option<CommandUser>,
     /// The highest capability number, when the command will run as root and must shed
     /// capabilities (`None`: it does not run as root).
@@ -210,17 +161,13 @@ fn cap_last_cap() -> u32 {
 }
 
 impl Prepared {
-    /// Builds the Landlock ruleset (opening every rule's path now) and the seccomp filter.
+    /// Builds the Landlock ruleset (opening every rule's path now) and the system-call filter.
     pub fn new(c: &Confine) -> Result<Self, ConfineError> {
         let ruleset = match &c.landlock {
             Some(spec) => Option::<OwnedFd>::from(ruleset(spec, c.deny_network)?),
             None => None,
         };
-        let filter = if c.deny_network {
-            Some(network_filter()?)
-        } else {
-            None
-        };
+        let filter = syscalls::syscall_filter(c.deny_network)?;
         let root = nix::unistd::geteuid().is_root();
         let root_caps_up_to = (root && c.user.is_none() && !c.no_capabilities).then(cap_last_cap);
         let drop_all = c.no_capabilities.then(|| {
@@ -342,7 +289,7 @@ impl Prepared {
     }
 
     /// Sheds root's capabilities (see [`ROOT_KEEPS`]), then enforces the Landlock ruleset, then
-    /// the seccomp filter. Runs in the forked child, last, after `no_new_privs`.
+    /// the system-call filter. Runs in the forked child, last, after `no_new_privs`.
     #[allow(unsafe_code)]
     pub fn restrict(&self) -> io::Result<()> {
         if let Some(last) = self.root_caps_up_to {
@@ -359,10 +306,7 @@ impl Prepared {
                 return Err(io::Error::last_os_error());
             }
         }
-        if let Some(filter) = &self.filter {
-            seccompiler::apply_filter(filter).map_err(io::Error::other)?;
-        }
-        Ok(())
+        syscalls::install(&self.filter)
     }
 }
 
@@ -371,7 +315,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_network_filter_compiles() {
-        assert!(!network_filter().unwrap().is_empty());
+    fn every_command_gets_the_filter() {
+        for deny_network in [false, true] {
+            let p = Prepared::new(&Confine {
+                deny_network,
+                ..Confine::default()
+            })
+            .unwrap();
+            assert_eq!(p.filter, syscalls::syscall_filter(deny_network).unwrap());
+        }
     }
 }

@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 
 use serde::Serialize;
 
-use super::{ConfineError, Confinement, is_non_dumpable};
+use super::{ConfineError, Confinement, is_non_dumpable, syscalls};
 
 /// The log target of the level report: the confinement module's, where operators look for it.
 const TARGET: &str = "podhost::exec::confine";
@@ -27,6 +27,15 @@ pub struct Level {
     /// network namespace, no route to the host's loopback or addresses, outbound connections
     /// through a proxy podhost serves), or `namespace, loopback only` (the network denied).
     pub network: &'static str,
+    /// The system-call filter every command runs under: `docker-default` (Docker's default
+    /// seccomp profile for a container without `CAP_SYS_ADMIN`: keyrings, `bpf`, `io_uring`,
+    /// `perf_event_open`, `userfaultfd`, mounts, namespaces, modules, … refused), or `none`
+    /// (this kernel or architecture takes no filter: every command then fails to start).
+    pub syscall_filter: &'static str,
+    /// The session keyring (`@s`) commands get: `per session` (a session holder joins a fresh
+    /// one), `per command` (each command's supervisor does), or `unavailable` (the kernel has no
+    /// keyrings, or a filter around podhost refuses them: commands cannot reach any either).
+    pub session_keyring: &'static str,
     /// podhost is non-dumpable: its memory and environment are closed to same-user processes.
     pub non_dumpable: bool,
     /// Commands start with `no_new_privs` (always).
@@ -88,10 +97,12 @@ impl Level {
             (None, None) => "podhost's own".to_owned(),
         };
         let mut text = format!(
-            "{landlock}, signal scoping {}, network filter {}, non-dumpable {}, \
-             no_new_privs {}, command user {user}",
+            "{landlock}, signal scoping {}, network filter {}, syscall filter {}, session \
+             keyring {}, non-dumpable {}, no_new_privs {}, command user {user}",
             on(self.scoped_signals),
             on(self.network_filter),
+            self.syscall_filter,
+            self.session_keyring,
             on(self.non_dumpable),
             on(self.no_new_privs),
         );
@@ -157,6 +168,13 @@ pub fn report_startup(
             );
         }
     }
+    if level.syscall_filter == "none" {
+        tracing::warn!(
+            target: TARGET,
+            "this kernel takes no seccomp filter for this architecture: every command will fail \
+             to start (podhost never runs one without its system-call filter)"
+        );
+    }
     if !level.is_confined() {
         tracing::warn!(
             target: TARGET,
@@ -191,6 +209,19 @@ impl Confinement {
             scoped_signals: self.abi >= 6,
             network_filter: self.deny_network,
             network: "host",
+            syscall_filter: if syscalls::filter_available() {
+                "docker-default"
+            } else {
+                "none"
+            },
+            session_keyring: match (
+                syscalls::keyrings_available(),
+                self.uses_namespaces() || self.local_namespaces().is_some(),
+            ) {
+                (false, _) => "unavailable",
+                (true, true) => "per session",
+                (true, false) => "per command",
+            },
             non_dumpable: is_non_dumpable(),
             no_new_privs: true,
             command_uid: self.user.map(|u| u.uid),
@@ -245,5 +276,44 @@ impl Confinement {
             (None, _) => "none",
         };
         level
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::confine::Settings;
+    use pretty_assertions::assert_eq;
+
+    /// Every front reports the filter; the keyring is per command without a session holder.
+    #[test]
+    fn the_level_names_the_filter_and_the_session_keyring() {
+        let keyring = if syscalls::keyrings_available() {
+            "per command"
+        } else {
+            "unavailable"
+        };
+        for c in [
+            Confinement::default(),
+            Confinement::off(),
+            Confinement::new(&Settings {
+                isolate: true,
+                namespaces: false,
+                ..Settings::default()
+            }),
+        ] {
+            let level = c.level();
+            assert_eq!(
+                (level.syscall_filter, level.session_keyring),
+                ("docker-default", keyring)
+            );
+            assert!(
+                level.summary().contains(&format!(
+                    "syscall filter docker-default, session keyring {keyring}"
+                )),
+                "{}",
+                level.summary()
+            );
+        }
     }
 }

@@ -91,14 +91,16 @@ mod isolation;
 mod level;
 mod rules;
 pub mod state;
+mod syscalls;
 pub mod users;
 
-pub use apply::{Prepared, ROOT_KEEPS, network_filter};
+pub use apply::{Prepared, ROOT_KEEPS};
 pub use harden::{Hardened, harden_process, is_non_dumpable, take_secret_env};
 pub use isolation::Isolation;
 pub use level::{Level, report_startup, reported};
 pub use rules::{Grant, Rule, expand, restrict_thread, ruleset};
 pub use state::Guard;
+pub use syscalls::{join_session_keyring, syscall_filter};
 pub use users::{UidPool, UidRange};
 
 use std::fs;
@@ -151,7 +153,7 @@ pub enum ConfineError {
          directory closer to the root or move the hidden path"
     )]
     TooManyRules(PathBuf),
-    #[error("the network filter: {0}")]
+    #[error("the system-call filter: {0}")]
     Seccomp(String),
     #[error("confinement is required (PODHOST_REQUIRE_CONFINEMENT), but {0}; refusing to start")]
     Required(String),

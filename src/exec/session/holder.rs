@@ -11,9 +11,10 @@
 //!   └◄── S's pidfd, first thing on the control socket             (see `supervise`)
 //! ```
 //!
-//! * **O** (the outer process, podhost's child) joins the session's cgroups, makes the user
-//!   namespace when podhost is not root (and maps its own uid and gid into it), and clones H
-//!   into fresh mount, IPC and (usually) PID namespaces. Then it only waits: when H ends it
+//! * **O** (the outer process, podhost's child) joins a fresh session keyring (the session's
+//!   `@s`, see `confine::syscalls`) and the session's cgroups, makes the user namespace when
+//!   podhost is not root (and maps its own uid and gid into it), and clones H into fresh
+//!   mount, IPC and (usually) PID namespaces. Then it only waits: when H ends it
 //!   exits with H's status; when podhost dies (its parent-death signal) or sends SIGTERM, it
 //!   SIGKILLs H. O is exec'ed, hence dumpable again (podhost is not), which the user namespace's
 //!   id maps need.
@@ -33,6 +34,8 @@
 //!
 //! Invariants:
 //! * H and S are forked from single-threaded processes, so they may run any code.
+//! * The holder itself runs unfiltered: it makes namespaces and mounts, which the system-call
+//!   filter refuses; each command's supervisor installs the filter on the command only.
 //! * A holder that cannot build the view says why on the socket and runs no command.
 //! * Nothing of the session outlives podhost: podhost → O (parent-death SIGTERM) → H
 //!   (parent-death SIGKILL) → every process in its PID namespace.
@@ -126,6 +129,14 @@ fn report(sock: i32, message: &str) {
 /// Joins the cgroups, makes the namespaces and clones H; returns H's pid (in O's namespace) and
 /// O's end of the pipe that tells H when O is gone.
 fn start(req: &SessionRequest, sock: i32) -> Result<(libc::pid_t, OwnedFd), StepError> {
+    // Every process of the session inherits this keyring: none shares podhost's or another
+    // session's `@s`.
+    crate::exec::confine::join_session_keyring().map_err(|e| {
+        StepError::new(
+            "join a fresh session keyring",
+            e.raw_os_error().unwrap_or(libc::EIO),
+        )
+    })?;
     for procs in &req.cgroup_procs {
         std::fs::write(procs, "0").map_err(|e| {
             StepError::new(
