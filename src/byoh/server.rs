@@ -19,8 +19,8 @@
 //!   `{"error": {"message": …}}`.
 //! * Every body is JSON and under 10 MiB: `collect_output` shrinks the largest contents until
 //!   its body fits. A request body is read as it arrives, never allocated from its declared
-//!   length, and must arrive within the body timeout or the connection is closed (see
-//!   `listener`).
+//!   length, and must arrive within the body timeout and the cap on body bytes held, or the
+//!   connection is closed (see [`crate::floor::http::listener`]).
 //! * The credential's scheme (`Bearer`) is matched without regard to case, as HTTP says.
 //! * Logs name the route, invocation id, status and duration — never a body or a key.
 //!
@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Extension, Query, Request, State};
+use axum::extract::{Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -45,7 +45,6 @@ use tracing::{info, warn};
 
 use super::engine::Engine;
 use super::invocation::ByohError;
-use super::listener::ConnHandle;
 use super::protocol::{
     CancelRequest, ErrorBody, ErrorDetail, MAX_BODY_BYTES, OutputBody, PROTOCOL_VERSION, Status,
     StatusBody, SubmitRequest,
@@ -269,17 +268,11 @@ fn tagged(mut resp: Response, id: &str) -> Response {
     resp
 }
 
-/// How long a body may take to arrive when the request came from no listener (in-process use).
-const BODY_TIMEOUT: Duration = Duration::from_secs(60);
-
 /// Reads a request body of at most 10 MiB as it arrives. A declared length past the limit is
 /// refused before a byte is read; memory grows with what has arrived, never with what was
-/// declared. A body that does not arrive within the body timeout closes the connection.
-async fn read_body(
-    headers: &HeaderMap,
-    conn: Option<&ConnHandle>,
-    body: Body,
-) -> Result<Bytes, ApiError> {
+/// declared. (The listener closes the connection of a body that does not arrive within the
+/// body timeout, or would pass the cap on body bytes held.)
+async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -293,45 +286,21 @@ async fn read_body(
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
         return Err(too_large());
     }
-    let read = async {
-        let mut stream = body.into_data_stream();
-        let mut buf: Vec<u8> = Vec::new();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| {
-                ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    format!("could not read the body: {e}"),
-                )
-            })?;
-            if buf.len() + chunk.len() > MAX_BODY_BYTES {
-                return Err(too_large());
-            }
-            buf.extend_from_slice(&chunk);
+    let mut stream = body.into_data_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!("could not read the body: {e}"),
+            )
+        })?;
+        if buf.len() + chunk.len() > MAX_BODY_BYTES {
+            return Err(too_large());
         }
-        Ok(Bytes::from(buf))
-    };
-    let limit = conn.map_or(BODY_TIMEOUT, |c| c.body_timeout);
-    match tokio::time::timeout(limit, read).await {
-        Ok(read) => read,
-        Err(_) => {
-            warn!(
-                timeout_secs = limit.as_secs(),
-                "a request body did not arrive in time; closing its connection"
-            );
-            if let Some(c) = conn {
-                // No answer: the connection task drops the connection (and this handler).
-                c.close();
-                std::future::pending::<()>().await;
-            }
-            Err(ApiError::new(
-                StatusCode::REQUEST_TIMEOUT,
-                format!(
-                    "the request body did not arrive within {} s",
-                    limit.as_secs()
-                ),
-            ))
-        }
+        buf.extend_from_slice(&chunk);
     }
+    Ok(Bytes::from(buf))
 }
 
 /// Parses a JSON body: not JSON → 400; JSON of the wrong shape → 422.
@@ -378,14 +347,9 @@ fn status_response(row: &InvocationRow) -> Response {
     tagged(json(code, &body), &row.invocation_id)
 }
 
-async fn submit(
-    State(app): State<App>,
-    conn: Option<Extension<ConnHandle>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
+async fn submit(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
     let result = async {
-        let bytes = read_body(&headers, conn.as_deref(), body).await?;
+        let bytes = read_body(&headers, body).await?;
         let req: SubmitRequest = parse(&bytes)?;
         req.validate()
             .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.0))?;
@@ -425,14 +389,9 @@ async fn refuse_below_floor(
     Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message))
 }
 
-async fn cancel(
-    State(app): State<App>,
-    conn: Option<Extension<ConnHandle>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
+async fn cancel(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
     let result = async {
-        let bytes = read_body(&headers, conn.as_deref(), body).await?;
+        let bytes = read_body(&headers, body).await?;
         let req: CancelRequest = parse(&bytes)?;
         req.validate()
             .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.0))?;

@@ -12,8 +12,9 @@
 //!   cancels every call in flight and waits for them, with a deadline, before podhost exits.
 //! * A tool that ran and failed is a result with `isError: true` and `code: message` as text,
 //!   so the client's model reads it; only a call naming no tool is a JSON-RPC error.
-//! * Over HTTP every request needs the bearer credential when one is set; without one, podhost
-//!   listens on loopback only and keeps rmcp's Host check against DNS rebinding.
+//! * Over HTTP podhost serves through the floor's hardened listener (the timeouts and caps of
+//!   `podhost serve`); every request needs the bearer credential when one is set; without one,
+//!   podhost listens on loopback only and keeps rmcp's Host check against DNS rebinding.
 //!
 //! Non-goals: resources, prompts, sampling; sessions that outlive the process.
 
@@ -42,6 +43,8 @@ use tokio_util::task::TaskTracker;
 use super::{LocalEnv, LocalError, Stop, toolbox, withheld_note};
 use crate::exec::ExecSettings;
 use crate::floor::codes::exit;
+use crate::floor::http::HttpLimits;
+use crate::floor::http::listener::fit_open_files;
 use crate::floor::secret::Secret;
 use crate::tools::{CallContext, ToolName, ToolOutcome, Toolbox};
 
@@ -58,6 +61,8 @@ pub struct McpConfig {
     pub token: Option<Secret>,
     /// A file holding the credential.
     pub token_file: Option<PathBuf>,
+    /// The HTTP listener's timeouts and caps.
+    pub http: HttpLimits,
     pub env: LocalEnv,
     pub exec: ExecSettings,
 }
@@ -219,7 +224,7 @@ pub async fn mcp(cfg: McpConfig, stop: Stop) -> Result<i32, LocalError> {
     };
     match &cfg.listen {
         None => stdio(tools.clone(), &stop).await?,
-        Some(listen) => http(tools.clone(), listen, token, &stop).await?,
+        Some(listen) => http(tools.clone(), listen, token, cfg.http, &stop).await?,
     }
     // Stop every call still running and wait for their process trees to be gone.
     tools.root.cancel();
@@ -263,6 +268,7 @@ async fn http(
     tools: Tools,
     listen: &str,
     token: Option<String>,
+    limits: HttpLimits,
     stop: &Stop,
 ) -> Result<(), LocalError> {
     let usage = |why: String| LocalError::Usage(format!("--listen {listen:?}: {why}"));
@@ -307,24 +313,15 @@ async fn http(
                 token.map(Arc::<str>::from),
                 require_bearer,
             ));
+    let limits = fit_open_files(limits);
     eprintln!("podhost mcp: serving the tools of {root} at http://{local}/mcp");
     let stopped = stop.token().clone();
     let shutdown = async move {
         stopped.cancelled().await;
-        // Ends every session, so open event streams close and the server can drain.
+        // Ends every session, so open event streams close and the connections can drain.
         sessions.cancel();
     };
-    let server = axum::serve(listener, app).with_graceful_shutdown(shutdown);
-    let stopped = stop.token().clone();
-    tokio::select! {
-        served = server => served.map_err(|source| LocalError::Io {
-            what: "the MCP HTTP server failed".into(),
-            source,
-        })?,
-        () = async move { stopped.cancelled().await; tokio::time::sleep(DRAIN).await } => {
-            tracing::warn!("HTTP connections still open {} s after the stop", DRAIN.as_secs());
-        }
-    }
+    crate::floor::http::serve(listener, app, limits, shutdown).await;
     Ok(())
 }
 

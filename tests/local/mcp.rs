@@ -1,13 +1,18 @@
 //! `podhost mcp` driven by MCP clients nobody here wrote: the official Python SDK's over stdio
 //! and streamable HTTP (both protocol styles), the official TypeScript SDK's over stdio. Each
 //! lists the tools, calls each one, has the calls that must be refused refused, runs calls
-//! concurrently, and cancels a long command — whose processes must then be gone.
+//! concurrently, and cancels a long command — whose processes must then be gone. Over HTTP it is
+//! also attacked — a flood of half-open connections under a low open-file limit — and must keep
+//! serving the Python SDK's client.
 
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
 
 use crate::harness::{T, client_script, clients, output, podhost, python};
 use crate::support::podhost_bin;
@@ -157,30 +162,88 @@ async fn the_python_sdk_drives_it_over_stdio() {
     check_python_report(&r, ws.path());
 }
 
-/// A running `podhost mcp --listen`, and its URL.
+/// A running `podhost mcp --listen`, its URL, and what it writes to stderr.
 struct Http {
     _child: tokio::process::Child,
     url: String,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Http {
+    /// `host:port`.
+    fn addr(&self) -> &str {
+        self.url
+            .trim_start_matches("http://")
+            .trim_end_matches("/mcp")
+    }
 }
 
 async fn serve_http(ws: &std::path::Path, extra: &[&str]) -> Http {
-    let mut cmd = podhost(&["mcp", "--listen", "127.0.0.1:0", "--workspace"]);
-    cmd.arg(ws).args(extra).env("PODHOST_TOKEN", TOKEN);
+    serve_http_with(ws, extra, Some(TOKEN), None).await
+}
+
+/// `podhost mcp --listen` on a free loopback port, with `token` as its credential (or none) and,
+/// with `open_files`, under that open-file limit (soft and hard, set by a shell before it).
+async fn serve_http_with(
+    ws: &std::path::Path,
+    extra: &[&str],
+    token: Option<&str>,
+    open_files: Option<u64>,
+) -> Http {
+    let args = ["mcp", "--listen", "127.0.0.1:0", "--workspace"];
+    let mut cmd = podhost(&args);
+    if let Some(n) = open_files {
+        // The same clean environment, through a shell that lowers the limit first.
+        let template = cmd;
+        cmd = tokio::process::Command::new("/bin/sh");
+        cmd.arg("-c")
+            .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
+            .arg(podhost_bin())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        for (k, v) in template.as_std().get_envs() {
+            match v {
+                Some(v) => cmd.env(k, v),
+                None => cmd.env_remove(k),
+            };
+        }
+    }
+    cmd.arg(ws).args(extra);
+    if let Some(t) = token {
+        cmd.env("PODHOST_TOKEN", t);
+    }
     let mut child = cmd.spawn().unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let stderr = Arc::new(Mutex::new(String::new()));
     let url = tokio::time::timeout(T, async {
         while let Some(line) = lines.next_line().await.unwrap() {
+            stderr.lock().unwrap().push_str(&format!("{line}\n"));
             if let Some((_, url)) = line.split_once(" at ") {
                 return url.to_owned();
             }
         }
-        panic!("podhost mcp ended before it listened");
+        panic!(
+            "podhost mcp ended before it listened:\n{}",
+            stderr.lock().unwrap()
+        );
     })
     .await
     .unwrap();
     // Keep draining stderr so podhost never blocks on it.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Http { _child: child, url }
+    let sink = stderr.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            sink.lock().unwrap().push_str(&format!("{line}\n"));
+        }
+    });
+    Http {
+        _child: child,
+        url,
+        stderr,
+    }
 }
 
 #[tokio::test]
@@ -289,4 +352,98 @@ async fn http_refuses_requests_without_the_credential_and_other_hosts_without_on
              PODHOST_TOKEN or PODHOST_TOKEN_FILE, or listen on a loopback address"
         )
     );
+}
+
+/// The official Python SDK's client: initializes, lists the tools and runs `echo hi` through
+/// `bash`; prints what it got as JSON.
+const LIST_AND_CALL: &str = r#"
+import json, sys
+import anyio
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+async def main():
+    url, token = sys.argv[1], sys.argv[2]
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with create_mcp_http_client(headers=headers) as http:
+        async with streamable_http_client(url, http_client=http) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                tools = await session.list_tools()
+                echo = await session.call_tool("bash", {"command": "echo hi"})
+    text = "".join(getattr(c, "text", "") for c in echo.content)
+    print(json.dumps({"tools": [t.name for t in tools.tools], "echo": json.loads(text)["stdout"]}))
+
+anyio.run(main)
+"#;
+
+/// A real MCP client's session against `server` succeeds: the six tools listed, a call run.
+async fn a_client_is_served(server: &Http, token: Option<&str>) {
+    let mut cmd = tokio::process::Command::new(python());
+    cmd.args(["-c", LIST_AND_CALL, &server.url, token.unwrap_or("")]);
+    let r = report(cmd).await;
+    assert_eq!(
+        r,
+        json!({"tools": ["bash", "read", "write", "edit", "grep", "glob"], "echo": "hi\n"})
+    );
+}
+
+/// Raises this test process's open-file limit to its hard limit (the attack opens many sockets).
+fn more_files() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+}
+
+/// At `nofile=1024`, 1,100 half-open connections used to leave `podhost mcp` unable to accept
+/// anyone. Now its cap (lowered to what the limit holds) closes the oldest connections that are
+/// not inside a request, and a real client's session goes through.
+#[tokio::test]
+async fn a_flood_of_half_open_connections_under_nofile_1024_does_not_keep_a_client_out() {
+    more_files();
+    let ws = tempfile::tempdir().unwrap();
+    let server = serve_http_with(
+        ws.path(),
+        &["--http-header-timeout-secs", "120"],
+        Some(TOKEN),
+        Some(1024),
+    )
+    .await;
+    let warned = "the open-file limit cannot hold PODHOST_HTTP_MAX_CONNECTIONS; lowering it to 512";
+    assert!(
+        server.stderr.lock().unwrap().contains(warned),
+        "{}",
+        server.stderr.lock().unwrap()
+    );
+    let mut socks = Vec::new();
+    for i in 0..1100 {
+        let mut sock = tokio::time::timeout(T, TcpStream::connect(server.addr()))
+            .await
+            .unwrap()
+            .unwrap();
+        // Half send nothing; half start their headers and stop.
+        if i % 2 == 1 {
+            sock.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                .await
+                .unwrap();
+        }
+        socks.push(sock);
+    }
+    a_client_is_served(&server, Some(TOKEN)).await;
+    // The oldest were closed to make room (a read ends at once), the newest are still open.
+    let mut probe = [0u8; 1];
+    for sock in socks.iter_mut().take(100) {
+        let read = tokio::time::timeout(Duration::from_secs(5), sock.read(&mut probe)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "an old half-open connection is still open"
+        );
+    }
+    let open = socks[socks.len() - 400..]
+        .iter()
+        .filter(|s| matches!(s.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock))
+        .count();
+    assert!(open >= 300, "only {open} of the newest 400 are open");
+    a_client_is_served(&server, Some(TOKEN)).await;
 }
