@@ -317,7 +317,7 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
     if let Some(Err(message)) = floor.as_ref().map(server::FreeSpaceFloor::check) {
         warn!(%message, "the data directory is low on space");
     }
-    let app = server::router(engine.clone(), token, floor, guards);
+    let app = server::router(engine.clone(), token, floor, guards, local);
     crate::floor::http::serve(listener, app, http, shutdown_signal()).await;
     info!("shutting down: stopping turns");
     engine.shutdown(Duration::from_secs(10)).await;

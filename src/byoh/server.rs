@@ -5,7 +5,9 @@
 //! `POST /cancel`, and `GET /healthz`, `GET /openapi.yaml`. Every one of them needs
 //! `Authorization: Bearer <credential>` when a credential is configured. The kubelet's probes
 //! `GET /livez` and `GET /readyz` (up or not, nothing more) and `GET /metrics` (counts only)
-//! need none.
+//! need none. Before any of them, the floor's guard ([`crate::floor::http::guard`]) refuses
+//! what a browser page could forge: a foreign `Host` while no credential is set (403), a
+//! foreign `Origin` (403), a `POST` that is not `application/json` (415).
 //!
 //! Invariants:
 //! * Status codes are the protocol's: `202` for queued, running and input_required, `200` for
@@ -14,6 +16,7 @@
 //!   id), `400` for bodies that cannot be read or are not JSON, `422` for JSON that is
 //!   not the protocol's shape or breaks its rules, `413` past 10 MiB (at once when the
 //!   declared length says so, before a byte of the body is read), `401` without the credential,
+//!   `403` for a foreign `Host` or `Origin`, `415` for a `POST` that is not JSON,
 //!   `503` when the data directory is below its free-space floor (Oumi retries it), `404` and
 //!   `405` for a path or method that is not a route. Every refusal has the same JSON body,
 //!   `{"error": {"message": …}}`.
@@ -26,6 +29,7 @@
 //!
 //! Non-goals: what a submission means (see `invocation`).
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -51,7 +55,9 @@ use super::protocol::{
 };
 use super::store::{InvocationRow, StatusRow};
 use crate::chat::message::ChatMessage;
-use crate::exec::confine::{Guard, state};
+use crate::exec::confine::{Guard as StateGuard, state};
+use crate::floor::http::{Guard, auth};
+use crate::floor::secret::Secret;
 use crate::floor::text::truncate_middle;
 
 /// The OpenAPI document of the routes, served at `/openapi.yaml`.
@@ -60,10 +66,10 @@ pub const OPENAPI: &str = include_str!("../../openapi.yaml");
 #[derive(Clone)]
 struct App {
     engine: Engine,
-    token: Option<Arc<str>>,
+    token: Option<Arc<Secret>>,
     floor: Option<Arc<FreeSpaceFloor>>,
     /// podhost's own state, whose modes are checked at each submission.
-    guards: Arc<[Guard]>,
+    guards: Arc<[StateGuard]>,
 }
 
 /// The free space the data directory must keep for new work to be accepted.
@@ -159,21 +165,28 @@ fn json<T: serde::Serialize>(status: StatusCode, body: &T) -> Response {
     }
 }
 
-/// The router of the endpoint; `token` is the credential callers must send, if any; `floor`,
-/// the free space below which `submit` refuses new invocations.
+/// A refusal of the floor's guard, in the endpoint's error body.
+fn refusal(status: StatusCode, message: String) -> Response {
+    ApiError::new(status, message).into_response()
+}
+
+/// The router of the endpoint listening on `listen`; `token` is the credential callers must
+/// send, if any; `floor`, the free space below which `submit` refuses new invocations.
 pub fn router(
     engine: Engine,
     token: Option<String>,
     floor: Option<FreeSpaceFloor>,
-    guards: Vec<Guard>,
+    guards: Vec<StateGuard>,
+    listen: SocketAddr,
 ) -> Router {
+    let forgeries = Guard::new(listen, token.is_some(), refusal);
     let app = App {
         engine,
-        token: token.map(Arc::from),
+        token: token.map(|t| Arc::new(Secret::new(t))),
         floor: floor.map(Arc::new),
         guards: guards.into(),
     };
-    Router::new()
+    let routes = Router::new()
         .route("/submit", post(submit))
         .route("/get_status", get(get_status))
         .route("/collect_output", get(collect_output))
@@ -184,19 +197,11 @@ pub fn router(
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(app.clone(), authenticate))
         .merge(open_routes())
+        .with_state(app);
+    // The guard covers every route, the probes too; the log covers the guard's refusals.
+    forgeries
+        .apply(routes)
         .layer(middleware::from_fn(log_request))
-        .with_state(app)
-}
-
-/// Compares in time independent of where the inputs differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = (a.len() ^ b.len()) as u64;
-    for i in 0..a.len().max(b.len()) {
-        let x = a.get(i).copied().unwrap_or(0);
-        let y = b.get(i).copied().unwrap_or(0);
-        diff |= u64::from(x ^ y);
-    }
-    diff == 0
 }
 
 async fn not_found(req: Request) -> ApiError {
@@ -213,32 +218,13 @@ async fn method_not_allowed(req: Request) -> ApiError {
     )
 }
 
-/// The credential of an `Authorization` header value: after the `Bearer` scheme, whose case
-/// does not matter (RFC 9110 §11.1), and one or more spaces.
-fn bearer(value: &str) -> Option<&str> {
-    let (scheme, rest) = value.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
-}
-
 async fn authenticate(State(app): State<App>, req: Request, next: Next) -> Response {
     let Some(token) = &app.token else {
         return next.run(req).await;
     };
-    let presented = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(bearer);
-    match presented {
-        Some(p) if constant_time_eq(p.as_bytes(), token.as_bytes()) => next.run(req).await,
-        Some(_) => {
-            ApiError::new(StatusCode::UNAUTHORIZED, "the credential is wrong").into_response()
-        }
-        None => ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "an Authorization: Bearer credential is required",
-        )
-        .into_response(),
+    match auth::check(req.headers(), token) {
+        Ok(()) => next.run(req).await,
+        Err(why) => ApiError::new(StatusCode::UNAUTHORIZED, why.message()).into_response(),
     }
 }
 
@@ -649,27 +635,5 @@ mod tests {
         assert_eq!(level(&[100, 10, 10], 60, 0), Some(40));
         assert_eq!(level(&[100, 90, 10], 60, 0), Some(25));
         assert_eq!(level(&[100, 90, 10], 5, 0), Some(1));
-    }
-
-    #[test]
-    fn the_bearer_scheme_is_matched_without_case() {
-        for (value, want) in [
-            ("Bearer abc", Some("abc")),
-            ("bearer abc", Some("abc")),
-            ("BEARER   abc ", Some("abc")),
-            ("Basic abc", None),
-            ("Bearerabc", None),
-            ("abc", None),
-        ] {
-            assert_eq!(bearer(value), want, "{value}");
-        }
-    }
-
-    #[test]
-    fn credentials_compare_whole() {
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-        assert!(!constant_time_eq(b"abc", b"abcd"));
-        assert!(!constant_time_eq(b"", b"a"));
     }
 }

@@ -13,8 +13,10 @@
 //! * A tool that ran and failed is a result with `isError: true` and `code: message` as text,
 //!   so the client's model reads it; only a call naming no tool is a JSON-RPC error.
 //! * Over HTTP podhost serves through the floor's hardened listener (the timeouts and caps of
-//!   `podhost serve`); every request needs the bearer credential when one is set; without one,
-//!   podhost listens on loopback only and keeps rmcp's Host check against DNS rebinding.
+//!   `podhost serve`) behind its guard against forged browser requests: a foreign `Origin` or a
+//!   `POST` that is not JSON is refused; with a credential every request needs it (the
+//!   `Bearer` scheme in any case); without one, podhost listens on loopback only and refuses a
+//!   `Host` that is not a loopback name or the address it listens on (DNS rebinding).
 //!
 //! Non-goals: resources, prompts, sampling; sessions that outlive the process.
 
@@ -43,8 +45,8 @@ use tokio_util::task::TaskTracker;
 use super::{LocalEnv, LocalError, Stop, toolbox, withheld_note};
 use crate::exec::ExecSettings;
 use crate::floor::codes::exit;
-use crate::floor::http::HttpLimits;
 use crate::floor::http::listener::fit_open_files;
+use crate::floor::http::{Guard, HttpLimits, auth};
 use crate::floor::secret::Secret;
 use crate::tools::{CallContext, ToolName, ToolOutcome, Toolbox};
 
@@ -294,25 +296,22 @@ async fn http(
         source,
     })?;
     let sessions = tools.root.child_token();
-    let mut config =
-        StreamableHttpServerConfig::default().with_cancellation_token(sessions.clone());
-    if token.is_some() && !addr.ip().is_loopback() {
-        // Reached by any name: the credential guards it, the Host check would refuse them all.
-        config = config.disable_allowed_hosts();
-    }
+    // The guard below checks Host and Origin as for every front; rmcp's own Host check on top
+    // would know neither the listen address nor whether a credential is set, and answers in
+    // plain text.
+    let config = StreamableHttpServerConfig::default()
+        .with_cancellation_token(sessions.clone())
+        .disable_allowed_hosts();
     let root = tools.toolbox.workspace().root().display().to_string();
     let service = StreamableHttpService::new(
         move || Ok(tools.clone()),
         Arc::new(LocalSessionManager::default()),
         config,
     );
-    let app =
-        axum::Router::new()
-            .nest_service("/mcp", service)
-            .layer(middleware::from_fn_with_state(
-                token.map(Arc::<str>::from),
-                require_bearer,
-            ));
+    let guard = Guard::new(local, token.is_some(), refuse);
+    let app = guard.apply(axum::Router::new().nest_service("/mcp", service).layer(
+        middleware::from_fn_with_state(token.map(|t| Arc::new(Secret::new(t))), require_bearer),
+    ));
     let limits = fit_open_files(limits);
     eprintln!("podhost mcp: serving the tools of {root} at http://{local}/mcp");
     let stopped = stop.token().clone();
@@ -353,33 +352,29 @@ fn credential(cfg: &McpConfig) -> Result<Option<String>, LocalError> {
 }
 
 async fn require_bearer(
-    State(token): State<Option<Arc<str>>>,
+    State(token): State<Option<Arc<Secret>>>,
     req: Request,
     next: Next,
 ) -> Response {
     let Some(token) = token else {
         return next.run(req).await;
     };
-    let presented = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    match presented {
-        Some(p) if Secret::new(token.as_ref()).matches(p) => next.run(req).await,
-        Some(_) => refuse("the credential is wrong"),
-        None => refuse("an Authorization: Bearer credential is required"),
+    match auth::check(req.headers(), &token) {
+        Ok(()) => next.run(req).await,
+        Err(why) => {
+            let mut resp = refuse(StatusCode::UNAUTHORIZED, why.message().to_owned());
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+            resp
+        }
     }
 }
 
-fn refuse(why: &str) -> Response {
-    (
-        StatusCode::UNAUTHORIZED,
-        [(header::WWW_AUTHENTICATE, "Bearer")],
-        axum::Json(serde_json::json!({"error": why})),
-    )
-        .into_response()
+/// A refusal of the HTTP front, as `{"error": message}`.
+fn refuse(status: StatusCode, message: String) -> Response {
+    (status, axum::Json(serde_json::json!({"error": message}))).into_response()
 }
 
 #[cfg(test)]

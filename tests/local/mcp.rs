@@ -2,8 +2,8 @@
 //! and streamable HTTP (both protocol styles), the official TypeScript SDK's over stdio. Each
 //! lists the tools, calls each one, has the calls that must be refused refused, runs calls
 //! concurrently, and cancels a long command — whose processes must then be gone. Over HTTP it is
-//! also attacked — a flood of half-open connections under a low open-file limit — and must keep
-//! serving the Python SDK's client.
+//! also attacked — requests a browser page can forge, a flood of half-open connections under a
+//! low open-file limit — and must refuse them and keep serving the Python SDK's client.
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -386,6 +386,169 @@ async fn a_client_is_served(server: &Http, token: Option<&str>) {
     assert_eq!(
         r,
         json!({"tools": ["bash", "read", "write", "edit", "grep", "glob"], "echo": "hi\n"})
+    );
+}
+
+/// Sends one raw HTTP/1.1 request (the head exactly as given, `Content-Length` and
+/// `Connection: close` added); answers the status and the body as JSON (or as a string). A
+/// body without a length (an event stream) is not waited for: it answers `null`.
+async fn raw(addr: &str, head: &str, body: &str) -> (u16, Value) {
+    let mut sock = tokio::time::timeout(T, TcpStream::connect(addr))
+        .await
+        .unwrap()
+        .unwrap();
+    let request = format!(
+        "{head}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    sock.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    let (head, rest) = loop {
+        let n = tokio::time::timeout(T, sock.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "closed before the headers: {answer:?}");
+        answer.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&answer).into_owned();
+        if let Some((head, rest)) = text.split_once("\r\n\r\n") {
+            break (head.to_owned(), rest.as_bytes().to_vec());
+        }
+    };
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {head}"));
+    let length = head.lines().find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        name.eq_ignore_ascii_case("content-length")
+            .then(|| value.trim().parse::<usize>().ok())?
+    });
+    let Some(length) = length else {
+        return (status, Value::Null);
+    };
+    let mut body = rest;
+    while body.len() < length {
+        let n = tokio::time::timeout(T, sock.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "closed inside the body");
+        body.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&body).into_owned();
+    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, body)
+}
+
+const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#;
+
+#[tokio::test]
+async fn http_refuses_what_a_browser_can_forge_with_and_without_a_credential() {
+    let ws = tempfile::tempdir().unwrap();
+    for token in [Some(TOKEN), None] {
+        let server = serve_http_with(ws.path(), &[], token, None).await;
+        let addr = server.addr();
+        let port = addr.rsplit(':').next().unwrap();
+        let auth = token.map_or(String::new(), |t| format!("\r\nAuthorization: Bearer {t}"));
+        let post = |host: &str, extra: &str| {
+            format!(
+                "POST /mcp HTTP/1.1\r\nHost: {host}{auth}\r\nAccept: application/json, \
+                 text/event-stream{extra}"
+            )
+        };
+        let json = "\r\nContent-Type: application/json";
+        // A page's fetch() or form from another origin (the preflight of a JSON POST too).
+        for origin in ["https://evil.example", "null", "http://localhost:1"] {
+            let refused = json!({"error": format!(
+                "the Origin {origin:?} is not this server's: podhost answers no request that a \
+                 page from another origin makes a browser send"
+            )});
+            for head in [
+                post(addr, &format!("{json}\r\nOrigin: {origin}")),
+                format!("OPTIONS /mcp HTTP/1.1\r\nHost: {addr}\r\nOrigin: {origin}"),
+                format!("GET /mcp HTTP/1.1\r\nHost: {addr}{auth}\r\nOrigin: {origin}"),
+            ] {
+                let (code, body) = raw(addr, &head, INITIALIZE).await;
+                assert_eq!((code, body), (403, refused.clone()), "{token:?} {head}");
+            }
+        }
+        // Cross-site simple POSTs: no preflight, so no Origin is needed to send them.
+        for (kind, line) in [
+            ("text/plain", "\r\nContent-Type: text/plain"),
+            (
+                "application/x-www-form-urlencoded",
+                "\r\nContent-Type: application/x-www-form-urlencoded",
+            ),
+            (
+                "multipart/form-data; boundary=x",
+                "\r\nContent-Type: multipart/form-data; boundary=x",
+            ),
+        ] {
+            let (code, body) = raw(addr, &post(addr, line), INITIALIZE).await;
+            assert_eq!(
+                (code, body),
+                (
+                    415,
+                    json!({"error": format!(
+                        "a POST must send its body as JSON, with Content-Type: \
+                         application/json, not {kind:?}"
+                    )})
+                ),
+                "{token:?} {kind}"
+            );
+        }
+        let (code, body) = raw(addr, &post(addr, ""), INITIALIZE).await;
+        assert_eq!(code, 415, "{token:?} no Content-Type: {body}");
+        // A DNS-rebinding page's name: refused while no credential is set.
+        let (code, body) = raw(
+            addr,
+            &post(&format!("evil.example:{port}"), json),
+            INITIALIZE,
+        )
+        .await;
+        if token.is_none() {
+            assert_eq!(
+                (code, body),
+                (
+                    403,
+                    json!({"error": "the Host \"evil.example\" does not name this server: \
+                                     without a credential podhost answers only requests \
+                                     addressed to localhost, 127.0.0.1, [::1] (set a credential \
+                                     to be reached by other names)"})
+                )
+            );
+            let (code, _) = raw(addr, &post(&format!("localhost:{port}"), json), INITIALIZE).await;
+            assert_eq!(code, 200, "a loopback name is this server");
+        } else {
+            assert_eq!(code, 200, "with a credential any name: {body}");
+        }
+        a_client_is_served(&server, token).await;
+    }
+}
+
+#[tokio::test]
+async fn http_accepts_the_bearer_scheme_in_any_case() {
+    let ws = tempfile::tempdir().unwrap();
+    let server = serve_http(ws.path(), &[]).await;
+    let addr = server.addr();
+    for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: {scheme} {TOKEN}\r\n\
+             Accept: application/json, text/event-stream\r\nContent-Type: application/json"
+        );
+        let (code, body) = raw(addr, &head, INITIALIZE).await;
+        assert_eq!(code, 200, "{scheme}: {body}");
+    }
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: bearer wrong\r\n\
+         Accept: application/json, text/event-stream\r\nContent-Type: application/json"
+    );
+    assert_eq!(
+        raw(addr, &head, INITIALIZE).await,
+        (401, json!({"error": "the credential is wrong"}))
     );
 }
 
