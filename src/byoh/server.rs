@@ -5,8 +5,8 @@
 //! `POST /cancel`, and `GET /healthz`, `GET /openapi.yaml`. Every one of them needs
 //! `Authorization: Bearer <credential>` when a credential is configured. The kubelet's probes
 //! `GET /livez` and `GET /readyz` (up or not, nothing more) and `GET /metrics` (counts only)
-//! need none. Before any of them, the floor's guard ([`crate::floor::http::guard`]) refuses
-//! what a browser page could forge: a foreign `Host` while no credential is set (403), a
+//! need none. Before any of their handlers (after the credential check), the floor's guard
+//! ([`crate::floor::http::guard`]) refuses what a browser page could forge: a foreign `Host` while no credential is set (403), a
 //! foreign `Origin` (403), a `POST` that is not `application/json` (415).
 //!
 //! Invariants:
@@ -186,22 +186,22 @@ pub fn router(
         floor: floor.map(Arc::new),
         guards: guards.into(),
     };
-    let routes = Router::new()
-        .route("/submit", post(submit))
-        .route("/get_status", get(get_status))
-        .route("/collect_output", get(collect_output))
-        .route("/cancel", post(cancel))
-        .route("/healthz", get(healthz))
-        .route("/openapi.yaml", get(openapi))
+    // The guard stands before every route's handler, the probes' too (inside the credential
+    // check); the log covers its refusals.
+    let guarded = |route| forgeries.wrap(route);
+    Router::new()
+        .route("/submit", guarded(post(submit)))
+        .route("/get_status", guarded(get(get_status)))
+        .route("/collect_output", guarded(get(collect_output)))
+        .route("/cancel", guarded(post(cancel)))
+        .route("/healthz", guarded(get(healthz)))
+        .route("/openapi.yaml", guarded(get(openapi)))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(app.clone(), authenticate))
-        .merge(open_routes())
-        .with_state(app);
-    // The guard covers every route, the probes too; the log covers the guard's refusals.
-    forgeries
-        .apply(routes)
+        .merge(open_routes(&forgeries))
         .layer(middleware::from_fn(log_request))
+        .with_state(app)
 }
 
 async fn not_found(req: Request) -> ApiError {
@@ -447,11 +447,11 @@ const STORE_PROBE_WAIT: Duration = Duration::from_millis(500);
 /// The routes without authentication, added after the credential check so it does not cover
 /// them: the kubelet's probes (`/livez`, `/readyz`), which say nothing but up or not, and
 /// `/metrics`, which holds counts only (no id, no body, no key).
-fn open_routes() -> Router<App> {
+fn open_routes(forgeries: &Guard) -> Router<App> {
     Router::new()
-        .route("/livez", get(livez))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_text))
+        .route("/livez", forgeries.wrap(get(livez)))
+        .route("/readyz", forgeries.wrap(get(readyz)))
+        .route("/metrics", forgeries.wrap(get(metrics_text)))
 }
 
 /// `GET /metrics`: every metric of the process, as OpenMetrics text.

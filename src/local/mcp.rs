@@ -308,10 +308,14 @@ async fn http(
         Arc::new(LocalSessionManager::default()),
         config,
     );
+    // The credential check, then the guard (as for serve), then rmcp.
     let guard = Guard::new(local, token.is_some(), refuse);
-    let app = guard.apply(axum::Router::new().nest_service("/mcp", service).layer(
-        middleware::from_fn_with_state(token.map(|t| Arc::new(Secret::new(t))), require_bearer),
-    ));
+    let app = guard
+        .around(axum::Router::new().route_service("/mcp", service))
+        .layer(middleware::from_fn_with_state(
+            token.map(|t| Arc::new(Secret::new(t))),
+            require_bearer,
+        ));
     let limits = fit_open_files(limits);
     eprintln!("podhost mcp: serving the tools of {root} at http://{local}/mcp");
     let stopped = stop.token().clone();

@@ -116,6 +116,16 @@ async fn cross_site_simple_posts_to_submit_get_415_and_start_nothing() {
             };
             // As a form posted from a file or a redirect sends it: no Origin.
             assert_eq!(raw(addr, &head, &body).await, (415, error(&what)), "{kind}");
+            // Without the credential, as a page sends it, the credential check refuses it
+            // first where one is set.
+            let bare = format!("POST /submit HTTP/1.1\r\nHost: {addr}{line}");
+            let want = if auth.is_empty() {
+                error(&what)
+            } else {
+                error("an Authorization: Bearer credential is required")
+            };
+            let code = if auth.is_empty() { 415 } else { 401 };
+            assert_eq!(raw(addr, &bare, &body).await, (code, want), "{kind}");
             // As a page's form or fetch() sends it: the page's Origin, refused first.
             let (code, answer) = raw(
                 addr,
@@ -125,6 +135,17 @@ async fn cross_site_simple_posts_to_submit_get_415_and_start_nothing() {
             .await;
             assert_eq!(code, 403, "{kind} from a foreign origin: {answer}");
         }
+        // A method that is no route runs no handler: it keeps its 405.
+        let (code, answer) = raw(
+            addr,
+            &format!("POST /get_status?invocation_id=i HTTP/1.1\r\nHost: {addr}{auth}"),
+            "",
+        )
+        .await;
+        assert_eq!(
+            (code, answer),
+            (405, error("/get_status does not accept POST"))
+        );
         // Nothing was started: the invocation is unknown and the model was never called.
         let (code, answer) = raw(
             addr,
@@ -256,14 +277,27 @@ async fn a_foreign_origin_is_refused_with_and_without_a_credential() {
                     "",
                 ),
                 ("GET /healthz HTTP/1.1".to_owned(), ""),
-                // A browser's preflight for a cross-site JSON POST.
-                ("OPTIONS /submit HTTP/1.1".to_owned(), ""),
             ] {
                 let head = format!("{head}\r\nHost: {addr}{auth}\r\nOrigin: {origin}");
                 let (code, answer) = raw(addr, &head, body).await;
                 assert_eq!((code, answer), (403, refused.clone()), "{head}");
             }
         }
+        // A browser's preflight for a cross-site JSON POST fails: OPTIONS is no route.
+        let (code, answer) = raw(
+            addr,
+            &format!(
+                "OPTIONS /submit HTTP/1.1\r\nHost: {addr}{auth}\r\nOrigin: https://evil.example\r\n\
+                 Access-Control-Request-Method: POST\r\n\
+                 Access-Control-Request-Headers: content-type"
+            ),
+            "",
+        )
+        .await;
+        assert_eq!(
+            (code, answer),
+            (405, error("/submit does not accept OPTIONS"))
+        );
         // The server's own origin is not foreign.
         let (code, answer) = raw(
             addr,

@@ -468,7 +468,7 @@ async fn http_refuses_what_a_browser_can_forge_with_and_without_a_credential() {
             )});
             for head in [
                 post(addr, &format!("{json}\r\nOrigin: {origin}")),
-                format!("OPTIONS /mcp HTTP/1.1\r\nHost: {addr}\r\nOrigin: {origin}"),
+                format!("OPTIONS /mcp HTTP/1.1\r\nHost: {addr}{auth}\r\nOrigin: {origin}"),
                 format!("GET /mcp HTTP/1.1\r\nHost: {addr}{auth}\r\nOrigin: {origin}"),
             ] {
                 let (code, body) = raw(addr, &head, INITIALIZE).await;

@@ -1,5 +1,5 @@
-//! The guard every HTTP front puts before its routes, so that no request a web page can make a
-//! browser send reaches a handler.
+//! The guard every HTTP front puts before its routes' handlers, so that no request a web page
+//! can make a browser send reaches one.
 //!
 //! A page the operator visits can make the browser send "simple" requests anywhere (a `POST`
 //! with a `text/plain`, form or multipart body, or with none, and no preflight), and through DNS
@@ -14,14 +14,18 @@
 //!   must come from this server's own origin (`http://` or `https://` and the request's `Host`,
 //!   the same port); `Origin: null` (sandboxed frames, local files) is foreign too. Server-side
 //!   clients (Oumi's evaluator, the MCP SDKs) send no `Origin`. A browser's preflight for a
-//!   cross-site JSON request carries `Origin`, so it is refused as well.
+//!   cross-site JSON request carries `Origin`, so it is refused as well (or answered 405 where
+//!   `OPTIONS` is no route).
 //! * **A `POST` that is not `application/json`** (415; parameters such as `charset` allowed):
 //!   the only bodies a page can send cross-site without a preflight are `text/plain`, form and
 //!   multipart ones.
 //!
 //! Invariants: the check is a pure function of the method, the target and the headers
 //! ([`Guard::check`]); a refusal never reads the body; each front words the response
-//! ([`Refuse`]), so its refusals keep its one error body.
+//! ([`Refuse`]), so its refusals keep its one error body. The guard wraps each route's handlers
+//! ([`Guard::wrap`]), not the answer for a method that is no route: that still gets its 405,
+//! which runs no handler, rather than a refusal that would hide it. A service that answers
+//! every method itself (rmcp's) is wrapped whole ([`Guard::around`]).
 //!
 //! Non-goals: authentication (see [`super::auth`]), CORS (podhost grants no page access).
 
@@ -34,6 +38,7 @@ use axum::http::uri::Authority;
 use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
 use axum::response::Response;
+use axum::routing::MethodRouter;
 use tracing::debug;
 
 use crate::floor::text::clip_chars;
@@ -111,9 +116,19 @@ impl Guard {
         Guard { hosts, refuse }
     }
 
-    /// `router` with the guard before every route it has.
-    pub fn apply<S: Clone + Send + Sync + 'static>(self, router: Router<S>) -> Router<S> {
-        router.layer(middleware::from_fn_with_state(self, guard))
+    /// `route` with the guard before each of its handlers (and not before its answer for a
+    /// method it does not have). `route` must have a handler.
+    pub fn wrap<S: Clone + Send + Sync + 'static>(
+        &self,
+        route: MethodRouter<S>,
+    ) -> MethodRouter<S> {
+        route.route_layer(middleware::from_fn_with_state(self.clone(), guard))
+    }
+
+    /// `router` with the guard before everything it answers: for routes that are services
+    /// answering every method themselves (their 405 is theirs, and comes after the guard).
+    pub fn around<S: Clone + Send + Sync + 'static>(&self, router: Router<S>) -> Router<S> {
+        router.layer(middleware::from_fn_with_state(self.clone(), guard))
     }
 
     /// The names a request must use without a credential, as a refusal lists them.
