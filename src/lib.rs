@@ -26,9 +26,11 @@
 //! * [`exec`] is the only place that starts processes (process groups, capture, timeouts, limits,
 //!   environment, confinement). All `unsafe` lives there.
 //! * [`floor`] is under everything and imports nothing of podhost: workspace paths, codes,
-//!   text — and the two things every layer shares without importing upward: the one metrics
-//!   registry ([`floor::metrics`], where `exec`, `tools`, `chat` and the fronts record with
-//!   one-line calls) and the one TLS client configuration ([`floor::tls`]).
+//!   text — and the things several layers or fronts share without importing upward: the one
+//!   metrics registry ([`floor::metrics`], where `exec`, `tools`, `chat` and the fronts record
+//!   with one-line calls), the one TLS client configuration ([`floor::tls`]), and the one
+//!   hardened HTTP listener with its guard against forged browser requests ([`floor::http`]),
+//!   which `serve` and `mcp --listen` both stand on.
 //!
 //! # Who owns what
 //!

@@ -285,8 +285,22 @@ async fn answer<H: TurnHost>(
     }
 }
 
-/// Gives every tool call of `candidate` a non-empty id unique within the answer. Depends only on
-/// the answer and the step, so a replayed answer gets the same ids.
+/// The longest tool-call id a suffix may make (the BYOH protocol's limit on ids).
+pub const MAX_CALL_ID_CHARS: usize = 512;
+
+/// `base` with the suffix `_<n>`, the base cut so that the id stays within
+/// [`MAX_CALL_ID_CHARS`] characters. The same base and `n` give the same id.
+pub fn suffixed_call_id(base: &str, n: usize) -> String {
+    let suffix = format!("_{n}");
+    let keep = MAX_CALL_ID_CHARS.saturating_sub(suffix.len());
+    let mut id: String = base.chars().take(keep).collect();
+    id.push_str(&suffix);
+    id
+}
+
+/// Gives every tool call of `candidate` a non-empty id unique within the answer; a suffix never
+/// takes an id past [`MAX_CALL_ID_CHARS`]. Depends only on the answer and the step, so a
+/// replayed answer gets the same ids.
 fn unique_call_ids(candidate: &mut Candidate, step: u32) {
     let mut seen = HashSet::new();
     let mut index = 0usize;
@@ -302,7 +316,7 @@ fn unique_call_ids(candidate: &mut Candidate, step: u32) {
         let mut n = 1;
         while !seen.insert(id.clone()) {
             n += 1;
-            id = format!("{}_{n}", call.id);
+            id = suffixed_call_id(&call.id, n);
         }
         call.id = id;
     }
@@ -386,6 +400,42 @@ mod tests {
                 .collect(),
             ..Candidate::default()
         })
+    }
+
+    #[test]
+    fn a_suffix_keeps_a_reused_long_id_within_512_characters_and_is_the_same_on_replay() {
+        let long = "x".repeat(512);
+        let answer = || {
+            let ModelAnswer::Candidate(c) = calls(&[
+                (long.as_str(), "read", "{}"),
+                (long.as_str(), "read", "{}"),
+                (long.as_str(), "glob", "{}"),
+                ("short", "glob", "{}"),
+                ("short", "glob", "{}"),
+            ]) else {
+                unreachable!()
+            };
+            c
+        };
+        let mut first = answer();
+        unique_call_ids(&mut first, 3);
+        let ids: Vec<String> = first.tool_calls().map(|c| c.id.clone()).collect();
+        assert_eq!(
+            ids,
+            [
+                long.clone(),
+                format!("{}_2", "x".repeat(510)),
+                format!("{}_3", "x".repeat(510)),
+                "short".to_owned(),
+                "short_2".to_owned(),
+            ]
+        );
+        assert!(ids.iter().all(|id| id.chars().count() <= MAX_CALL_ID_CHARS));
+        let mut replayed = answer();
+        unique_call_ids(&mut replayed, 3);
+        assert_eq!(replayed, first);
+        // Multi-byte characters count as one each.
+        assert_eq!(suffixed_call_id(&"é".repeat(600), 10).chars().count(), 512);
     }
 
     async fn run_script(host: &mut Scripted) -> TurnEnd {

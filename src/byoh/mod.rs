@@ -3,8 +3,9 @@
 //!
 //! Layout, by responsibility:
 //! * [`protocol`]: wire types and their validation.
-//! * [`server`]: axum routes, authentication, limits, the error → status mapping.
-//! * [`listener`]: the accept loop: header, body and idle timeouts, the connection cap.
+//! * [`server`]: axum routes, authentication, limits, the error → status mapping; served by
+//!   the floor's hardened listener ([`crate::floor::http`]) behind its guard against forged
+//!   browser requests.
 //! * [`engine`]: the state the routes and the turn tasks share (live turns, permits, locks).
 //! * [`invocation`]: what each route means: idempotency, backpressure, cancellation.
 //! * [`runner`]: turn tasks under leases, taking up turns whose replica stopped, the retention
@@ -12,12 +13,13 @@
 //! * [`store`]: the durable store, SQLite (one replica) or PostgreSQL (several).
 //!
 //! Trust boundary: callers of the endpoint are authenticated by a bearer credential (or the
-//! endpoint listens on loopback only). Model API keys stay in memory, are scrubbed from every
-//! message, and never reach the store, a log, or a command's environment.
+//! endpoint listens on loopback only and answers only requests addressed to a loopback name);
+//! a request a browser page could forge (a foreign `Origin`, a body that is not JSON) is refused
+//! either way. Model API keys stay in memory, are scrubbed from every message, and never reach
+//! the store, a log, or a command's environment.
 
 pub(crate) mod engine;
 pub(crate) mod invocation;
-pub mod listener;
 pub(crate) mod protocol;
 pub mod runner;
 pub(crate) mod server;
@@ -35,6 +37,8 @@ use crate::chat::client::{ModelClient, RetryPolicy};
 use crate::exec::ExecSettings;
 use crate::exec::confine::Guard;
 use crate::floor::codes::exit;
+use crate::floor::http::HttpLimits;
+use crate::floor::http::listener::fit_open_files;
 use crate::floor::secret::Secret;
 use crate::floor::tls::{TlsSettings, client_config};
 use crate::tools::ToolboxBuilder;
@@ -69,8 +73,8 @@ pub struct ServeConfig {
     pub max_steps: u32,
     /// Attempts per model call.
     pub model_attempts: u32,
-    /// The HTTP listener's timeouts and connection cap.
-    pub http: listener::HttpLimits,
+    /// The HTTP listener's timeouts and caps.
+    pub http: HttpLimits,
     /// Free bytes the data directory must keep; below it, new submissions are answered `503`.
     pub min_free_bytes: u64,
     /// Which CA certificates to trust besides the system's, for the model endpoints and a
@@ -298,7 +302,7 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
     if token.is_none() {
         warn!("no credential is configured: the endpoint is open to every caller on this machine");
     }
-    let http = http_limits(args.http);
+    let http = fit_open_files(args.http);
     info!(
         addr = %local,
         data = %args.data.display(),
@@ -315,8 +319,8 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
     if let Some(Err(message)) = floor.as_ref().map(server::FreeSpaceFloor::check) {
         warn!(%message, "the data directory is low on space");
     }
-    let app = server::router(engine.clone(), token, floor, guards);
-    listener::serve(listener, app, http, shutdown_signal()).await;
+    let app = server::router(engine.clone(), token, floor, guards, local);
+    crate::floor::http::serve(listener, app, http, shutdown_signal()).await;
     info!("shutting down: stopping turns");
     engine.shutdown(Duration::from_secs(10)).await;
     Ok(exit::OK)
@@ -334,36 +338,6 @@ fn check_state(guards: &[Guard], fresh: bool) -> Result<(), ServeError> {
     checked
         .map(drop)
         .map_err(|e| ServeError::Config(format!("podhost's state is not safe: {e}")))
-}
-
-/// Descriptors kept back from the connection cap for the store, commands and model calls.
-const FD_RESERVE: u64 = 512;
-
-/// Raises the open-file limit to its hard limit (each connection holds a descriptor), and lowers
-/// the connection cap, with a warning, when even that limit cannot hold it.
-fn http_limits(mut limits: listener::HttpLimits) -> listener::HttpLimits {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let soft = match getrlimit(Resource::RLIMIT_NOFILE) {
-        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-            Ok(()) => hard,
-            Err(e) => {
-                warn!(error = %e, soft, hard, "could not raise the open-file limit");
-                soft
-            }
-        },
-        Ok((soft, _)) => soft,
-        Err(_) => return limits,
-    };
-    let room = soft.saturating_sub(FD_RESERVE).max(16);
-    if (limits.max_connections as u64) > room {
-        warn!(
-            configured = limits.max_connections,
-            open_file_limit = soft,
-            "the open-file limit cannot hold PODHOST_HTTP_MAX_CONNECTIONS; lowering it to {room}"
-        );
-        limits.max_connections = room as usize;
-    }
-    limits
 }
 
 async fn shutdown_signal() {

@@ -5,7 +5,9 @@
 //! `POST /cancel`, and `GET /healthz`, `GET /openapi.yaml`. Every one of them needs
 //! `Authorization: Bearer <credential>` when a credential is configured. The kubelet's probes
 //! `GET /livez` and `GET /readyz` (up or not, nothing more) and `GET /metrics` (counts only)
-//! need none.
+//! need none. Before any of their handlers (after the credential check), the floor's guard
+//! ([`crate::floor::http::guard`]) refuses what a browser page could forge: a foreign `Host` while no credential is set (403), a
+//! foreign `Origin` (403), a `POST` that is not `application/json` (415).
 //!
 //! Invariants:
 //! * Status codes are the protocol's: `202` for queued, running and input_required, `200` for
@@ -14,18 +16,20 @@
 //!   id), `400` for bodies that cannot be read or are not JSON, `422` for JSON that is
 //!   not the protocol's shape or breaks its rules, `413` past 10 MiB (at once when the
 //!   declared length says so, before a byte of the body is read), `401` without the credential,
+//!   `403` for a foreign `Host` or `Origin`, `415` for a `POST` that is not JSON,
 //!   `503` when the data directory is below its free-space floor (Oumi retries it), `404` and
 //!   `405` for a path or method that is not a route. Every refusal has the same JSON body,
 //!   `{"error": {"message": …}}`.
 //! * Every body is JSON and under 10 MiB: `collect_output` shrinks the largest contents until
 //!   its body fits. A request body is read as it arrives, never allocated from its declared
-//!   length, and must arrive within the body timeout or the connection is closed (see
-//!   `listener`).
+//!   length, and must arrive within the body timeout and the cap on body bytes held, or the
+//!   connection is closed (see [`crate::floor::http::listener`]).
 //! * The credential's scheme (`Bearer`) is matched without regard to case, as HTTP says.
 //! * Logs name the route, invocation id, status and duration — never a body or a key.
 //!
 //! Non-goals: what a submission means (see `invocation`).
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,7 +37,7 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Extension, Query, Request, State};
+use axum::extract::{Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -45,14 +49,15 @@ use tracing::{info, warn};
 
 use super::engine::Engine;
 use super::invocation::ByohError;
-use super::listener::ConnHandle;
 use super::protocol::{
     CancelRequest, ErrorBody, ErrorDetail, MAX_BODY_BYTES, OutputBody, PROTOCOL_VERSION, Status,
     StatusBody, SubmitRequest,
 };
 use super::store::{InvocationRow, StatusRow};
 use crate::chat::message::ChatMessage;
-use crate::exec::confine::{Guard, state};
+use crate::exec::confine::{Guard as StateGuard, state};
+use crate::floor::http::{Guard, auth};
+use crate::floor::secret::Secret;
 use crate::floor::text::truncate_middle;
 
 /// The OpenAPI document of the routes, served at `/openapi.yaml`.
@@ -61,10 +66,10 @@ pub const OPENAPI: &str = include_str!("../../openapi.yaml");
 #[derive(Clone)]
 struct App {
     engine: Engine,
-    token: Option<Arc<str>>,
+    token: Option<Arc<Secret>>,
     floor: Option<Arc<FreeSpaceFloor>>,
     /// podhost's own state, whose modes are checked at each submission.
-    guards: Arc<[Guard]>,
+    guards: Arc<[StateGuard]>,
 }
 
 /// The free space the data directory must keep for new work to be accepted.
@@ -160,44 +165,43 @@ fn json<T: serde::Serialize>(status: StatusCode, body: &T) -> Response {
     }
 }
 
-/// The router of the endpoint; `token` is the credential callers must send, if any; `floor`,
-/// the free space below which `submit` refuses new invocations.
+/// A refusal of the floor's guard, in the endpoint's error body.
+fn refusal(status: StatusCode, message: String) -> Response {
+    ApiError::new(status, message).into_response()
+}
+
+/// The router of the endpoint listening on `listen`; `token` is the credential callers must
+/// send, if any; `floor`, the free space below which `submit` refuses new invocations.
 pub fn router(
     engine: Engine,
     token: Option<String>,
     floor: Option<FreeSpaceFloor>,
-    guards: Vec<Guard>,
+    guards: Vec<StateGuard>,
+    listen: SocketAddr,
 ) -> Router {
+    let forgeries = Guard::new(listen, token.is_some(), refusal);
     let app = App {
         engine,
-        token: token.map(Arc::from),
+        token: token.map(|t| Arc::new(Secret::new(t))),
         floor: floor.map(Arc::new),
         guards: guards.into(),
     };
+    // The guard stands before every route's handler, the probes' too (inside the credential
+    // check); the log covers its refusals.
+    let guarded = |route| forgeries.wrap(route);
     Router::new()
-        .route("/submit", post(submit))
-        .route("/get_status", get(get_status))
-        .route("/collect_output", get(collect_output))
-        .route("/cancel", post(cancel))
-        .route("/healthz", get(healthz))
-        .route("/openapi.yaml", get(openapi))
+        .route("/submit", guarded(post(submit)))
+        .route("/get_status", guarded(get(get_status)))
+        .route("/collect_output", guarded(get(collect_output)))
+        .route("/cancel", guarded(post(cancel)))
+        .route("/healthz", guarded(get(healthz)))
+        .route("/openapi.yaml", guarded(get(openapi)))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(app.clone(), authenticate))
-        .merge(open_routes())
+        .merge(open_routes(&forgeries))
         .layer(middleware::from_fn(log_request))
         .with_state(app)
-}
-
-/// Compares in time independent of where the inputs differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = (a.len() ^ b.len()) as u64;
-    for i in 0..a.len().max(b.len()) {
-        let x = a.get(i).copied().unwrap_or(0);
-        let y = b.get(i).copied().unwrap_or(0);
-        diff |= u64::from(x ^ y);
-    }
-    diff == 0
 }
 
 async fn not_found(req: Request) -> ApiError {
@@ -214,32 +218,13 @@ async fn method_not_allowed(req: Request) -> ApiError {
     )
 }
 
-/// The credential of an `Authorization` header value: after the `Bearer` scheme, whose case
-/// does not matter (RFC 9110 §11.1), and one or more spaces.
-fn bearer(value: &str) -> Option<&str> {
-    let (scheme, rest) = value.split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
-}
-
 async fn authenticate(State(app): State<App>, req: Request, next: Next) -> Response {
     let Some(token) = &app.token else {
         return next.run(req).await;
     };
-    let presented = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(bearer);
-    match presented {
-        Some(p) if constant_time_eq(p.as_bytes(), token.as_bytes()) => next.run(req).await,
-        Some(_) => {
-            ApiError::new(StatusCode::UNAUTHORIZED, "the credential is wrong").into_response()
-        }
-        None => ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "an Authorization: Bearer credential is required",
-        )
-        .into_response(),
+    match auth::check(req.headers(), token) {
+        Ok(()) => next.run(req).await,
+        Err(why) => ApiError::new(StatusCode::UNAUTHORIZED, why.message()).into_response(),
     }
 }
 
@@ -269,17 +254,11 @@ fn tagged(mut resp: Response, id: &str) -> Response {
     resp
 }
 
-/// How long a body may take to arrive when the request came from no listener (in-process use).
-const BODY_TIMEOUT: Duration = Duration::from_secs(60);
-
 /// Reads a request body of at most 10 MiB as it arrives. A declared length past the limit is
 /// refused before a byte is read; memory grows with what has arrived, never with what was
-/// declared. A body that does not arrive within the body timeout closes the connection.
-async fn read_body(
-    headers: &HeaderMap,
-    conn: Option<&ConnHandle>,
-    body: Body,
-) -> Result<Bytes, ApiError> {
+/// declared. (The listener closes the connection of a body that does not arrive within the
+/// body timeout, or would pass the cap on body bytes held.)
+async fn read_body(headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -293,45 +272,21 @@ async fn read_body(
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
         return Err(too_large());
     }
-    let read = async {
-        let mut stream = body.into_data_stream();
-        let mut buf: Vec<u8> = Vec::new();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| {
-                ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    format!("could not read the body: {e}"),
-                )
-            })?;
-            if buf.len() + chunk.len() > MAX_BODY_BYTES {
-                return Err(too_large());
-            }
-            buf.extend_from_slice(&chunk);
+    let mut stream = body.into_data_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                format!("could not read the body: {e}"),
+            )
+        })?;
+        if buf.len() + chunk.len() > MAX_BODY_BYTES {
+            return Err(too_large());
         }
-        Ok(Bytes::from(buf))
-    };
-    let limit = conn.map_or(BODY_TIMEOUT, |c| c.body_timeout);
-    match tokio::time::timeout(limit, read).await {
-        Ok(read) => read,
-        Err(_) => {
-            warn!(
-                timeout_secs = limit.as_secs(),
-                "a request body did not arrive in time; closing its connection"
-            );
-            if let Some(c) = conn {
-                // No answer: the connection task drops the connection (and this handler).
-                c.close();
-                std::future::pending::<()>().await;
-            }
-            Err(ApiError::new(
-                StatusCode::REQUEST_TIMEOUT,
-                format!(
-                    "the request body did not arrive within {} s",
-                    limit.as_secs()
-                ),
-            ))
-        }
+        buf.extend_from_slice(&chunk);
     }
+    Ok(Bytes::from(buf))
 }
 
 /// Parses a JSON body: not JSON → 400; JSON of the wrong shape → 422.
@@ -378,14 +333,9 @@ fn status_response(row: &InvocationRow) -> Response {
     tagged(json(code, &body), &row.invocation_id)
 }
 
-async fn submit(
-    State(app): State<App>,
-    conn: Option<Extension<ConnHandle>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
+async fn submit(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
     let result = async {
-        let bytes = read_body(&headers, conn.as_deref(), body).await?;
+        let bytes = read_body(&headers, body).await?;
         let req: SubmitRequest = parse(&bytes)?;
         req.validate()
             .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.0))?;
@@ -425,14 +375,9 @@ async fn refuse_below_floor(
     Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message))
 }
 
-async fn cancel(
-    State(app): State<App>,
-    conn: Option<Extension<ConnHandle>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
+async fn cancel(State(app): State<App>, headers: HeaderMap, body: Body) -> Response {
     let result = async {
-        let bytes = read_body(&headers, conn.as_deref(), body).await?;
+        let bytes = read_body(&headers, body).await?;
         let req: CancelRequest = parse(&bytes)?;
         req.validate()
             .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.0))?;
@@ -502,11 +447,11 @@ const STORE_PROBE_WAIT: Duration = Duration::from_millis(500);
 /// The routes without authentication, added after the credential check so it does not cover
 /// them: the kubelet's probes (`/livez`, `/readyz`), which say nothing but up or not, and
 /// `/metrics`, which holds counts only (no id, no body, no key).
-fn open_routes() -> Router<App> {
+fn open_routes(forgeries: &Guard) -> Router<App> {
     Router::new()
-        .route("/livez", get(livez))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_text))
+        .route("/livez", forgeries.wrap(get(livez)))
+        .route("/readyz", forgeries.wrap(get(readyz)))
+        .route("/metrics", forgeries.wrap(get(metrics_text)))
 }
 
 /// `GET /metrics`: every metric of the process, as OpenMetrics text.
@@ -690,27 +635,5 @@ mod tests {
         assert_eq!(level(&[100, 10, 10], 60, 0), Some(40));
         assert_eq!(level(&[100, 90, 10], 60, 0), Some(25));
         assert_eq!(level(&[100, 90, 10], 5, 0), Some(1));
-    }
-
-    #[test]
-    fn the_bearer_scheme_is_matched_without_case() {
-        for (value, want) in [
-            ("Bearer abc", Some("abc")),
-            ("bearer abc", Some("abc")),
-            ("BEARER   abc ", Some("abc")),
-            ("Basic abc", None),
-            ("Bearerabc", None),
-            ("abc", None),
-        ] {
-            assert_eq!(bearer(value), want, "{value}");
-        }
-    }
-
-    #[test]
-    fn credentials_compare_whole() {
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-        assert!(!constant_time_eq(b"abc", b"abcd"));
-        assert!(!constant_time_eq(b"", b"a"));
     }
 }

@@ -38,15 +38,15 @@ use crate::agent::context::{Budget, Context, DEFAULT_THRESHOLD, UnitKind, estima
 use crate::agent::media::ModelFiles;
 use crate::agent::model::ToolCallBlock;
 use crate::agent::model::{Candidate, ModelAnswer, ModelFailure, ResultOutcome, ToolResult};
-use crate::agent::turn::{Effect, ToolEffect, TurnHost};
+use crate::agent::turn::{Effect, ToolEffect, TurnHost, suffixed_call_id};
 use crate::floor::codes;
 use crate::tools::{CallContext, ToolName, Toolbox, unknown_tool};
 
 /// The name of the tool whose calls are questions for the user.
 pub const ASK_USER: &str = "ask_user";
 
-/// The longest tool-call id kept as the model gave it.
-pub const MAX_CALL_ID_CHARS: usize = 512;
+/// The longest tool-call id kept as the model gave it (and the longest a suffix makes).
+pub use crate::agent::turn::MAX_CALL_ID_CHARS;
 
 /// The name given to a tool call the model made without a function name.
 pub const NO_NAME: &str = "unnamed_tool_call";
@@ -527,36 +527,14 @@ impl<F: Front> TurnHost for ChatTurn<F> {
         Ok(true)
     }
 
-    /// Makes every call fit the protocol's rules: an id with a control character or past
-    /// [`MAX_CALL_ID_CHARS`] is replaced by `call_<step>_<n>`, a call without a function name is
-    /// named [`NO_NAME`] (and answered with an error), and an id the transcript already holds
-    /// gets a suffix. Depends only on the transcript and the answer.
+    /// Makes every call fit the protocol's rules (see [`keep_call_rules`]).
     fn prepare(&mut self, step: u32, candidate: &mut Candidate) {
-        let mut taken: HashSet<String> = self
+        let taken: HashSet<String> = self
             .transcript
             .iter()
             .flat_map(|m| m.calls().iter().map(|c| c.id.clone()))
             .collect();
-        let mut index = 0;
-        for block in &mut candidate.output {
-            let crate::agent::model::Block::ToolCall(call) = block else {
-                continue;
-            };
-            index += 1;
-            if call.id.chars().any(char::is_control) || call.id.chars().count() > MAX_CALL_ID_CHARS
-            {
-                call.id = format!("call_{step}_{index}");
-            }
-            if call.name.trim().is_empty() {
-                call.name = NO_NAME.to_owned();
-            }
-            let base = call.id.clone();
-            let mut n = 1;
-            while !taken.insert(call.id.clone()) {
-                n += 1;
-                call.id = format!("{base}_{n}");
-            }
-        }
+        keep_call_rules(taken, step, candidate);
     }
 
     async fn answered(&mut self, _step: u32, candidate: &Candidate) -> Result<(), SessionError> {
@@ -646,10 +624,71 @@ impl<F: Front> TurnHost for ChatTurn<F> {
     }
 }
 
+/// Makes every call of `candidate` (at `step`) fit the protocol's rules: an id with a control
+/// character or past [`MAX_CALL_ID_CHARS`] is replaced by `call_<step>_<n>`, a call without a
+/// function name is named [`NO_NAME`] (and answered with an error), and an id already `taken`
+/// (by the transcript) gets a suffix that keeps it within [`MAX_CALL_ID_CHARS`]. Depends only on
+/// what was taken and the answer, so a replayed answer gets the same ids.
+fn keep_call_rules(mut taken: HashSet<String>, step: u32, candidate: &mut Candidate) {
+    let mut index = 0;
+    for block in &mut candidate.output {
+        let crate::agent::model::Block::ToolCall(call) = block else {
+            continue;
+        };
+        index += 1;
+        if call.id.chars().any(char::is_control) || call.id.chars().count() > MAX_CALL_ID_CHARS {
+            call.id = format!("call_{step}_{index}");
+        }
+        if call.name.trim().is_empty() {
+            call.name = NO_NAME.to_owned();
+        }
+        let base = call.id.clone();
+        let mut n = 1;
+        while !taken.insert(call.id.clone()) {
+            n += 1;
+            call.id = suffixed_call_id(&base, n);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
+
+    #[test]
+    fn ids_the_transcript_holds_get_a_suffix_within_512_characters_the_same_on_replay() {
+        let long = "y".repeat(512);
+        let taken: HashSet<String> = [long.clone(), format!("{}_2", "y".repeat(510))].into();
+        let answer = || Candidate {
+            output: [long.as_str(), long.as_str(), "ok\u{7}", &"z".repeat(513)]
+                .iter()
+                .map(|id| {
+                    crate::agent::model::Block::ToolCall(ToolCallBlock::from_json_arguments(
+                        id.to_string(),
+                        "read".into(),
+                        "{}",
+                    ))
+                })
+                .collect(),
+            ..Candidate::default()
+        };
+        let mut first = answer();
+        keep_call_rules(taken.clone(), 7, &mut first);
+        let ids: Vec<String> = first.tool_calls().map(|c| c.id.clone()).collect();
+        assert_eq!(
+            ids,
+            [
+                format!("{}_3", "y".repeat(510)),
+                format!("{}_4", "y".repeat(510)),
+                "call_7_3".to_owned(),
+                "call_7_4".to_owned(),
+            ]
+        );
+        let mut replayed = answer();
+        keep_call_rules(taken, 7, &mut replayed);
+        assert_eq!(replayed, first);
+    }
 
     fn call(id: &str, name: &str) -> ToolCall {
         ToolCall::new(id, name, "{}".into())

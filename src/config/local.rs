@@ -13,6 +13,7 @@ use clap::{Args, ValueEnum};
 use serde_json::{Map, Value, json};
 
 use super::exec::ExecArgs;
+use super::http::HttpArgs;
 use super::origins::Origins;
 use super::serve::ModelLimitsArgs;
 use super::tls::TlsArgs;
@@ -174,6 +175,9 @@ pub struct McpArgs {
     /// A file holding the credential (surrounding whitespace ignored).
     #[arg(long, env = "PODHOST_TOKEN_FILE", conflicts_with = "token")]
     pub token_file: Option<PathBuf>,
+    // The HTTP listener's timeouts and caps (with --listen), as for `podhost serve`.
+    #[command(flatten)]
+    pub http: HttpArgs,
     #[command(flatten)]
     pub env: LocalEnvArgs,
     #[command(flatten)]
@@ -291,6 +295,7 @@ impl McpArgs {
             listen: self.listen.clone(),
             token: self.token.clone(),
             token_file: self.token_file.clone(),
+            http: self.http.limits(),
             env: self.env.settings(),
             exec: self.exec.settings(),
         }

@@ -8,6 +8,7 @@
 //! front imports this module.
 
 mod exec;
+mod http;
 mod local;
 mod origins;
 mod pod;
@@ -17,6 +18,7 @@ mod tls;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 pub use exec::{ConfineArgs, ExecArgs, Sessions};
+pub use http::HttpArgs;
 pub use local::{LocalEnvArgs, McpArgs, RunArgs, ToolArgs};
 pub use origins::Origins;
 pub use pod::{PodArgs, SettingsError};

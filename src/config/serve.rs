@@ -6,12 +6,12 @@ use std::time::Duration;
 use clap::Args;
 
 use super::exec::{ExecArgs, Sessions};
+use super::http::HttpArgs;
 use super::origins::Origins;
 use super::pod::{SettingsError, is_listen_address};
 use super::tls::TlsArgs;
 use crate::agent::media::ModelFiles;
 use crate::byoh::ServeConfig;
-use crate::byoh::listener::HttpLimits;
 use crate::chat::session::ChatLimits;
 use crate::floor::secret::Secret;
 
@@ -61,24 +61,8 @@ pub struct ServeArgs {
     #[arg(long, env = "PODHOST_MODEL_ATTEMPTS", default_value_t = 4,
           value_parser = clap::value_parser!(u32).range(1..=20))]
     pub model_attempts: u32,
-    /// Seconds a connection may take to send a request's headers (from its accept, or from its
-    /// first byte after the previous response); past it, the connection is closed.
-    #[arg(long, env = "PODHOST_HTTP_HEADER_TIMEOUT_SECS", default_value_t = 10,
-          value_parser = clap::value_parser!(u64).range(1..=3600))]
-    pub http_header_timeout_secs: u64,
-    /// Seconds a request's body may take to arrive; past it, the connection is closed.
-    #[arg(long, env = "PODHOST_HTTP_BODY_TIMEOUT_SECS", default_value_t = 60,
-          value_parser = clap::value_parser!(u64).range(1..=3600))]
-    pub http_body_timeout_secs: u64,
-    /// Seconds a kept-alive connection may stay silent between requests.
-    #[arg(long, env = "PODHOST_HTTP_IDLE_TIMEOUT_SECS", default_value_t = 60,
-          value_parser = clap::value_parser!(u64).range(1..=3600))]
-    pub http_idle_timeout_secs: u64,
-    /// Most connections open at once; at the cap, the oldest connection not inside a request is
-    /// closed to make room.
-    #[arg(long, env = "PODHOST_HTTP_MAX_CONNECTIONS", default_value_t = 4096,
-          value_parser = clap::value_parser!(u64).range(16..=1_000_000))]
-    pub http_max_connections: u64,
+    #[command(flatten)]
+    pub http: HttpArgs,
     /// MiB a session's workspace and temporary directory may hold together: on a file system of
     /// their own where podhost can make one (a writer past it gets ENOSPC), else measured (past
     /// it, commands are stopped and writes refused until files are deleted); 0 for no quota.
@@ -201,12 +185,7 @@ impl ServeArgs {
             orphan_grace: Duration::from_secs(self.orphan_grace_secs),
             max_steps: self.max_steps,
             model_attempts: self.model_attempts,
-            http: HttpLimits {
-                header_timeout: Duration::from_secs(self.http_header_timeout_secs),
-                body_timeout: Duration::from_secs(self.http_body_timeout_secs),
-                idle_timeout: Duration::from_secs(self.http_idle_timeout_secs),
-                max_connections: self.http_max_connections as usize,
-            },
+            http: self.http.limits(),
             min_free_bytes: self.min_free_mb.saturating_mul(1 << 20),
             tls: self.tls.settings(&self.origins),
             limits: self.model.limits(),

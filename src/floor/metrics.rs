@@ -111,6 +111,8 @@ struct Metrics {
     pod_reconnects: Counter,
     leases_held: Gauge,
     effects_journaled: Family<KindLabel, Counter>,
+    http_body_bytes_held: Gauge,
+    http_bodies_refused: Family<ReasonLabel, Counter>,
 }
 
 impl Metrics {
@@ -132,6 +134,8 @@ impl Metrics {
             pod_reconnects: Counter::default(),
             leases_held: Gauge::default(),
             effects_journaled: Family::default(),
+            http_body_bytes_held: Gauge::default(),
+            http_bodies_refused: Family::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -208,6 +212,17 @@ impl Metrics {
             "pod_effects_journaled",
             "Effects journaled with core, by kind (model, tool)",
             m.effects_journaled.clone(),
+        );
+        r.register(
+            "http_body_bytes_held",
+            "Bytes of request bodies read and held now, across all connections",
+            m.http_body_bytes_held.clone(),
+        );
+        r.register(
+            "http_bodies_refused",
+            "Request bodies whose connection was closed, by reason (held: past the cap on body \
+             bytes held; timeout: not arrived within the body timeout)",
+            m.http_bodies_refused.clone(),
         );
         m
     }
@@ -345,6 +360,19 @@ pub fn effect_journaled(kind: &'static str) {
     METRICS
         .effects_journaled
         .get_or_create(&KindLabel { kind })
+        .inc();
+}
+
+/// Request bodies hold `delta` more bytes (fewer when negative).
+pub fn http_body_bytes_held(delta: i64) {
+    METRICS.http_body_bytes_held.inc_by(delta);
+}
+
+/// A request body's connection was closed: `held` (past the cap) or `timeout`.
+pub fn http_body_refused(reason: &'static str) {
+    METRICS
+        .http_bodies_refused
+        .get_or_create(&ReasonLabel { reason })
         .inc();
 }
 

@@ -9,12 +9,15 @@
 //! * [`text`]: making arbitrary bytes into bounded, valid text (middle truncation, clipping).
 //! * [`tls`]: the one TLS client configuration of every outgoing connection.
 //! * [`metrics`]: the Prometheus metrics every layer records, and their text.
+//! * [`http`]: what every HTTP front stands on: the hardened listener, the guard against forged
+//!   browser requests, the bearer credential.
 //!
 //! Invariant: nothing here imports a module of podhost (`exec` and `tools` both build on it); a
 //! test in `tests/layers.rs` checks it.
 
 pub(crate) mod backoff;
 pub mod codes;
+pub mod http;
 pub(crate) mod locks;
 pub mod metrics;
 pub(crate) mod secret;

@@ -12,8 +12,11 @@
 //!   cancels every call in flight and waits for them, with a deadline, before podhost exits.
 //! * A tool that ran and failed is a result with `isError: true` and `code: message` as text,
 //!   so the client's model reads it; only a call naming no tool is a JSON-RPC error.
-//! * Over HTTP every request needs the bearer credential when one is set; without one, podhost
-//!   listens on loopback only and keeps rmcp's Host check against DNS rebinding.
+//! * Over HTTP podhost serves through the floor's hardened listener (the timeouts and caps of
+//!   `podhost serve`) behind its guard against forged browser requests: a foreign `Origin` or a
+//!   `POST` that is not JSON is refused; with a credential every request needs it (the
+//!   `Bearer` scheme in any case); without one, podhost listens on loopback only and refuses a
+//!   `Host` that is not a loopback name or the address it listens on (DNS rebinding).
 //!
 //! Non-goals: resources, prompts, sampling; sessions that outlive the process.
 
@@ -42,6 +45,8 @@ use tokio_util::task::TaskTracker;
 use super::{LocalEnv, LocalError, Stop, toolbox, withheld_note};
 use crate::exec::ExecSettings;
 use crate::floor::codes::exit;
+use crate::floor::http::listener::fit_open_files;
+use crate::floor::http::{Guard, HttpLimits, auth};
 use crate::floor::secret::Secret;
 use crate::tools::{CallContext, ToolName, ToolOutcome, Toolbox};
 
@@ -58,6 +63,8 @@ pub struct McpConfig {
     pub token: Option<Secret>,
     /// A file holding the credential.
     pub token_file: Option<PathBuf>,
+    /// The HTTP listener's timeouts and caps.
+    pub http: HttpLimits,
     pub env: LocalEnv,
     pub exec: ExecSettings,
 }
@@ -219,7 +226,7 @@ pub async fn mcp(cfg: McpConfig, stop: Stop) -> Result<i32, LocalError> {
     };
     match &cfg.listen {
         None => stdio(tools.clone(), &stop).await?,
-        Some(listen) => http(tools.clone(), listen, token, &stop).await?,
+        Some(listen) => http(tools.clone(), listen, token, cfg.http, &stop).await?,
     }
     // Stop every call still running and wait for their process trees to be gone.
     tools.root.cancel();
@@ -263,6 +270,7 @@ async fn http(
     tools: Tools,
     listen: &str,
     token: Option<String>,
+    limits: HttpLimits,
     stop: &Stop,
 ) -> Result<(), LocalError> {
     let usage = |why: String| LocalError::Usage(format!("--listen {listen:?}: {why}"));
@@ -288,43 +296,35 @@ async fn http(
         source,
     })?;
     let sessions = tools.root.child_token();
-    let mut config =
-        StreamableHttpServerConfig::default().with_cancellation_token(sessions.clone());
-    if token.is_some() && !addr.ip().is_loopback() {
-        // Reached by any name: the credential guards it, the Host check would refuse them all.
-        config = config.disable_allowed_hosts();
-    }
+    // The guard below checks Host and Origin as for every front; rmcp's own Host check on top
+    // would know neither the listen address nor whether a credential is set, and answers in
+    // plain text.
+    let config = StreamableHttpServerConfig::default()
+        .with_cancellation_token(sessions.clone())
+        .disable_allowed_hosts();
     let root = tools.toolbox.workspace().root().display().to_string();
     let service = StreamableHttpService::new(
         move || Ok(tools.clone()),
         Arc::new(LocalSessionManager::default()),
         config,
     );
-    let app =
-        axum::Router::new()
-            .nest_service("/mcp", service)
-            .layer(middleware::from_fn_with_state(
-                token.map(Arc::<str>::from),
-                require_bearer,
-            ));
+    // The credential check, then the guard (as for serve), then rmcp.
+    let guard = Guard::new(local, token.is_some(), refuse);
+    let app = guard
+        .around(axum::Router::new().route_service("/mcp", service))
+        .layer(middleware::from_fn_with_state(
+            token.map(|t| Arc::new(Secret::new(t))),
+            require_bearer,
+        ));
+    let limits = fit_open_files(limits);
     eprintln!("podhost mcp: serving the tools of {root} at http://{local}/mcp");
     let stopped = stop.token().clone();
     let shutdown = async move {
         stopped.cancelled().await;
-        // Ends every session, so open event streams close and the server can drain.
+        // Ends every session, so open event streams close and the connections can drain.
         sessions.cancel();
     };
-    let server = axum::serve(listener, app).with_graceful_shutdown(shutdown);
-    let stopped = stop.token().clone();
-    tokio::select! {
-        served = server => served.map_err(|source| LocalError::Io {
-            what: "the MCP HTTP server failed".into(),
-            source,
-        })?,
-        () = async move { stopped.cancelled().await; tokio::time::sleep(DRAIN).await } => {
-            tracing::warn!("HTTP connections still open {} s after the stop", DRAIN.as_secs());
-        }
-    }
+    crate::floor::http::serve(listener, app, limits, shutdown).await;
     Ok(())
 }
 
@@ -356,33 +356,29 @@ fn credential(cfg: &McpConfig) -> Result<Option<String>, LocalError> {
 }
 
 async fn require_bearer(
-    State(token): State<Option<Arc<str>>>,
+    State(token): State<Option<Arc<Secret>>>,
     req: Request,
     next: Next,
 ) -> Response {
     let Some(token) = token else {
         return next.run(req).await;
     };
-    let presented = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    match presented {
-        Some(p) if Secret::new(token.as_ref()).matches(p) => next.run(req).await,
-        Some(_) => refuse("the credential is wrong"),
-        None => refuse("an Authorization: Bearer credential is required"),
+    match auth::check(req.headers(), &token) {
+        Ok(()) => next.run(req).await,
+        Err(why) => {
+            let mut resp = refuse(StatusCode::UNAUTHORIZED, why.message().to_owned());
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+            resp
+        }
     }
 }
 
-fn refuse(why: &str) -> Response {
-    (
-        StatusCode::UNAUTHORIZED,
-        [(header::WWW_AUTHENTICATE, "Bearer")],
-        axum::Json(serde_json::json!({"error": why})),
-    )
-        .into_response()
+/// A refusal of the HTTP front, as `{"error": message}`.
+fn refuse(status: StatusCode, message: String) -> Response {
+    (status, axum::Json(serde_json::json!({"error": message}))).into_response()
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::harness::{Options, Serve, TOKEN, start};
+use crate::harness::{Options, Serve, T, TOKEN, start};
 
 /// `/healthz` must answer within this, whatever else the server is going through.
 const HEALTHY: Duration = Duration::from_secs(1);
@@ -403,4 +403,104 @@ async fn below_the_free_space_floor_new_work_is_503_and_known_work_is_answered()
         "{code} {body}"
     );
     assert_eq!(body["invocation_id"], "i2");
+}
+
+/// The value of a sample of `/metrics` (`name` with its labels, as the text writes it); 0 when
+/// the series does not exist yet.
+async fn metric(s: &Serve, name: &str) -> f64 {
+    let text = tokio::time::timeout(HEALTHY, s.http.get(format!("{}/metrics", s.url)).send())
+        .await
+        .unwrap_or_else(|_| panic!("/metrics did not answer within {HEALTHY:?}"))
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Whether the server has not closed `sock` (nothing to read yet, no end of file).
+fn still_open(sock: &TcpStream) -> bool {
+    let mut probe = [0u8; 1];
+    matches!(sock.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+}
+
+#[tokio::test]
+async fn stalled_bodies_past_the_cap_on_body_bytes_held_are_closed_and_healthz_still_answers() {
+    more_files();
+    let dir = tempfile::tempdir().unwrap();
+    // The default cap, 64 MiB; a body timeout long enough to watch the bodies stall.
+    let s = Serve::start_with(
+        dir.path(),
+        Options::default().env("PODHOST_HTTP_BODY_TIMEOUT_SECS", "10"),
+    );
+    const CAP: f64 = (64 << 20) as f64;
+    const SENT: usize = 7 << 20;
+    const BODIES: usize = 12;
+    let head = format!(
+        "POST /submit HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        10 << 20
+    );
+    // Twelve 10 MiB bodies that stall after 7 MiB: 84 MiB against the cap of 64.
+    let senders: Vec<_> = (0..BODIES)
+        .map(|_| {
+            let (addr, head) = (addr(&s), head.clone());
+            tokio::spawn(async move {
+                let mut sock = TcpStream::connect(addr).await.unwrap();
+                sock.write_all(head.as_bytes()).await.unwrap();
+                // A body the server closes fails to send: that is the refusal.
+                let _ = sock.write_all(&vec![b' '; SENT]).await;
+                sock
+            })
+        })
+        .collect();
+    let mut socks = Vec::new();
+    for sender in senders {
+        socks.push(tokio::time::timeout(T, sender).await.unwrap().unwrap());
+    }
+    // Wait until every body is either held whole (7 MiB read) or closed; the bytes held never
+    // pass the cap meanwhile.
+    let settled = tokio::time::timeout(T, async {
+        loop {
+            let held = metric(&s, "podhost_http_body_bytes_held").await;
+            assert!(held <= CAP, "{held} bytes held, past the cap of {CAP}");
+            let open = socks.iter().filter(|sock| still_open(sock)).count();
+            let refused = metric(&s, "podhost_http_bodies_refused_total{reason=\"held\"}").await;
+            if held == (open * SENT) as f64 && refused == (BODIES - open) as f64 {
+                return open;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let open = settled.unwrap_or_else(|_| panic!("the bodies did not settle\n{}", s.log_tail()));
+    // At most nine 7 MiB bodies fit in 64 MiB; the others were closed without an answer.
+    assert!((1..=9).contains(&open), "{open} bodies held of {BODIES}");
+    for sock in socks.iter_mut().filter(|sock| !still_open(sock)) {
+        assert_eq!(closed_within(sock, Duration::from_secs(1)).await, "");
+    }
+    assert_healthy(&s).await;
+    assert_probes_answer(&s).await;
+    // The body timeout closes the stalled ones, and what they held is given back.
+    for sock in &mut socks {
+        assert_eq!(closed_within(sock, Duration::from_secs(20)).await, "");
+    }
+    let held = tokio::time::timeout(T, async {
+        loop {
+            let held = metric(&s, "podhost_http_body_bytes_held").await;
+            if held == 0.0 {
+                return held;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(held, Ok(0.0));
+    assert_eq!(
+        metric(&s, "podhost_http_bodies_refused_total{reason=\"timeout\"}").await,
+        open as f64
+    );
+    assert_healthy(&s).await;
 }

@@ -15,6 +15,8 @@ mod tls_front;
 
 mod harness;
 
+mod browsers;
+mod call_ids;
 mod context;
 mod crash;
 mod durability;

@@ -1,13 +1,18 @@
 //! `podhost mcp` driven by MCP clients nobody here wrote: the official Python SDK's over stdio
 //! and streamable HTTP (both protocol styles), the official TypeScript SDK's over stdio. Each
 //! lists the tools, calls each one, has the calls that must be refused refused, runs calls
-//! concurrently, and cancels a long command — whose processes must then be gone.
+//! concurrently, and cancels a long command — whose processes must then be gone. Over HTTP it is
+//! also attacked — requests a browser page can forge, a flood of half-open connections under a
+//! low open-file limit — and must refuse them and keep serving the Python SDK's client.
 
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
 
 use crate::harness::{T, client_script, clients, output, podhost, python};
 use crate::support::podhost_bin;
@@ -157,30 +162,88 @@ async fn the_python_sdk_drives_it_over_stdio() {
     check_python_report(&r, ws.path());
 }
 
-/// A running `podhost mcp --listen`, and its URL.
+/// A running `podhost mcp --listen`, its URL, and what it writes to stderr.
 struct Http {
     _child: tokio::process::Child,
     url: String,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Http {
+    /// `host:port`.
+    fn addr(&self) -> &str {
+        self.url
+            .trim_start_matches("http://")
+            .trim_end_matches("/mcp")
+    }
 }
 
 async fn serve_http(ws: &std::path::Path, extra: &[&str]) -> Http {
-    let mut cmd = podhost(&["mcp", "--listen", "127.0.0.1:0", "--workspace"]);
-    cmd.arg(ws).args(extra).env("PODHOST_TOKEN", TOKEN);
+    serve_http_with(ws, extra, Some(TOKEN), None).await
+}
+
+/// `podhost mcp --listen` on a free loopback port, with `token` as its credential (or none) and,
+/// with `open_files`, under that open-file limit (soft and hard, set by a shell before it).
+async fn serve_http_with(
+    ws: &std::path::Path,
+    extra: &[&str],
+    token: Option<&str>,
+    open_files: Option<u64>,
+) -> Http {
+    let args = ["mcp", "--listen", "127.0.0.1:0", "--workspace"];
+    let mut cmd = podhost(&args);
+    if let Some(n) = open_files {
+        // The same clean environment, through a shell that lowers the limit first.
+        let template = cmd;
+        cmd = tokio::process::Command::new("/bin/sh");
+        cmd.arg("-c")
+            .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
+            .arg(podhost_bin())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        for (k, v) in template.as_std().get_envs() {
+            match v {
+                Some(v) => cmd.env(k, v),
+                None => cmd.env_remove(k),
+            };
+        }
+    }
+    cmd.arg(ws).args(extra);
+    if let Some(t) = token {
+        cmd.env("PODHOST_TOKEN", t);
+    }
     let mut child = cmd.spawn().unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let stderr = Arc::new(Mutex::new(String::new()));
     let url = tokio::time::timeout(T, async {
         while let Some(line) = lines.next_line().await.unwrap() {
+            stderr.lock().unwrap().push_str(&format!("{line}\n"));
             if let Some((_, url)) = line.split_once(" at ") {
                 return url.to_owned();
             }
         }
-        panic!("podhost mcp ended before it listened");
+        panic!(
+            "podhost mcp ended before it listened:\n{}",
+            stderr.lock().unwrap()
+        );
     })
     .await
     .unwrap();
     // Keep draining stderr so podhost never blocks on it.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Http { _child: child, url }
+    let sink = stderr.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            sink.lock().unwrap().push_str(&format!("{line}\n"));
+        }
+    });
+    Http {
+        _child: child,
+        url,
+        stderr,
+    }
 }
 
 #[tokio::test]
@@ -289,4 +352,261 @@ async fn http_refuses_requests_without_the_credential_and_other_hosts_without_on
              PODHOST_TOKEN or PODHOST_TOKEN_FILE, or listen on a loopback address"
         )
     );
+}
+
+/// The official Python SDK's client: initializes, lists the tools and runs `echo hi` through
+/// `bash`; prints what it got as JSON.
+const LIST_AND_CALL: &str = r#"
+import json, sys
+import anyio
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+async def main():
+    url, token = sys.argv[1], sys.argv[2]
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with create_mcp_http_client(headers=headers) as http:
+        async with streamable_http_client(url, http_client=http) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                tools = await session.list_tools()
+                echo = await session.call_tool("bash", {"command": "echo hi"})
+    text = "".join(getattr(c, "text", "") for c in echo.content)
+    print(json.dumps({"tools": [t.name for t in tools.tools], "echo": json.loads(text)["stdout"]}))
+
+anyio.run(main)
+"#;
+
+/// A real MCP client's session against `server` succeeds: the six tools listed, a call run.
+async fn a_client_is_served(server: &Http, token: Option<&str>) {
+    let mut cmd = tokio::process::Command::new(python());
+    cmd.args(["-c", LIST_AND_CALL, &server.url, token.unwrap_or("")]);
+    let r = report(cmd).await;
+    assert_eq!(
+        r,
+        json!({"tools": ["bash", "read", "write", "edit", "grep", "glob"], "echo": "hi\n"})
+    );
+}
+
+/// Sends one raw HTTP/1.1 request (the head exactly as given, `Content-Length` and
+/// `Connection: close` added); answers the status and the body as JSON (or as a string). A
+/// body without a length (an event stream) is not waited for: it answers `null`.
+async fn raw(addr: &str, head: &str, body: &str) -> (u16, Value) {
+    let mut sock = tokio::time::timeout(T, TcpStream::connect(addr))
+        .await
+        .unwrap()
+        .unwrap();
+    let request = format!(
+        "{head}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    sock.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    let (head, rest) = loop {
+        let n = tokio::time::timeout(T, sock.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "closed before the headers: {answer:?}");
+        answer.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&answer).into_owned();
+        if let Some((head, rest)) = text.split_once("\r\n\r\n") {
+            break (head.to_owned(), rest.as_bytes().to_vec());
+        }
+    };
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {head}"));
+    let length = head.lines().find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        name.eq_ignore_ascii_case("content-length")
+            .then(|| value.trim().parse::<usize>().ok())?
+    });
+    let Some(length) = length else {
+        return (status, Value::Null);
+    };
+    let mut body = rest;
+    while body.len() < length {
+        let n = tokio::time::timeout(T, sock.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "closed inside the body");
+        body.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&body).into_owned();
+    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, body)
+}
+
+const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#;
+
+#[tokio::test]
+async fn http_refuses_what_a_browser_can_forge_with_and_without_a_credential() {
+    let ws = tempfile::tempdir().unwrap();
+    for token in [Some(TOKEN), None] {
+        let server = serve_http_with(ws.path(), &[], token, None).await;
+        let addr = server.addr();
+        let port = addr.rsplit(':').next().unwrap();
+        let auth = token.map_or(String::new(), |t| format!("\r\nAuthorization: Bearer {t}"));
+        let post = |host: &str, extra: &str| {
+            format!(
+                "POST /mcp HTTP/1.1\r\nHost: {host}{auth}\r\nAccept: application/json, \
+                 text/event-stream{extra}"
+            )
+        };
+        let json = "\r\nContent-Type: application/json";
+        // A page's fetch() or form from another origin (the preflight of a JSON POST too).
+        for origin in ["https://evil.example", "null", "http://localhost:1"] {
+            let refused = json!({"error": format!(
+                "the Origin {origin:?} is not this server's: podhost answers no request that a \
+                 page from another origin makes a browser send"
+            )});
+            for head in [
+                post(addr, &format!("{json}\r\nOrigin: {origin}")),
+                format!("OPTIONS /mcp HTTP/1.1\r\nHost: {addr}{auth}\r\nOrigin: {origin}"),
+                format!("GET /mcp HTTP/1.1\r\nHost: {addr}{auth}\r\nOrigin: {origin}"),
+            ] {
+                let (code, body) = raw(addr, &head, INITIALIZE).await;
+                assert_eq!((code, body), (403, refused.clone()), "{token:?} {head}");
+            }
+        }
+        // Cross-site simple POSTs: no preflight, so no Origin is needed to send them.
+        for (kind, line) in [
+            ("text/plain", "\r\nContent-Type: text/plain"),
+            (
+                "application/x-www-form-urlencoded",
+                "\r\nContent-Type: application/x-www-form-urlencoded",
+            ),
+            (
+                "multipart/form-data; boundary=x",
+                "\r\nContent-Type: multipart/form-data; boundary=x",
+            ),
+        ] {
+            let (code, body) = raw(addr, &post(addr, line), INITIALIZE).await;
+            assert_eq!(
+                (code, body),
+                (
+                    415,
+                    json!({"error": format!(
+                        "a POST must send its body as JSON, with Content-Type: \
+                         application/json, not {kind:?}"
+                    )})
+                ),
+                "{token:?} {kind}"
+            );
+        }
+        let (code, body) = raw(addr, &post(addr, ""), INITIALIZE).await;
+        assert_eq!(code, 415, "{token:?} no Content-Type: {body}");
+        // A DNS-rebinding page's name: refused while no credential is set.
+        let (code, body) = raw(
+            addr,
+            &post(&format!("evil.example:{port}"), json),
+            INITIALIZE,
+        )
+        .await;
+        if token.is_none() {
+            assert_eq!(
+                (code, body),
+                (
+                    403,
+                    json!({"error": "the Host \"evil.example\" does not name this server: \
+                                     without a credential podhost answers only requests \
+                                     addressed to localhost, 127.0.0.1, [::1] (set a credential \
+                                     to be reached by other names)"})
+                )
+            );
+            let (code, _) = raw(addr, &post(&format!("localhost:{port}"), json), INITIALIZE).await;
+            assert_eq!(code, 200, "a loopback name is this server");
+        } else {
+            assert_eq!(code, 200, "with a credential any name: {body}");
+        }
+        a_client_is_served(&server, token).await;
+    }
+}
+
+#[tokio::test]
+async fn http_accepts_the_bearer_scheme_in_any_case() {
+    let ws = tempfile::tempdir().unwrap();
+    let server = serve_http(ws.path(), &[]).await;
+    let addr = server.addr();
+    for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: {scheme} {TOKEN}\r\n\
+             Accept: application/json, text/event-stream\r\nContent-Type: application/json"
+        );
+        let (code, body) = raw(addr, &head, INITIALIZE).await;
+        assert_eq!(code, 200, "{scheme}: {body}");
+    }
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: bearer wrong\r\n\
+         Accept: application/json, text/event-stream\r\nContent-Type: application/json"
+    );
+    assert_eq!(
+        raw(addr, &head, INITIALIZE).await,
+        (401, json!({"error": "the credential is wrong"}))
+    );
+}
+
+/// Raises this test process's open-file limit to its hard limit (the attack opens many sockets).
+fn more_files() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+}
+
+/// At `nofile=1024`, 1,100 half-open connections used to leave `podhost mcp` unable to accept
+/// anyone. Now its cap (lowered to what the limit holds) closes the oldest connections that are
+/// not inside a request, and a real client's session goes through.
+#[tokio::test]
+async fn a_flood_of_half_open_connections_under_nofile_1024_does_not_keep_a_client_out() {
+    more_files();
+    let ws = tempfile::tempdir().unwrap();
+    let server = serve_http_with(
+        ws.path(),
+        &["--http-header-timeout-secs", "120"],
+        Some(TOKEN),
+        Some(1024),
+    )
+    .await;
+    let warned = "the open-file limit cannot hold PODHOST_HTTP_MAX_CONNECTIONS; lowering it to 512";
+    assert!(
+        server.stderr.lock().unwrap().contains(warned),
+        "{}",
+        server.stderr.lock().unwrap()
+    );
+    let mut socks = Vec::new();
+    for i in 0..1100 {
+        let mut sock = tokio::time::timeout(T, TcpStream::connect(server.addr()))
+            .await
+            .unwrap()
+            .unwrap();
+        // Half send nothing; half start their headers and stop.
+        if i % 2 == 1 {
+            sock.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                .await
+                .unwrap();
+        }
+        socks.push(sock);
+    }
+    a_client_is_served(&server, Some(TOKEN)).await;
+    // The oldest were closed to make room (a read ends at once), the newest are still open.
+    let mut probe = [0u8; 1];
+    for sock in socks.iter_mut().take(100) {
+        let read = tokio::time::timeout(Duration::from_secs(5), sock.read(&mut probe)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "an old half-open connection is still open"
+        );
+    }
+    let open = socks[socks.len() - 400..]
+        .iter()
+        .filter(|s| matches!(s.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock))
+        .count();
+    assert!(open >= 300, "only {open} of the newest 400 are open");
+    a_client_is_served(&server, Some(TOKEN)).await;
 }

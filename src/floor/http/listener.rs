@@ -1,20 +1,25 @@
-//! The BYOH endpoint's listener: accepts TCP connections and serves each with hyper's HTTP/1,
-//! with the defences a listener open to the network needs.
+//! The listener of every HTTP front (`podhost serve`, `podhost mcp --listen`): accepts TCP
+//! connections and serves each with hyper's HTTP/1, with the defences a listener open to the
+//! network needs.
 //!
 //! Owns: the accept loop, the table of open connections with their deadlines, the eviction of
-//! connections at the cap, and graceful shutdown of the connections.
+//! connections at the cap, the ledger of body bytes held, the open-file limit, and graceful
+//! shutdown of the connections.
 //!
 //! Defences (each a setting of [`HttpLimits`]):
 //! * **Header timeout.** A connection must finish a request's headers within `header_timeout`
 //!   of being accepted, or of the first byte it sends after the previous response.
 //! * **Idle timeout.** A kept-alive connection that sends nothing for `idle_timeout` after a
 //!   response is closed.
-//! * **Body timeout.** A handler reading a body gives up after `body_timeout` and closes the
-//!   connection ([`ConnHandle::close`], used by `server::read_body`).
+//! * **Body timeout.** A body that has not arrived within `body_timeout` of its request's start
+//!   closes the connection (see `body`).
+//! * **A cap on the body bytes held** across all connections (`max_body_bytes_held`): a body
+//!   whose next bytes would pass it closes its connection (see `body`).
 //! * **A cap on open connections.** At the cap, the oldest connection that is not inside a
 //!   request (it has not finished its headers, or it idles between requests) is closed to make
 //!   room, so a flood of half-open connections cannot keep `/healthz` from being served; when
-//!   every connection is inside a request, the new one is closed at once.
+//!   every connection is inside a request, the new one is closed at once. [`fit_open_files`]
+//!   raises the open-file limit to hold the cap, or lowers the cap to what the limit holds.
 //!
 //! Invariants:
 //! * A refusal for load is always a closed connection, never a `4xx` (Oumi retries a dropped
@@ -23,7 +28,7 @@
 //! * Every connection task is tracked; shutdown asks each connection to finish its request and
 //!   waits a bounded time for them.
 //!
-//! Non-goals: TLS (put a proxy in front), HTTP/2, what a request means (`server`).
+//! Non-goals: TLS (put a proxy in front), HTTP/2, what a request means (the fronts' routes).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -45,6 +50,8 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 use tracing::{debug, warn};
 
+use super::body::{Hold, Ledger, Metered};
+
 /// The listener's limits; see the module doc for what each one does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HttpLimits {
@@ -53,6 +60,8 @@ pub struct HttpLimits {
     pub idle_timeout: Duration,
     /// Most connections open at once.
     pub max_connections: usize,
+    /// Most bytes of request bodies held at once, across all connections.
+    pub max_body_bytes_held: usize,
 }
 
 impl Default for HttpLimits {
@@ -62,6 +71,7 @@ impl Default for HttpLimits {
             body_timeout: Duration::from_secs(60),
             idle_timeout: Duration::from_secs(60),
             max_connections: 4096,
+            max_body_bytes_held: 64 << 20,
         }
     }
 }
@@ -90,26 +100,14 @@ struct Conn {
     close: CancellationToken,
 }
 
-/// A handler's view of its connection: the body timeout, and a way to close the connection.
-#[derive(Clone, Debug)]
-pub struct ConnHandle {
-    conn: Arc<Conn>,
-    pub body_timeout: Duration,
-}
-
-impl ConnHandle {
-    /// Closes the connection without a response (a stalled body).
-    pub fn close(&self) {
-        self.conn.close.cancel();
-    }
-}
-
 /// Every open connection, by id.
 struct Table {
     epoch: Instant,
     limits: HttpLimits,
     conns: Mutex<BTreeMap<u64, Arc<Conn>>>,
     next_id: AtomicU64,
+    /// The body bytes held by every connection's request.
+    ledger: Arc<Ledger>,
 }
 
 impl Table {
@@ -300,6 +298,7 @@ pub async fn serve(
         limits,
         conns: Mutex::new(BTreeMap::new()),
         next_id: AtomicU64::new(0),
+        ledger: Arc::new(Ledger::new(limits.max_body_bytes_held)),
     });
     let stop = CancellationToken::new();
     let tracker = TaskTracker::new();
@@ -380,15 +379,19 @@ async fn connection(
     });
     let svc = {
         let (conn, table) = (conn.clone(), table.clone());
-        hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+        hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
             let (conn, table, app) = (conn.clone(), table.clone(), app.clone());
             async move {
                 conn.busy.store(true, Ordering::Release);
-                req.extensions_mut().insert(ConnHandle {
-                    conn: conn.clone(),
-                    body_timeout,
+                // Dropped with this future: what the request's body took is given back when
+                // the request is done, however it ends.
+                let hold = Hold::new(table.ledger.clone());
+                let (close, id) = (conn.close.clone(), conn.id);
+                let req = req.map(|body| {
+                    Body::new(Metered::new(body, hold.clone(), close, id, body_timeout))
                 });
-                let resp = app.oneshot(req.map(Body::new)).await;
+                let resp = app.oneshot(req).await;
+                drop(hold);
                 conn.first_byte.store(NONE, Ordering::Release);
                 conn.waiting_since.store(table.now_ms(), Ordering::Release);
                 conn.served.store(true, Ordering::Release);
@@ -421,6 +424,37 @@ async fn connection(
     table.remove(conn.id);
 }
 
+/// Descriptors kept back from the connection cap for everything else the process opens (a
+/// store, commands, model calls).
+const FD_RESERVE: u64 = 512;
+
+/// Raises the open-file limit to its hard limit (each connection holds a descriptor), and lowers
+/// the connection cap, with a warning, when even that limit cannot hold it.
+pub fn fit_open_files(mut limits: HttpLimits) -> HttpLimits {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let soft = match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => hard,
+            Err(e) => {
+                warn!(error = %e, soft, hard, "could not raise the open-file limit");
+                soft
+            }
+        },
+        Ok((soft, _)) => soft,
+        Err(_) => return limits,
+    };
+    let room = soft.saturating_sub(FD_RESERVE).max(16);
+    if (limits.max_connections as u64) > room {
+        warn!(
+            configured = limits.max_connections,
+            open_file_limit = soft,
+            "the open-file limit cannot hold PODHOST_HTTP_MAX_CONNECTIONS; lowering it to {room}"
+        );
+        limits.max_connections = room as usize;
+    }
+    limits
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -437,6 +471,7 @@ mod tests {
             },
             conns: Mutex::new(BTreeMap::new()),
             next_id: AtomicU64::new(0),
+            ledger: Arc::new(Ledger::new(1 << 20)),
         }
     }
 
