@@ -551,6 +551,27 @@ impl Container {
         (namespaces, pid)
     }
 
+    /// The network the pod's commands are on, as podhost logged its level at start: `host`,
+    /// or `namespace` (a network namespace of the session's own, whose one way out is the proxy
+    /// podhost serves on its 127.0.0.1:3128).
+    pub async fn network(&self) -> String {
+        let logs = self.logs().await;
+        let line = logs
+            .lines()
+            .find(|l| l.contains("commands and file tools are confined"))
+            .unwrap_or_else(|| panic!("no confinement level in the logs:\n{logs}"));
+        // `network filter on|off` comes first; the network itself after the namespaces.
+        let network = line
+            .split(", network ")
+            .skip(1)
+            .find(|rest| !rest.starts_with("filter "))
+            .and_then(|rest| rest.split([',', ' ']).next())
+            .unwrap_or("host")
+            .to_owned();
+        println!("the pod's commands: network {network}");
+        network
+    }
+
     /// Whether commands run in isolated sessions (see [`Container::namespaces`]).
     pub async fn isolated(&self) -> bool {
         !matches!(self.namespaces().await.0.as_str(), "off" | "none")

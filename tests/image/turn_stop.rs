@@ -280,28 +280,55 @@ async fn a_turns_command_sees_no_run_token_host_token_or_join_token() {
         .map(|(_, p)| p)
         .unwrap();
     // The command's whole environment: the base, the session's variable, the trace context and
-    // the egress CA bundle, and nothing of podhost's.
-    let env = "AWS_CA_BUNDLE=/harness/egress-ca-bundle.pem\n\
-               CURL_CA_BUNDLE=/harness/egress-ca-bundle.pem\n\
-               DEBIAN_FRONTEND=noninteractive\n\
-               GIT_PAGER=cat\n\
-               GIT_SSL_CAINFO=/harness/egress-ca-bundle.pem\n\
-               GIT_TERMINAL_PROMPT=0\n\
-               HOME=/workspace\n\
-               LANG=C.UTF-8\n\
-               LC_ALL=C.UTF-8\n\
-               NODE_EXTRA_CA_CERTS=/harness/egress-ca-bundle.pem\n\
-               NO_COLOR=1\n\
-               PAGER=cat\n\
-               PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n\
-               PWD=/workspace\n\
-               REQUESTS_CA_BUNDLE=/harness/egress-ca-bundle.pem\n\
-               SESSION_VAR=session-value\n\
-               SHLVL=1\n\
-               SSL_CERT_FILE=/harness/egress-ca-bundle.pem\n\
-               TERM=dumb\n\
-               TRACEPARENT=00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\n\
-               _=/usr/bin/env\n";
+    // the egress CA bundle, and nothing of podhost's. In a network namespace of the session's
+    // own, also the proxy variables naming its one way out (podhost's proxy on the session's
+    // loopback).
+    let proxied = t.pod.container.network().await == "namespace";
+    let proxy = |upper: bool| match (proxied, upper) {
+        (false, _) => "",
+        (true, true) => {
+            "HTTPS_PROXY=http://127.0.0.1:3128\n\
+             HTTP_PROXY=http://127.0.0.1:3128\n"
+        }
+        (true, false) => {
+            "http_proxy=http://127.0.0.1:3128\n\
+             https_proxy=http://127.0.0.1:3128\n\
+             no_proxy=localhost,127.0.0.1,::1\n"
+        }
+    };
+    let no_proxy = if proxied {
+        "NO_PROXY=localhost,127.0.0.1,::1\n"
+    } else {
+        ""
+    };
+    let env = format!(
+        "AWS_CA_BUNDLE=/harness/egress-ca-bundle.pem\n\
+         CURL_CA_BUNDLE=/harness/egress-ca-bundle.pem\n\
+         DEBIAN_FRONTEND=noninteractive\n\
+         GIT_PAGER=cat\n\
+         GIT_SSL_CAINFO=/harness/egress-ca-bundle.pem\n\
+         GIT_TERMINAL_PROMPT=0\n\
+         HOME=/workspace\n\
+         {}\
+         LANG=C.UTF-8\n\
+         LC_ALL=C.UTF-8\n\
+         NODE_EXTRA_CA_CERTS=/harness/egress-ca-bundle.pem\n\
+         NO_COLOR=1\n\
+         {no_proxy}\
+         PAGER=cat\n\
+         PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n\
+         PWD=/workspace\n\
+         REQUESTS_CA_BUNDLE=/harness/egress-ca-bundle.pem\n\
+         SESSION_VAR=session-value\n\
+         SHLVL=1\n\
+         SSL_CERT_FILE=/harness/egress-ca-bundle.pem\n\
+         TERM=dumb\n\
+         TRACEPARENT=00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\n\
+         _=/usr/bin/env\n\
+         {}",
+        proxy(true),
+        proxy(false)
+    );
     assert_eq!(
         outcome,
         of_run(
