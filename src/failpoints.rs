@@ -2,7 +2,7 @@
 //! to check what survives a crash or a full disk there.
 //!
 //! Owns: the list of every failpoint ([`POD`], [`SERVE`], [`POD_TOOL_GATE`], [`COMPACTION`],
-//! [`STORE`]), the `PODHOST_FAILPOINTS`
+//! [`STORE`], [`SANDBOX`]), the `PODHOST_FAILPOINTS`
 //! configuration, and the [`failpoint!`](crate::failpoint) and
 //! [`failpoint_fails!`](crate::failpoint_fails) macros placed at each boundary.
 //!
@@ -56,6 +56,10 @@ pub const COMPACTION: &[&str] = &[
 
 /// Faults of the BYOH store's disk (operations fail, the process goes on).
 pub const STORE: &[&str] = &["serve.store_full"];
+
+/// Faults of the host's sandboxes (the process goes on): a workspace's sandbox cannot be made
+/// (as when the host refuses a cgroup), and a session holder cannot make its namespaces.
+pub const SANDBOX: &[&str] = &["sandbox.refused", "sandbox.session_refused"];
 
 /// Marks a boundary where a test may kill the process. Expands to nothing without the
 /// `failpoints` feature.
@@ -141,6 +145,7 @@ mod armed {
             .chain(super::POD_TOOL_GATE)
             .chain(super::COMPACTION)
             .chain(super::STORE)
+            .chain(super::SANDBOX)
             .any(|n| *n == name);
         if !known {
             return Err(format!("no failpoint is named {name:?}"));

@@ -228,17 +228,23 @@ fn isolation(
         },
     };
     let data = tempfile::tempdir().unwrap();
-    let build = |namespaces: bool, name: &str| {
+    // Each workspace is handed a uid of the pool of its own, as the store would.
+    let build = |namespaces: bool, name: &str, uid: u32| {
         let ws = data.path().join(name);
         let tmp = data.path().join(format!("{name}-tmp"));
         std::fs::create_dir_all(&ws).unwrap();
         std::fs::create_dir_all(&tmp).unwrap();
         ToolboxBuilder::new(&settings(namespaces), supervisor.to_path_buf())
-            .build(Workspace::new(&ws, None).unwrap(), Some(&tmp))
+            .build_as(
+                Workspace::new(&ws, None).unwrap(),
+                Some(&tmp),
+                root.then_some(uid),
+            )
+            .unwrap()
     };
-    let session = build(true, "session");
+    let session = build(true, "session", 490_000);
     let level = session.executor().confinement().level();
-    let no_ns = build(false, "no-ns");
+    let no_ns = build(false, "no-ns", 490_001);
     let input = json!({"command": "true"});
     let ctx = CallContext::default();
     let call = |tb: &Toolbox| {
@@ -275,7 +281,7 @@ fn isolation(
     // A session's start: the first call of a fresh toolbox, less a warm call.
     let mut starts = Vec::new();
     for i in 0..20 {
-        let fresh = build(true, &format!("fresh-{i}"));
+        let fresh = build(true, &format!("fresh-{i}"), 490_002 + i);
         let first = call(&fresh).wall;
         let warm = call(&fresh).wall;
         starts.push(first.saturating_sub(warm));

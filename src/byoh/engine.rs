@@ -21,9 +21,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Notify, Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::{info, warn};
 
 use super::protocol::{Credentials, ModelConnection};
 use super::store::{Fence, InvocationRow, LeaseTerms, StatusRow, Store};
@@ -170,6 +171,14 @@ impl Live {
             .map(|s| s.expose().to_owned())
     }
 
+    /// The latest secrets, whole.
+    pub(super) fn secrets(&self) -> Secrets {
+        self.secrets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     /// Every credential value any submission of this turn brought.
     pub fn credentials(&self) -> Credentials {
         self.secrets
@@ -193,6 +202,49 @@ impl Live {
     }
 }
 
+/// Whether this host can make sandboxes: the last fault, until a probe clears it.
+#[derive(Debug, Default)]
+pub struct SandboxHealth {
+    pub(super) fault: Mutex<Option<String>>,
+    /// Wakes the probe when a fault is recorded.
+    pub(super) wake: Notify,
+}
+
+impl SandboxHealth {
+    /// Why the host cannot make sandboxes now, if it cannot.
+    pub fn fault(&self) -> Option<String> {
+        self.fault
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Records that a sandbox could not be made (or a command's session failed): new work is
+    /// refused until a probe succeeds.
+    pub fn failed(&self, why: &str) {
+        let mut fault = self.fault.lock().unwrap_or_else(PoisonError::into_inner);
+        if fault.is_none() {
+            warn!(error = %why, "this host cannot make sandboxes: refusing new submissions until it can");
+        }
+        *fault = Some(why.to_owned());
+        drop(fault);
+        crate::floor::metrics::sandbox_fault(true);
+        self.wake.notify_one();
+    }
+
+    pub(super) fn cleared(&self) {
+        let was = self
+            .fault
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if was.is_some() {
+            info!("this host can make sandboxes again: taking new submissions");
+        }
+        crate::floor::metrics::sandbox_fault(false);
+    }
+}
+
 /// The BYOH endpoint's core. Cheap to clone.
 #[derive(Clone)]
 pub struct Engine {
@@ -209,6 +261,11 @@ pub(super) struct Inner {
     pub permits: Arc<Semaphore>,
     pub tracker: TaskTracker,
     pub root: CancellationToken,
+    /// Whether this host can make sandboxes (new work is refused while it cannot).
+    pub sandboxes: SandboxHealth,
+    /// The secrets of turns this replica stopped while cut off from the store, when they were
+    /// put aside: to take those turns back should no other replica take them.
+    stashed: Mutex<HashMap<String, (std::time::Instant, Secrets)>>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
@@ -297,6 +354,33 @@ impl Inner {
             .collect()
     }
 
+    /// Puts aside the secrets of turn `id`, which this replica stopped though the store may
+    /// still name it the owner.
+    pub(super) fn stash(&self, id: &str, secrets: Secrets) {
+        self.stashed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id.to_owned(), (std::time::Instant::now(), secrets));
+    }
+
+    /// The secrets put aside for turn `id`, taken.
+    pub(super) fn unstash(&self, id: &str) -> Option<Secrets> {
+        self.stashed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(id)
+            .map(|(_, s)| s)
+    }
+
+    /// Forgets secrets put aside longer ago than `older`: by then another replica took the
+    /// turn, or it failed for want of a key.
+    pub(super) fn prune_stashed(&self, older: Duration) {
+        self.stashed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|_, (at, _)| at.elapsed() < older);
+    }
+
     pub(super) fn running(&self) -> usize {
         self.config.max_running - self.permits.available_permits()
     }
@@ -345,6 +429,8 @@ impl Engine {
                 permits,
                 tracker: TaskTracker::new(),
                 root: CancellationToken::new(),
+                sandboxes: Default::default(),
+                stashed: Mutex::new(HashMap::new()),
                 locks: Mutex::new(HashMap::new()),
             }),
         }

@@ -10,6 +10,8 @@
 //! * [`invocation`]: what each route means: idempotency, backpressure, cancellation.
 //! * [`runner`]: turn tasks under leases, taking up turns whose replica stopped, the retention
 //!   sweeper.
+//! * [`sandbox`]: each session's sandbox (its uid from the store's pool), and whether the host
+//!   can make sandboxes at all (503 for new work while it cannot).
 //! * [`store`]: the durable store, SQLite (one replica) or PostgreSQL (several).
 //!
 //! Trust boundary: callers of the endpoint are authenticated by a bearer credential (or the
@@ -22,6 +24,7 @@ pub(crate) mod engine;
 pub(crate) mod invocation;
 pub(crate) mod protocol;
 pub mod runner;
+pub mod sandbox;
 pub(crate) mod server;
 pub(crate) mod store;
 
@@ -187,7 +190,7 @@ fn tools(args: &ServeConfig, supervisor: PathBuf) -> ToolboxBuilder {
     ToolboxBuilder::new(&args.exec, supervisor).confine(|c| {
         let mut c = c
             .hide(&args.data)
-            .session_disks(&runner::disks_dir(&args.data));
+            .session_disks(&sandbox::disks_dir(&args.data));
         if let Some(file) = &args.token_file {
             c = c.hide(file);
         }
@@ -239,6 +242,17 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
             "refusing to listen on {addr} without a credential: set PODHOST_TOKEN or \
              PODHOST_TOKEN_FILE, or listen on a loopback address"
         )));
+    }
+    if let Some(pool) = args.exec.confine.uid_pool
+        && nix::unistd::geteuid().is_root()
+        && pool.count() < args.max_running as u64
+    {
+        warn!(
+            pool = %pool,
+            max_running = args.max_running,
+            "PODHOST_UID_POOL holds fewer uids than turns may run at once: a turn that finds \
+             every uid serving a running turn fails, and submissions are refused until one is free"
+        );
     }
     std::fs::create_dir_all(&args.data).map_err(|source| ServeError::Io {
         what: format!(

@@ -1,13 +1,15 @@
 //! Running BYOH turns in the background under leases, taking up turns whose replica stopped,
 //! and sweeping old sessions.
 //!
-//! Owns: the task body of a turn (`drive`): its workspace and toolbox (built per turn, never
-//! held idle), the store-backed [`Front`] (every message, and the compacted view the model is
-//! sent, committed as they change), the model's limits for the turn (the settings, else what
-//! the server's model listing says), and the one status write that ends the turn; the
+//! Owns: the task body of a turn (`drive`): its toolbox (built per turn, never held idle, by
+//! `sandbox`), the store-backed [`Front`] (every message, and the compacted view the model is
+//! sent, committed as they change), the model's limits for the turn (the settings, else the
+//! assumed window; the evaluator's key goes to `POST …/chat/completions` and nowhere else, so
+//! the model listing is never asked), and the one status write that ends the turn; the
 //! replica's background loops — lease renewal (which also hears, as a fallback, of
 //! cancellations and takeovers), the orphan reaper (takes up or fails turns whose lease ran
-//! out), the cancellation listener, and the retention sweeper.
+//! out and whose owner is not alive, and takes back its own), the cancellation listener, the
+//! sandbox probe, and the retention sweeper.
 //!
 //! Invariants:
 //! * Every write of a turn carries its fence; a write refused as fenced, a renewal refused, or
@@ -30,50 +32,22 @@
 //!   the reaper claims such a turn only with a permit free, so it stays an orphan (for another
 //!   replica, or a later round) while this one is full.
 //! * Each session's workspace is its own directory under the data directory (shared storage
-//!   every replica mounts), named from a hash of the session id (ids never become paths).
+//!   every replica mounts), named by `sandbox` from a hash of the session id.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sha2::{Digest, Sha256};
 use tracing::{info, warn};
 
 use super::engine::{Engine, Inner, Live};
 use super::protocol::Status;
+use super::sandbox;
 use super::store::{Store, StoreError, now_ms};
 use crate::agent::turn::{self, TurnEnd};
 use crate::chat::context::ContextView;
 use crate::chat::message::{ApiKey, ChatMessage};
 use crate::chat::session::{ChatTurn, Front, SessionError, Tail, repair_tail, step_limit_message};
 use crate::floor::backoff::{Backoff, sleep_or_cancel};
-use crate::floor::workspace::Workspace;
-use crate::tools::Toolbox;
-
-/// The workspace directory of a session.
-pub fn workspace_dir(data_dir: &std::path::Path, session_id: &str) -> PathBuf {
-    data_dir.join("sessions").join(session_dir_name(session_id))
-}
-
-/// The private tmp directory of a session's commands (`TMPDIR`), outside its workspace.
-pub fn session_tmp_dir(data_dir: &std::path::Path, session_id: &str) -> PathBuf {
-    data_dir.join("tmp").join(session_dir_name(session_id))
-}
-
-/// Where sessions' disk images live (see `exec::disk`), beside their workspaces.
-pub fn disks_dir(data_dir: &std::path::Path) -> PathBuf {
-    data_dir.join("disks")
-}
-
-/// A session's disk image, when the host gives it one.
-pub fn session_disk_image(data_dir: &std::path::Path, session_id: &str) -> PathBuf {
-    crate::exec::disk::image_path(&disks_dir(data_dir), &session_dir_name(session_id))
-}
-
-fn session_dir_name(session_id: &str) -> String {
-    let digest = Sha256::digest(session_id.as_bytes());
-    format!("s-{}", &hex::encode(digest)[..32])
-}
 
 /// The store as a turn's front: every message is committed as it is made, under the turn's
 /// fence.
@@ -184,7 +158,15 @@ pub(super) async fn drive(inner: &Inner, id: &str, live: &Arc<Live>) {
             vec![],
         ),
         Ok(None) => return,
-        Err(e) => (Status::Failed, Some(e.to_string()), vec![]),
+        Err(e) => {
+            // A command's sandbox failed (its session, its supervisor): the next turns' would
+            // too, until a probe shows otherwise. (A sandbox that could not be made at all
+            // was recorded where it was tried.)
+            if let SessionError::Tool(fault) = &e {
+                inner.sandboxes.failed(&fault.to_string());
+            }
+            (Status::Failed, Some(e.to_string()), vec![])
+        }
     };
     crate::floor::metrics::turn_ended("byoh", to.as_str());
     let error = error.map(|e| live.credentials().scrub(&e));
@@ -307,15 +289,14 @@ async fn run_turn(
         }
         Tail::Continue => {}
     }
-    let toolbox = toolbox(inner, session_id)
-        .await
-        .map_err(SessionError::Store)?;
+    let Some(toolbox) = sandbox::for_turn(inner, session_id, &live.cancel).await? else {
+        return Ok(None);
+    };
     let view = store.view(id).await.map_err(store_err)?;
-    let mut limits = inner.config.limits.clone();
-    if limits.needs_listing() {
-        let facts = inner.client.model_facts(&conn, live.key().as_ref()).await;
-        limits = limits.complete(facts);
-    }
+    // The evaluator's key authorizes only `POST …/chat/completions` (the protocol's words): the
+    // server's model listing is never asked. The window is the setting's, else assumed until a
+    // refusal names it.
+    let limits = inner.config.limits.clone().complete(Default::default());
     let front = StoreFront {
         store: store.clone(),
         id: id.to_owned(),
@@ -325,40 +306,6 @@ async fn run_turn(
         .with_max_steps(inner.config.max_steps)
         .with_context(limits, view);
     turn::drive(&mut host, 0, &live.cancel).await.map(Some)
-}
-
-/// The session's toolbox, on its workspace (created on first use). On a store replicas share,
-/// the session's uid from the pool is the store's to allocate, so that no uid serves two live
-/// sessions on any replica (the workspaces are on storage they all mount); the uid stays the
-/// session's until it is swept.
-async fn toolbox(inner: &Inner, session_id: &str) -> Result<Toolbox, String> {
-    let dir = workspace_dir(&inner.config.data_dir, session_id);
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| format!("could not create the workspace {}: {e}", dir.display()))?;
-    let ws = Workspace::new(&dir, None)
-        .map_err(|e| format!("the workspace {} is unusable: {e}", dir.display()))?;
-    // Its own tmp (TMPDIR), next to the workspace and as hidden from other sessions as it is.
-    let tmp = session_tmp_dir(&inner.config.data_dir, session_id);
-    std::fs::create_dir_all(&tmp)
-        .map_err(|e| format!("could not create the session's tmp {}: {e}", tmp.display()))?;
-    let uid = match inner.config.tools.uid_pool() {
-        Some(range) if inner.store.is_shared() => {
-            let count = range.last - range.first + 1;
-            let uid = inner
-                .store
-                .allocate_uid(session_id, &inner.terms.owner, range.first, count)
-                .await
-                .map_err(|e| format!("could not allocate the session's uid: {e}"))?;
-            Some(uid.ok_or_else(|| {
-                format!(
-                    "every uid of PODHOST_UID_POOL ({range}) serves a live session; widen the \
-                     pool or lower the retention"
-                )
-            })?)
-        }
-        _ => None,
-    };
-    Ok(inner.config.tools.build_as(ws, Some(&tmp), uid))
 }
 
 /// The message of a turn whose replica stopped and that no retried submission took up.
@@ -378,6 +325,11 @@ impl Engine {
     /// predecessor left end now, and its own never run out while it lives.
     pub async fn recover(&self) -> Result<(), StoreError> {
         let inner = &self.inner;
+        sandbox::adopt_uids(inner).await?;
+        inner
+            .store
+            .join(inner.terms.owner.clone(), inner.config.lease)
+            .await?;
         let ended = inner.store.expire_leases().await?;
         if ended > 0 {
             info!(
@@ -415,6 +367,10 @@ impl Engine {
         inner
             .tracker
             .spawn(async move { sweep_loop(&engine).await });
+        let engine = self.inner.clone();
+        inner
+            .tracker
+            .spawn(async move { sandbox::probe_loop(&engine).await });
         Ok(())
     }
 
@@ -425,7 +381,8 @@ impl Engine {
         let every =
             (inner.config.lease / 4).clamp(Duration::from_millis(100), Duration::from_secs(2));
         loop {
-            match inner.store.orphans().await {
+            inner.prune_stashed(inner.config.orphan_grace + inner.config.lease);
+            match inner.store.orphans(&inner.terms.owner).await {
                 Ok(orphans) => {
                     for o in orphans {
                         self.reap(o).await;
@@ -463,6 +420,29 @@ impl Engine {
             }
             return;
         }
+        // A turn this replica stopped, cut off from the store, whose key it still holds: taken
+        // back (once a slot is free) when no other replica took it meanwhile.
+        if o.ours
+            && let Some(secrets) = inner.unstash(&id)
+        {
+            let Ok(permit) = inner.permits.clone().try_acquire_owned() else {
+                inner.stash(&id, secrets);
+                return;
+            };
+            match inner.store.claim(&id, o.epoch, &inner.terms).await {
+                Ok(Some((_, fence))) => {
+                    info!(invocation_id = %id, epoch = fence.epoch, "taking back a turn this replica stopped while cut off from the store");
+                    let live = inner.register(&id, secrets, fence);
+                    self.spawn(id, live, Some(permit));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    warn!(invocation_id = %id, error = %e, "could not take a turn back");
+                    inner.stash(&id, secrets);
+                }
+            }
+            return;
+        }
         let grace = inner.config.orphan_grace;
         if o.expired_for_ms < grace.as_millis() as i64 {
             return;
@@ -474,6 +454,7 @@ impl Engine {
                 o.epoch,
                 grace.as_millis() as i64,
                 orphan_message(grace),
+                &inner.terms.owner,
             )
             .await
         {
@@ -486,9 +467,12 @@ impl Engine {
     }
 }
 
-/// Renews the leases of this replica's turns every third of a lease. A turn whose renewal is
-/// refused (taken over, expired, cancelled) stops at once; so do all of them once a whole lease
-/// period passed without a renewal (the store unreachable, or this process was paused).
+/// Renews the leases of this replica's turns every third of a lease (on PostgreSQL, on the
+/// liveness connection, whose lock keeps other replicas from taking a turn over however late a
+/// renewal comes). A turn whose renewal is refused (taken over, cancelled) stops at once. When
+/// renewals fail for a whole lease (the store unreachable: the lock may be free, and another
+/// replica may take the turns up), every turn stops, its secrets kept to take it back should
+/// no other replica take it.
 async fn renew_loop(inner: &Inner) {
     let lease = inner.config.lease;
     let mut tick = tokio::time::interval(lease / 3);
@@ -503,13 +487,6 @@ async fn renew_loop(inner: &Inner) {
         if held.is_empty() {
             last_ok = std::time::Instant::now();
             continue;
-        }
-        if last_ok.elapsed() >= lease {
-            // Paused or cut off past the lease: another replica may own these turns now.
-            for (id, live) in &held {
-                warn!(invocation_id = %id, "no lease renewal for a whole lease period: stopping the turn");
-                live.lose();
-            }
         }
         let asked = std::time::Instant::now();
         let list: Vec<(String, i64)> = held
@@ -526,7 +503,16 @@ async fn renew_loop(inner: &Inner) {
                     }
                 }
             }
-            Err(e) => warn!(error = %e, "could not renew the leases"),
+            Err(e) => {
+                warn!(error = %e, "could not renew the leases");
+                if last_ok.elapsed() >= lease {
+                    for (id, live) in &held {
+                        warn!(invocation_id = %id, "no lease renewal for a whole lease period: stopping the turn");
+                        inner.stash(id, live.secrets());
+                        live.lose();
+                    }
+                }
+            }
         }
     }
 }
@@ -545,9 +531,7 @@ async fn lose_unless_ended(inner: &Inner, id: &str, live: &Arc<Live>) {
         live.lose();
         return;
     };
-    let ours = row.epoch == live.fence.epoch
-        && row.owner.as_deref() == Some(&*live.fence.owner)
-        && row.lease_left_ms.is_some_and(|l| l > 0);
+    let ours = row.epoch == live.fence.epoch && row.owner.as_deref() == Some(&*live.fence.owner);
     match row.status {
         Status::Cancelled => {
             info!(invocation_id = %id, "cancelled through another replica");
@@ -580,26 +564,16 @@ async fn sweep_loop(inner: &Inner) {
         match inner.store.sweep(cutoff).await {
             Ok(sessions) => {
                 for session in sessions {
-                    let dirs = [
-                        workspace_dir(&inner.config.data_dir, &session),
-                        session_tmp_dir(&inner.config.data_dir, &session),
-                    ];
-                    let image = session_disk_image(&inner.config.data_dir, &session);
+                    let data = inner.config.data_dir.clone();
+                    let id = session.clone();
                     let removed = tokio::task::spawn_blocking(move || {
-                        let gone = |r: std::io::Result<()>, p: &std::path::Path| match r {
-                            Ok(()) => Ok(()),
-                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                            Err(e) => Err(format!("{}: {e}", p.display())),
-                        };
-                        dirs.iter()
-                            .try_for_each(|dir| gone(std::fs::remove_dir_all(dir), dir))
-                            .and_then(|()| gone(std::fs::remove_file(&image), &image))
+                        sandbox::remove_session_files(&data, &id)
                     })
                     .await;
                     match removed {
                         Ok(Err(e)) => warn!(error = %e, "could not remove a swept workspace"),
                         // Its workspace gone, its uid may serve another session.
-                        Ok(Ok(())) if inner.store.is_shared() => {
+                        Ok(Ok(())) if inner.config.tools.uid_pool().is_some() => {
                             if let Err(e) = inner.store.release_uid(&session).await {
                                 warn!(error = %e, "could not give a swept session's uid back");
                             }

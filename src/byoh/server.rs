@@ -6,8 +6,9 @@
 //! `Authorization: Bearer <credential>` when a credential is configured. The kubelet's probes
 //! `GET /livez` and `GET /readyz` (up or not, nothing more) and `GET /metrics` (counts only)
 //! need none. Before any of their handlers (after the credential check), the floor's guard
-//! ([`crate::floor::http::guard`]) refuses what a browser page could forge: a foreign `Host` while no credential is set (403), a
-//! foreign `Origin` (403), a `POST` that is not `application/json` (415).
+//! ([`crate::floor::http::guard`]) refuses what a browser page could forge: a foreign `Host`
+//! while no credential is set (403), a foreign `Origin` (403), a `POST` that is not
+//! `application/json` (415).
 //!
 //! Invariants:
 //! * Status codes are the protocol's: `202` for queued, running and input_required, `200` for
@@ -17,7 +18,8 @@
 //!   not the protocol's shape or breaks its rules, `413` past 10 MiB (at once when the
 //!   declared length says so, before a byte of the body is read), `401` without the credential,
 //!   `403` for a foreign `Host` or `Origin`, `415` for a `POST` that is not JSON,
-//!   `503` when the data directory is below its free-space floor (Oumi retries it), `404` and
+//!   `503` for new work while the data directory is below its free-space floor or the host
+//!   cannot make sandboxes (Oumi retries it), `404` and
 //!   `405` for a path or method that is not a route. Every refusal has the same JSON body,
 //!   `{"error": {"message": …}}`.
 //! * Every body is JSON and under 10 MiB: `collect_output` shrinks the largest contents until
@@ -339,8 +341,16 @@ async fn submit(State(app): State<App>, headers: HeaderMap, body: Body) -> Respo
         let req: SubmitRequest = parse(&bytes)?;
         req.validate()
             .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.0))?;
-        if let Some(floor) = &app.floor {
-            refuse_below_floor(&app, floor, &req.invocation_id).await?;
+        if let Some(floor) = &app.floor
+            && let Err(message) = floor.check()
+        {
+            refuse_new(&app, &req.invocation_id, message).await?;
+        }
+        if let Some(fault) = app.engine.inner.sandboxes.fault() {
+            let message = format!(
+                "this host cannot make sandboxes for sessions right now ({fault}); retry later"
+            );
+            refuse_new(&app, &req.invocation_id, message).await?;
         }
         let guards = app.guards.clone();
         if let Ok(Err(e)) = tokio::task::spawn_blocking(move || state::check(&guards)).await {
@@ -358,16 +368,10 @@ async fn submit(State(app): State<App>, headers: HeaderMap, body: Body) -> Respo
     result.await.unwrap_or_else(IntoResponse::into_response)
 }
 
-/// `503` for a new invocation while the data directory is below its free-space floor; a known
-/// invocation (a retried submit) still gets its status.
-async fn refuse_below_floor(
-    app: &App,
-    floor: &FreeSpaceFloor,
-    invocation_id: &str,
-) -> Result<(), ApiError> {
-    let Err(message) = floor.check() else {
-        return Ok(());
-    };
+/// `503` (which Oumi retries) for a new invocation while the host cannot take new work (the
+/// data directory below its free-space floor, or no sandbox can be made); a known invocation (a
+/// retried submit) still gets its status.
+async fn refuse_new(app: &App, invocation_id: &str, message: String) -> Result<(), ApiError> {
     if app.engine.status(invocation_id).await.is_ok() {
         return Ok(());
     }
@@ -498,11 +502,17 @@ async fn healthz(State(app): State<App>) -> Response {
         Err(error) => serde_json::json!({"writable": false, "error": error}),
     };
     let writable = store["writable"] == true;
+    let fault = app.engine.inner.sandboxes.fault();
+    let sandboxes = match &fault {
+        None => serde_json::json!({"ok": true}),
+        Some(error) => serde_json::json!({"ok": false, "error": error}),
+    };
     // 200 either way: these are the details; `/readyz` is the probe that says 503.
     json(
         StatusCode::OK,
         &serde_json::json!({
-            "status": if writable { "ok" } else { "degraded" },
+            "status": if writable && fault.is_none() { "ok" } else { "degraded" },
+            "sandboxes": sandboxes,
             "protocol_version": PROTOCOL_VERSION,
             "version": env!("CARGO_PKG_VERSION"),
             "revision": env!("BUILD_GIT_REVISION"),

@@ -6,11 +6,12 @@
 //! `context_window`, `max_context_length`, `input_modalities`).
 //!
 //! Invariants: the listing is a hint, never a requirement. A key that authorizes only chat
-//! completions (Oumi's) gets a `4xx`; that, a `5xx`, a timeout, a body that is not a listing or
-//! a model it does not name all mean "unknown", never an error. The key goes only into the
+//! completions gets a `4xx`; that, a `5xx`, a timeout, a body that is not a listing or a model
+//! it does not name all mean "unknown", never an error. The key goes only into the
 //! `Authorization` header and nothing of the answer is logged with it.
 //!
-//! Non-goals: choosing a model, caching across sessions.
+//! Non-goals: choosing a model, caching across sessions, `podhost serve` (an evaluator's key
+//! authorizes only its chat completions, so serve never asks).
 
 use std::time::Duration;
 

@@ -111,7 +111,20 @@ impl Default for ChatLimits {
 pub enum SessionError {
     #[error("the session store failed: {0}")]
     Store(String),
+    /// podhost could not run a tool call: its sandbox, supervisor or session holder failed.
+    /// A fault of the host, never a tool result the model reads.
+    #[error(transparent)]
+    Tool(#[from] crate::tools::ToolError),
+    /// The session's sandbox could not be made (no uid, a cgroup the host refuses): the turn
+    /// cannot run a tool, so it does not run at all.
+    #[error("podhost could not make the session's sandbox: {0}")]
+    Sandbox(String),
 }
+
+/// How often a tool call that failed before anything ran (the supervisor or the session holder
+/// could not start) is made in all, and the first wait between tries.
+const SANDBOX_TRIES: u32 = 3;
+const SANDBOX_RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// What a transcript's tail says about where the turn stands.
 #[derive(Clone, Debug, PartialEq)]
@@ -340,16 +353,42 @@ impl<F: Front> ChatTurn<F> {
         Ok(())
     }
 
-    async fn call_tool(&self, call: &ToolCallBlock, cancel: &CancellationToken) -> ResultOutcome {
+    /// Runs one of the six tools. A fault of podhost's own is the turn's, never the model's: a
+    /// call that failed before anything ran is made again (a new session holder, a new
+    /// supervisor) a few times, then ends the turn, as does any other fault at once.
+    async fn call_tool(
+        &self,
+        call: &ToolCallBlock,
+        cancel: &CancellationToken,
+    ) -> Result<ResultOutcome, SessionError> {
         if call.name.parse::<ToolName>().is_err() {
             let mut tools = ToolName::ALL.map(ToolName::as_str).to_vec();
             tools.push(ASK_USER);
-            return unknown_tool(&call.name, &tools).into();
+            return Ok(unknown_tool(&call.name, &tools).into());
         }
-        let ctx = CallContext::new(cancel.child_token());
-        match self.toolbox.call(&call.name, &call.args, &ctx).await {
-            Ok(outcome) => outcome.into(),
-            Err(e) => e.to_outcome().into(),
+        let mut backoff =
+            crate::floor::backoff::Backoff::new(SANDBOX_RETRY_FIRST, SANDBOX_RETRY_FIRST * 8);
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let ctx = CallContext::new(cancel.child_token());
+            match self.toolbox.call(&call.name, &call.args, &ctx).await {
+                Ok(outcome) => return Ok(outcome.into()),
+                Err(e) if e.nothing_ran() && tries < SANDBOX_TRIES => {
+                    let delay = backoff.next_delay();
+                    tracing::warn!(tool = %call.name, error = %e, retry_in = ?delay, "a tool call could not start; trying again");
+                    if !crate::floor::backoff::sleep_or_cancel(delay, cancel).await {
+                        return Ok(ResultOutcome::failed(
+                            codes::sandbox::CANCELLED,
+                            "The call was cancelled before it ran.",
+                        ));
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(tool = %call.name, error = %e, "podhost could not run a tool call; the turn ends");
+                    return Err(e.into());
+                }
+            }
         }
     }
 }
@@ -594,7 +633,7 @@ impl<F: Front> TurnHost for ChatTurn<F> {
                 None => return Ok(ToolEffect::Ask),
             }
         } else {
-            self.call_tool(call, cancel).await
+            self.call_tool(call, cancel).await?
         };
         crate::failpoint!("serve.after_tool");
         self.push(vec![ChatMessage::tool(

@@ -87,8 +87,9 @@ pub struct ConfineArgs {
     /// alone keeps their writes in those places).
     #[arg(long, env = "PODHOST_READ_ONLY_SYSTEM", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
     pub read_only_system: bool,
-    /// A root BYOH host: the uids sessions' commands run as, one per session (`first-last`).
-    #[arg(long, env = "PODHOST_UID_POOL", default_value = "400000-400999", value_parser = uid_range)]
+    /// A root BYOH host: the uids sessions' commands run as, one per session (`first-last`;
+    /// the default holds 65,536, and an idle session lends its uid once every one is taken).
+    #[arg(long, env = "PODHOST_UID_POOL", default_value = "400000-465535", value_parser = uid_range)]
     pub uid_pool: UidRange,
     /// Testing only: use at most this Landlock ABI (0 behaves as a kernel without Landlock).
     #[arg(long, env = "PODHOST_LANDLOCK_ABI_MAX", hide = true)]

@@ -96,8 +96,9 @@ pub struct ServeArgs {
 /// What `podhost serve` and `podhost run` know of the model's limits.
 #[derive(Debug, Args)]
 pub struct ModelLimitsArgs {
-    /// The model's context window in tokens. Unset: what the server's model listing says (when
-    /// it says), else 128000; a call that overflows teaches the window the server names.
+    /// The model's context window in tokens. Unset: 128000 (`run`: what the server's model
+    /// listing says first, when it says; `serve` never asks it, the evaluator's key being for
+    /// chat completions only); a call that overflows teaches the window the server names.
     #[arg(long, env = "PODHOST_CONTEXT_WINDOW",
           value_parser = clap::value_parser!(u64).range(1024..))]
     pub context_window: Option<u64>,
@@ -106,8 +107,8 @@ pub struct ModelLimitsArgs {
     #[arg(long, env = "PODHOST_COMPACT_AT", default_value_t = 0.8, value_parser = share)]
     pub compact_at: f64,
     /// The kinds of file the model reads besides text, comma-separated: image, pdf, office,
-    /// audio, video (`text` alone: none). Unset: what the server's model listing says, else
-    /// every file is sent and one the model refuses is replaced by a note.
+    /// audio, video (`text` alone: none). Unset: (`run` only) what the server's model listing
+    /// says, else every file is sent and one the model refuses is replaced by a note.
     #[arg(long, env = "PODHOST_MODEL_INPUTS", value_delimiter = ',',
           value_parser = ["text", "image", "pdf", "office", "audio", "video"])]
     pub model_inputs: Option<Vec<String>>,

@@ -35,8 +35,8 @@ pub struct SandboxSpec<'a> {
     /// The commands' private temporary directory (`TMPDIR`; `/tmp` then read-only), which must
     /// exist.
     pub private_tmp: Option<&'a Path>,
-    /// The session's uid from the pool, when a store replicas share allocated it (so that no uid
-    /// serves two live sessions on any replica); `None` lets this process choose.
+    /// The session's uid from the pool, which the store hands out (so that no uid serves two
+    /// sessions at once, on any replica); required where the policy has a pool.
     pub uid: Option<u32>,
 }
 
@@ -68,6 +68,11 @@ impl Sandbox {
         policy: &Confinement,
         spec: SandboxSpec<'_>,
     ) -> Result<Sandbox, SandboxError> {
+        if crate::failpoint_fails!("sandbox.refused") {
+            return Err(SandboxError::Cgroup(
+                "refused (the failpoint sandbox.refused)".into(),
+            ));
+        }
         let mut confinement = match spec.private_tmp {
             Some(tmp) => policy.clone().private_tmp(tmp),
             None => policy.clone(),
@@ -244,8 +249,8 @@ fn session_disk(
     }))
 }
 
-/// The user a session's commands run as, when the policy picks one per workspace: a uid from
-/// the pool (a root BYOH host), the workspace then given to it. With one command user for every
+/// The user a session's commands run as, when the policy picks one per workspace: the uid the
+/// store handed the session from the pool (a root BYOH host), the workspace then given to it. With one command user for every
 /// workspace (a root pod's `nobody`, or root when asked for), the workspace is given to that user
 /// when it belongs to another: commands hold no capabilities, so a workspace they do not own is
 /// one they cannot write, root included.
@@ -256,14 +261,20 @@ fn session_user(
 ) -> Result<Option<CommandUser>, SandboxError> {
     let root = spec.workspace.root();
     if let Some(pool) = &iso.uid_pool {
+        let uid = spec.uid.ok_or_else(|| {
+            SandboxError::Uid(format!(
+                "the session was handed no uid of PODHOST_UID_POOL ({})",
+                pool.range()
+            ))
+        })?;
         let extra: Vec<&Path> = spec.private_tmp.into_iter().collect();
-        let assigned = match spec.uid {
-            Some(uid) => pool.assign_given(root, &extra, uid),
-            None => pool.assign(root, &extra),
-        };
-        return assigned
+        return pool
+            .give(root, &extra, uid)
             .map(Some)
-            .map_err(|e| SandboxError::Uid(e.to_string()));
+            .map_err(|e| SandboxError::Owner {
+                uid,
+                message: e.to_string(),
+            });
     }
     let user = match confinement.user() {
         Some(user) => Some(user),

@@ -288,8 +288,9 @@ fn prefill(sock: &std::os::unix::net::UnixStream, request: &[u8]) -> io::Result<
     Ok(sent)
 }
 
-/// The command's end from the supervisor's status line and how the supervisor ended.
-fn interpret(line: &[u8], exit: &str) -> Result<Ended, ExecError> {
+/// The command's end from the supervisor's status line and how the supervisor ended (`None`
+/// for a supervisor a session holder forked, whose exit status only the holder reaps).
+fn interpret(line: &[u8], exit: &Option<String>) -> Result<Ended, ExecError> {
     match Status::decode(line) {
         Some(Status::Exited(code)) => Ok(Ended::Exited(code)),
         Some(Status::Signaled(sig)) => Ok(Ended::Exited(128 + sig)),
@@ -297,7 +298,10 @@ fn interpret(line: &[u8], exit: &str) -> Result<Ended, ExecError> {
         Some(Status::Killed) => Ok(Ended::Exited(128 + libc::SIGTERM)),
         Some(Status::Error(message)) => Err(ExecError::Start { message }),
         None => Err(ExecError::Supervisor {
-            message: format!("it ended ({exit}) without reporting how the command ended"),
+            message: match exit {
+                Some(exit) => format!("it ended ({exit}) without reporting how the command ended"),
+                None => "it ended without reporting how the command ended".to_owned(),
+            },
         }),
     }
 }
@@ -330,19 +334,20 @@ impl Supervised {
         })
     }
 
-    /// Waits for the supervisor to exit (and reaps it when it is podhost's child); how it ended.
-    async fn wait(&mut self) -> io::Result<String> {
+    /// Waits for the supervisor to exit (and reaps it when it is podhost's child); how it ended,
+    /// when podhost can know (its own child's status).
+    async fn wait(&mut self) -> io::Result<Option<String>> {
         let ended = match self.proc.as_mut() {
             None => return Err(io::Error::other("the supervisor was already reaped")),
             Some(Proc::Child { child, pid }) => {
                 let status = child.wait().await?;
                 reaper::deregister(*pid);
-                status.to_string()
+                Some(status.to_string())
             }
             Some(Proc::Pidfd(fd)) => {
                 // A pidfd turns readable when its process has exited.
                 let _ready = fd.readable().await?;
-                "it exited".to_owned()
+                None
             }
         };
         self.proc = None;

@@ -121,8 +121,3 @@ pub mod turn {
     pub const START_UNSUPPORTED: &str = "turn_start.unsupported";
     pub const START_INVALID: &str = "turn_start.invalid";
 }
-
-/// A fault of podhost itself, reported to the model as a tool result.
-pub mod harness {
-    pub const ERROR: &str = "harness.error";
-}

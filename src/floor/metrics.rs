@@ -113,6 +113,7 @@ struct Metrics {
     effects_journaled: Family<KindLabel, Counter>,
     http_body_bytes_held: Gauge,
     http_bodies_refused: Family<ReasonLabel, Counter>,
+    sandbox_faulted: Gauge,
 }
 
 impl Metrics {
@@ -136,6 +137,7 @@ impl Metrics {
             effects_journaled: Family::default(),
             http_body_bytes_held: Gauge::default(),
             http_bodies_refused: Family::default(),
+            sandbox_faulted: Gauge::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -223,6 +225,12 @@ impl Metrics {
             "Request bodies whose connection was closed, by reason (held: past the cap on body \
              bytes held; timeout: not arrived within the body timeout)",
             m.http_bodies_refused.clone(),
+        );
+        r.register(
+            "sandbox_faulted",
+            "1 while the host cannot make sandboxes (new BYOH submissions are refused with 503 \
+             until a probe makes one), else 0",
+            m.sandbox_faulted.clone(),
         );
         m
     }
@@ -374,6 +382,11 @@ pub fn http_body_refused(reason: &'static str) {
         .http_bodies_refused
         .get_or_create(&ReasonLabel { reason })
         .inc();
+}
+
+/// Whether the host cannot make sandboxes now.
+pub fn sandbox_fault(faulted: bool) {
+    METRICS.sandbox_faulted.set(i64::from(faulted));
 }
 
 #[cfg(test)]

@@ -202,11 +202,9 @@ impl ServerHandler for Tools {
             outcome = call => outcome,
             never = watch => match never {},
         };
-        let outcome = match outcome {
-            Ok(o) => o,
-            // A fault of podhost: the client's model is told, as in every front.
-            Err(e) => e.to_outcome(),
-        };
+        // A fault of podhost (its supervisor or session could not run the call) is an error of
+        // the protocol, never a tool result the client's model would take for the tool's own.
+        let outcome = outcome.map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
         Ok(result(outcome).into())
     }
 }

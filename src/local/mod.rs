@@ -60,6 +60,8 @@ pub enum LocalError {
     Model(#[from] crate::chat::client::ModelError),
     #[error(transparent)]
     Tool(#[from] ToolError),
+    #[error("could not make the workspace's sandbox: {0}")]
+    Sandbox(#[from] crate::exec::sandbox::SandboxError),
 }
 
 /// How commands of local use get their environment and where they may write, besides the
@@ -173,7 +175,7 @@ fn toolbox(
     let (base, withheld) = BaseEnv::inherited(std::env::vars_os(), &env.pass);
     let toolbox = ToolboxBuilder::new(exec, supervisor)
         .base_env(base)
-        .build(ws, None);
+        .build(ws, None)?;
     Ok((toolbox, withheld))
 }
 

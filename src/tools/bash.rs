@@ -83,9 +83,9 @@ pub async fn execute(
             codes::START_FAILED,
             format!("The command could not be started: {message}"),
         )),
-        Err(source) => Err(ToolError::Exec {
+        Err(fault) => Err(ToolError::Exec {
             tool: ToolName::Bash,
-            source,
+            fault,
         }),
     }
 }

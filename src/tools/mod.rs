@@ -130,9 +130,19 @@ impl ToolOutcome {
 }
 
 impl ToolError {
-    /// The outcome the model is shown when podhost itself failed the call.
-    pub fn to_outcome(&self) -> ToolOutcome {
-        ToolOutcome::failed(crate::floor::codes::harness::ERROR, self.to_string())
+    /// Whether the call certainly did nothing: it failed before its command or file operation
+    /// began (the supervisor or the session holder could not start, the call's thread could not
+    /// be confined), so making it again is safe.
+    pub fn nothing_ran(&self) -> bool {
+        use crate::exec::ExecError;
+        match self {
+            ToolError::Exec { fault, .. } => matches!(
+                fault,
+                ExecError::Spawn { .. } | ExecError::Session { .. } | ExecError::NoCwd(_)
+            ),
+            ToolError::Setup { .. } => true,
+            ToolError::Worker { .. } => false,
+        }
     }
 }
 
@@ -149,17 +159,22 @@ impl From<PathError> for ToolOutcome {
     }
 }
 
-/// A fault of the harness itself (not of the call): the front reports it as such.
+/// A fault of the harness itself (not of the call): the front reports it as such — a failed
+/// turn, an error of the protocol — never as a tool result the model reads.
 #[derive(Debug, thiserror::Error)]
 pub enum ToolError {
-    #[error("{tool} could not run")]
+    /// The executor failed (`fault`: how; its text is in this one's, so it is no source).
+    #[error("podhost could not run {tool}: {fault}")]
     Exec {
         tool: ToolName,
-        #[source]
-        source: crate::exec::ExecError,
+        fault: crate::exec::ExecError,
     },
-    /// The thread of a file tool (`what` names it) or of a direct file operation failed.
-    #[error("{what} worker failed: {message}")]
+    /// A file tool (`what` names it) or a direct file operation could not be set up where it
+    /// runs (the session's files, its thread, its confinement): nothing ran.
+    #[error("podhost could not start {what}: {message}")]
+    Setup { what: &'static str, message: String },
+    /// The thread of a file tool or of a direct file operation ended without an answer.
+    #[error("podhost's {what} worker failed: {message}")]
     Worker { what: &'static str, message: String },
 }
 

@@ -15,8 +15,9 @@
 //!   the same shell, limits, supervisor and confinement policy wherever they run.
 //! * A confined file call runs on a fresh thread that restricts itself first; a pooled thread is
 //!   never restricted.
-//! * A toolbox whose session could not be set up (no uid left in the pool, say) runs nothing:
-//!   every call fails with the reason, never with less isolation.
+//! * A workspace whose sandbox could not be made (no uid, a cgroup the host refuses) gets no
+//!   toolbox at all: the front hears the [`SandboxError`], never a toolbox with less isolation
+//!   nor one whose calls fail as if a tool had.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -29,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use super::{ToolError, ToolName, ToolOutcome, bash, codes, edit, glob, grep, parse, read, write};
 use crate::exec::confine::{Confinement, WorkspaceRules};
 use crate::exec::env::Egress;
-use crate::exec::sandbox::{Sandbox, SandboxSpec};
+use crate::exec::sandbox::{Sandbox, SandboxError, SandboxSpec};
 use crate::exec::{BaseEnv, CommandEnv, ExecConfig, ExecSettings, Executor, find_shell};
 use crate::floor::locks::FileLocks;
 use crate::floor::workspace::Workspace;
@@ -97,7 +98,11 @@ impl ToolboxBuilder {
     /// The toolbox of `workspace`. Commands get `HOME` = the workspace root unless a base
     /// environment was given; with `private_tmp`, their own temporary directory (`TMPDIR`),
     /// `/tmp` then read-only.
-    pub fn build(&self, workspace: Workspace, private_tmp: Option<&Path>) -> Toolbox {
+    pub fn build(
+        &self,
+        workspace: Workspace,
+        private_tmp: Option<&Path>,
+    ) -> Result<Toolbox, SandboxError> {
         self.build_as(workspace, private_tmp, None)
     }
 
@@ -110,13 +115,13 @@ impl ToolboxBuilder {
     }
 
     /// [`build`](Self::build), with the session's uid from the pool already chosen (`uid`: by
-    /// a store that replicas share) rather than by this process.
+    /// the store, which hands out the pool's uids) rather than by this process.
     pub fn build_as(
         &self,
         workspace: Workspace,
         private_tmp: Option<&Path>,
         uid: Option<u32>,
-    ) -> Toolbox {
+    ) -> Result<Toolbox, SandboxError> {
         let base = self.base_env.clone().unwrap_or_else(|| BaseEnv {
             home: workspace.root().to_path_buf(),
             ..BaseEnv::default()
@@ -132,20 +137,13 @@ impl ToolboxBuilder {
             private_tmp,
             uid,
         };
-        match Sandbox::for_workspace(config.clone(), &self.confinement, spec) {
-            Ok(Sandbox { executor, rules }) => {
-                Toolbox::with_rules(workspace, executor, rules, self.one_at_a_time)
-            }
-            Err(e) => {
-                tracing::error!(reason = %e, "a session could not be set up; its calls will fail");
-                let executor = Executor::new(config).with_confinement(self.confinement.clone());
-                let mut toolbox = Toolbox::with_commands(workspace, executor, self.one_at_a_time);
-                if let Some(inner) = Arc::get_mut(&mut toolbox.inner) {
-                    inner.unusable = Some(e.to_string());
-                }
-                toolbox
-            }
-        }
+        let Sandbox { executor, rules } = Sandbox::for_workspace(config, &self.confinement, spec)?;
+        Ok(Toolbox::with_rules(
+            workspace,
+            executor,
+            rules,
+            self.one_at_a_time,
+        ))
     }
 }
 
@@ -180,8 +178,6 @@ struct ToolboxInner {
     locks: FileLocks,
     /// The executor's confinement made concrete for this workspace.
     rules: WorkspaceRules,
-    /// Why the session could not be set up: every call fails with it.
-    unusable: Option<String>,
     /// Held by a running command when commands run one at a time (a pod's workspace, v2 notes
     /// §7.3); `None` lets them run side by side.
     commands: Option<tokio::sync::Mutex<()>>,
@@ -219,7 +215,6 @@ impl Toolbox {
                 executor,
                 locks: FileLocks::default(),
                 rules,
-                unusable: None,
                 commands: one_at_a_time.then(|| tokio::sync::Mutex::new(())),
             }),
         }
@@ -277,12 +272,6 @@ impl Toolbox {
             || ToolOutcome::failed(codes::CANCELLED, "The call was cancelled before it ran.");
         if ctx.cancel.is_cancelled() {
             return Ok(cancelled());
-        }
-        if let Some(why) = &self.inner.unusable {
-            return Err(ToolError::Worker {
-                what: "session",
-                message: why.clone(),
-            });
         }
         if matches!(tool, ToolName::Write | ToolName::Edit)
             && let Some(refused) = self.over_quota()
@@ -423,6 +412,7 @@ impl Toolbox {
         T: Send + 'static,
         F: FnOnce() -> T + Send + 'static,
     {
+        let setup = |message: String| ToolError::Setup { what, message };
         let worker = |message: String| ToolError::Worker { what, message };
         // Where the session's files live in its own mount namespace, the call joins it.
         let namespace = self
@@ -430,7 +420,7 @@ impl Toolbox {
             .executor
             .files_namespace()
             .await
-            .map_err(|e| worker(format!("could not reach the session's files: {e}")))?;
+            .map_err(|e| setup(format!("could not reach the session's files: {e}")))?;
         if !rules.confines_files() && namespace.is_none() {
             return tokio::task::spawn_blocking(f)
                 .await
@@ -445,16 +435,16 @@ impl Toolbox {
                         .map_err(|e| format!("could not join the session's mount namespace: {e}")),
                     None => Ok(()),
                 };
+                // Err: the call could not be set up (nothing ran); Ok: what it returned.
                 let result = joined.and_then(|()| {
                     crate::exec::confine::confine_thread(&rules)
-                        .map(|()| f())
                         .map_err(|e| format!("could not confine the call: {e}"))
                 });
-                let _ = tx.send(result);
+                let _ = tx.send(result.map(|()| f()));
             })
-            .map_err(|e| worker(format!("could not start a thread: {e}")))?;
+            .map_err(|e| setup(format!("could not start a thread: {e}")))?;
         match rx.await {
-            Ok(result) => result.map_err(worker),
+            Ok(result) => result.map_err(setup),
             Err(_) => Err(worker("its thread ended without an answer".to_owned())),
         }
     }

@@ -231,7 +231,7 @@ async fn images_for_a_text_only_model_are_notes_and_a_refused_one_is_dropped() {
     // The input as stored and returned keeps its parts.
     drop(s);
 
-    // Undeclared, and the listing says nothing: the image is sent, refused, dropped, sent again.
+    // Undeclared (serve asks no listing): the image is sent, refused, dropped, sent again.
     let dir = tempfile::tempdir().unwrap();
     let s = Serve::start(dir.path());
     let mut body = start("s2", "i2", "x", &fake.base_url(), None);

@@ -132,7 +132,7 @@ async fn finished_sessions_are_swept_and_keep_a_tombstone() {
     let ws = s.workspace("s");
     assert!(ws.exists());
     // Where sessions have disks of their own, the image goes with the workspace.
-    let image = podhost::byoh::runner::session_disk_image(&s.data, "s");
+    let image = podhost::byoh::sandbox::session_disk_image(&s.data, "s");
     let deadline = std::time::Instant::now() + T;
     while ws.exists() || image.exists() {
         assert!(

@@ -279,7 +279,7 @@ impl Serve {
 
     /// The workspace directory of a session (as the server names it).
     pub fn workspace(&self, session: &str) -> PathBuf {
-        podhost::byoh::runner::workspace_dir(&self.data, session)
+        podhost::byoh::sandbox::workspace_dir(&self.data, session)
     }
 
     /// A file of `session`'s workspace as its commands see it, `None` when there is none: on
@@ -287,7 +287,7 @@ impl Serve {
     /// its image, read with debugfs after a `sync` (the image is mounted in the session's
     /// namespace only).
     pub fn read_file(&self, session: &str, rel: &str) -> Option<String> {
-        let image = podhost::byoh::runner::session_disk_image(&self.data, session);
+        let image = podhost::byoh::sandbox::session_disk_image(&self.data, session);
         if !image.exists() {
             return std::fs::read_to_string(self.workspace(session).join(rel)).ok();
         }

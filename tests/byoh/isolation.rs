@@ -346,9 +346,9 @@ async fn the_level_in_force_is_logged_at_start_and_reported_by_healthz() {
         })
     );
     if nix::unistd::geteuid().is_root() {
-        assert_eq!(level["uid_pool"], json!("400000-400999"));
+        assert_eq!(level["uid_pool"], json!("400000-465535"));
         assert!(
-            line.contains("command user one uid per session from 400000-400999"),
+            line.contains("command user one uid per session from 400000-465535"),
             "{line}"
         );
     }

@@ -29,6 +29,7 @@ mod metrics;
 mod operators;
 mod replicas;
 mod routes;
+mod sandboxes;
 mod store_config;
 mod store_tls;
 mod tls;

@@ -60,6 +60,42 @@ async fn submit_accepted(s: &Serve, body: &Value) -> (StatusCode, Value) {
 
 #[tokio::test]
 async fn five_hundred_sessions_round_robin_across_three_replicas() {
+    round_robin(Starve::None).await;
+}
+
+/// One replica of three starved — held to 0.05 of a core where a cgroup CPU quota can be set,
+/// and stopped twice for longer than its lease — misses its renewals, yet none of its turns is
+/// taken over or failed: it is alive (its liveness lock is held), so it keeps them.
+#[tokio::test]
+async fn five_hundred_sessions_with_one_replica_starved_lose_no_turn() {
+    round_robin(Starve::Second).await;
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Starve {
+    None,
+    Second,
+}
+
+/// Puts `pid` under a CPU quota of 0.05 of a core (cgroup v1's CPU controller); `None` where
+/// one cannot be set here.
+fn starve(pid: u32) -> Option<std::path::PathBuf> {
+    let dir = std::path::PathBuf::from(format!(
+        "/sys/fs/cgroup/cpu/podhost-test-starved-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir(&dir).ok()?;
+    let ok = std::fs::write(dir.join("cpu.cfs_period_us"), "100000").is_ok()
+        && std::fs::write(dir.join("cpu.cfs_quota_us"), "5000").is_ok()
+        && std::fs::write(dir.join("cgroup.procs"), pid.to_string()).is_ok();
+    if !ok {
+        let _ = std::fs::remove_dir(&dir);
+        return None;
+    }
+    Some(dir)
+}
+
+async fn round_robin(how: Starve) {
     let dir = tempfile::tempdir().unwrap();
     let fake = FakeModel::start("fake-model", Some("k")).await;
     fake.respond_with(|body| {
@@ -71,6 +107,32 @@ async fn five_hundred_sessions_round_robin_across_three_replicas() {
     };
     const N: usize = 500;
     let url = fake.base_url();
+    let starved = rs[1].child.id();
+    let quota = match how {
+        Starve::None => None,
+        Starve::Second => {
+            let quota = starve(starved);
+            if quota.is_none() {
+                println!(
+                    "no cgroup CPU quota can be set here: the second replica is only stopped \
+                     past its lease, twice"
+                );
+            }
+            quota
+        }
+    };
+    // Twice, while turns run, the second replica stops for longer than its lease (3 s).
+    let pauses = (how == Starve::Second).then(|| {
+        tokio::spawn(async move {
+            let pid = nix::unistd::Pid::from_raw(starved as i32);
+            for _ in 0..2 {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP);
+                tokio::time::sleep(Duration::from_millis(4500)).await;
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+            }
+        })
+    });
     let mut tasks = Vec::new();
     for n in 0..N {
         let s = rs[n % 3].clone();
@@ -120,6 +182,23 @@ async fn five_hundred_sessions_round_robin_across_three_replicas() {
     tasks.sort();
     tasks.dedup();
     assert_eq!((fake.requests().len(), tasks.len()), (N, N));
+    if let Some(p) = pauses {
+        p.await.unwrap();
+    }
+    for r in &rs {
+        let logs = r.logs();
+        assert!(
+            !logs.contains("resuming a turn whose replica stopped")
+                && !logs.contains("taking up a turn whose replica stopped")
+                && !logs.contains("lease was lost"),
+            "a turn was taken over: {}",
+            r.log_tail()
+        );
+    }
+    if let Some(q) = quota {
+        drop(rs);
+        let _ = std::fs::remove_dir(q);
+    }
 }
 
 #[tokio::test]
@@ -289,8 +368,91 @@ async fn a_dead_replicas_turns_are_taken_over_or_failed_after_the_grace() {
     assert_eq!(calls("c"), ["Bearer k1"]);
 }
 
+/// Ends the liveness connection of the replica whose process is `pid` (the server frees its
+/// lock at once), as a replica cut off from the store, or whose machine froze, loses it.
+async fn end_liveness(dir: &std::path::Path, pid: u32) {
+    let url = store_url(&dir.join("data")).unwrap();
+    let (admin, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(conn);
+    let ended: i64 = admin
+        .query_one(
+            "SELECT COUNT(pg_terminate_backend(l.pid)) FROM pg_locks l JOIN replicas r \
+             ON l.objid = r.lock_key::oid WHERE l.locktype = 'advisory' AND l.database = \
+             (SELECT oid FROM pg_database WHERE datname = current_database()) \
+             AND l.classid = 1886348291 AND r.owner LIKE '%-' || $1 || '-%'",
+            &[&pid.to_string()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(ended, 1, "the liveness connection of replica {pid}");
+    drop(admin);
+    let _ = driver.await;
+}
+
+/// A replica that does not run for longer than its lease (stopped, as a busy machine or a CPU
+/// quota stops it) is still alive — its liveness lock is held — so no other replica takes its
+/// turn: the turn goes on when it runs again, and its command ran once.
 #[tokio::test]
-async fn a_replica_paused_past_its_lease_writes_nothing_and_kills_its_commands() {
+async fn a_replica_paused_past_its_lease_keeps_its_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeModel::start("fake-model", Some("k")).await;
+    let marker = format!("podhost-replica-kept-{}", std::process::id());
+    // Not the last command: bash waits for it (rather than becoming it), so its command line
+    // keeps the marker.
+    let command = format!("echo ran >> runs.txt; sleep 8; : {marker}");
+    fake.push([
+        Reply::call("b", "bash", json!({"command": command})),
+        Reply::text("finished"),
+    ]);
+    let Some(rs) = replicas(
+        dir.path(),
+        2,
+        Options::default().env("PODHOST_ORPHAN_GRACE_SECS", "1"),
+    ) else {
+        return;
+    };
+    rs[0]
+        .submit(start("s", "i", "x", &fake.base_url(), Some("k")))
+        .await;
+    let deadline = Instant::now() + T;
+    while !process_with(&marker) {
+        assert!(
+            Instant::now() < deadline,
+            "no command: {}",
+            rs[0].log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let paused = nix::unistd::Pid::from_raw(rs[0].child.id() as i32);
+    nix::sys::signal::kill(paused, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    // Two leases (of 3 s) and the orphans' grace pass: the other replica neither takes the
+    // turn nor fails it.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert_eq!(rs[1].status("i").await.1, status_obj("s", "i", "running"));
+    nix::sys::signal::kill(paused, nix::sys::signal::Signal::SIGCONT).unwrap();
+    rs[1].wait_status("i", "completed", T).await;
+    let (_, out) = rs[1].collect("i").await;
+    assert_eq!(
+        out["messages"][2],
+        json!({"role": "assistant", "content": "finished"})
+    );
+    assert_eq!(fake.requests().len(), 2);
+    assert_eq!(rs[1].read_file("s", "runs.txt").as_deref(), Some("ran\n"));
+    let logs = rs[1].logs();
+    assert!(
+        !logs.contains("resuming a turn whose replica stopped") && !logs.contains("had no key"),
+        "{logs}"
+    );
+}
+
+/// A replica cut off from the store (its liveness connection ended) while it does not run:
+/// past its lease another replica takes the turn up from its durable transcript; the cut-off
+/// one, running again, writes nothing and kills its command.
+#[tokio::test]
+async fn a_replica_cut_off_past_its_lease_writes_nothing_and_kills_its_commands() {
     let dir = tempfile::tempdir().unwrap();
     let fake = FakeModel::start("fake-model", None).await;
     let marker = format!("podhost-replica-paused-{}", std::process::id());
@@ -311,6 +473,7 @@ async fn a_replica_paused_past_its_lease_writes_nothing_and_kills_its_commands()
     until("the command starts", T, || process_with(&marker)).await;
     let paused = nix::unistd::Pid::from_raw(rs[0].child.id() as i32);
     nix::sys::signal::kill(paused, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    end_liveness(dir.path(), rs[0].child.id()).await;
     // Past the lease, the other replica takes the turn up from its durable transcript: the
     // interrupted call is answered as such, never run again, and the model is asked on.
     rs[1].wait_status("i", "completed", T * 2).await;
@@ -325,8 +488,8 @@ async fn a_replica_paused_past_its_lease_writes_nothing_and_kills_its_commands()
     .await;
     let logs = rs[0].logs();
     assert!(
-        logs.contains("no lease renewal for a whole lease period")
-            || logs.contains("lease was lost"),
+        logs.contains("lease was lost")
+            || logs.contains("no lease renewal for a whole lease period"),
         "{logs}"
     );
     // It wrote nothing: the transcript is the taking-over replica's, and it serves on.

@@ -152,7 +152,7 @@ async fn every_route_but_the_probes_and_metrics_needs_the_credential() {
             json!({"status": "ok", "protocol_version": "1", "running": 0,
                    "version": env!("CARGO_PKG_VERSION"),
                    "revision": env!("BUILD_GIT_REVISION"),
-                   "store": {"writable": true},
+                   "store": {"writable": true}, "sandboxes": {"ok": true},
                    "confinement": serve_confinement()})
         )
     );
@@ -340,4 +340,31 @@ async fn bodies_over_10_mib_are_413_and_bad_bodies_are_400_or_422() {
     );
     // None of it was stored.
     assert_eq!(s.status("i").await.0, StatusCode::NOT_FOUND);
+}
+
+/// The BYOH protocol's key authorizes one request: `POST …/chat/completions`. podhost sends it
+/// nowhere else — not to the model listing, even on a server that would answer one — and every
+/// model request carries it.
+#[tokio::test]
+async fn the_evaluators_key_goes_to_chat_completions_and_nowhere_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeModel::start("fake-model", Some("k1")).await;
+    fake.set_listing(Some(
+        json!({"data": [{"id": "fake-model", "context_length": 9000}]}),
+    ));
+    fake.push([
+        Reply::call("c1", "bash", json!({"command": "true"})),
+        Reply::text("done"),
+    ]);
+    let s = Serve::start(dir.path());
+    s.submit(start("s1", "i1", "go", &fake.base_url(), Some("k1")))
+        .await;
+    s.wait_status("i1", "completed", T).await;
+    assert_eq!(fake.listing_requests(), Vec::<Option<String>>::new());
+    let keys: Vec<Option<String>> = fake
+        .requests()
+        .into_iter()
+        .map(|r| r.authorization)
+        .collect();
+    assert_eq!(keys, vec![Some("Bearer k1".to_owned()); 2]);
 }

@@ -86,7 +86,8 @@ async fn a_changed_mode_of_podhosts_state_is_put_back_after_the_command() {
         .build(
             podhost::floor::workspace::Workspace::new(&host.ws, None).unwrap(),
             Some(&host.tmp),
-        );
+        )
+        .unwrap();
     let out = bash(
         &host,
         &tb,

@@ -142,6 +142,9 @@ impl Host {
     ) -> Toolbox {
         let mut settings = isolated_settings();
         adjust(&mut settings);
+        // The store hands a session its uid on a BYOH host; here each call's pool is its own,
+        // so its first uid is this session's alone.
+        let uid = settings.uid_pool.map(|p| p.first);
         let exec = ExecSettings {
             shell: None,
             limits: ResourceLimits::default(),
@@ -154,7 +157,7 @@ impl Host {
                 .allow_read(&self.harness.join("egress-ca.pem"))
         });
         let ws = Workspace::new(ws, Some(Path::new("/workspace"))).unwrap();
-        builder.build(ws, Some(tmp))
+        builder.build_as(ws, Some(tmp), uid).unwrap()
     }
 
     /// `podhost tool` arguments for session a with this host's policy (the CA-bundle exception

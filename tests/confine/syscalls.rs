@@ -562,11 +562,16 @@ async fn a_later_byoh_session_of_the_same_uid_reads_no_key() {
         supervisor_bin().to_path_buf(),
     )
     .confine(|c| c.hide(&host.data));
+    // Both sessions are handed the pool's one uid, as the store hands a swept session's uid to
+    // the next.
     let session = |ws: &Path, tmp: &Path| {
-        builder.build(
-            Workspace::new(ws, Some(Path::new("/workspace"))).unwrap(),
-            Some(tmp),
-        )
+        builder
+            .build_as(
+                Workspace::new(ws, Some(Path::new("/workspace"))).unwrap(),
+                Some(tmp),
+                settings.uid_pool.map(|p| p.first),
+            )
+            .unwrap()
     };
     let first = session(&host.ws, &host.tmp);
     let (command, want) = plant_attack(&host.ws);

@@ -134,6 +134,8 @@ struct Shared {
     window: Mutex<Option<u64>>,
     vision: Mutex<bool>,
     listing: Mutex<Option<Value>>,
+    /// Requests to the model listing (`GET /v1/models`), with their `Authorization`.
+    listing_requests: Mutex<Vec<Option<String>>>,
     keep_messages: Mutex<bool>,
     /// The most requests answered at once since the start or the last reset.
     max_in_flight: AtomicUsize,
@@ -179,6 +181,7 @@ impl FakeModel {
             window: Mutex::new(None),
             vision: Mutex::new(true),
             listing: Mutex::new(None),
+            listing_requests: Mutex::new(Vec::new()),
             keep_messages: Mutex::new(true),
             max_in_flight: AtomicUsize::new(0),
         });
@@ -256,6 +259,11 @@ impl FakeModel {
         *self.shared.count.borrow()
     }
 
+    /// The model listing's requests so far (`GET /v1/models`), each its `Authorization`.
+    pub fn listing_requests(&self) -> Vec<Option<String>> {
+        self.shared.listing_requests.lock().unwrap().clone()
+    }
+
     pub fn requests(&self) -> Vec<Recorded> {
         self.shared.requests.lock().unwrap().clone()
     }
@@ -330,7 +338,12 @@ fn check_transcript(messages: &[Value]) -> Result<(), String> {
     Ok(())
 }
 
-async fn models(State(s): State<Arc<Shared>>) -> Response {
+async fn models(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    let auth = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    s.listing_requests.lock().unwrap().push(auth);
     match s.listing.lock().unwrap().clone() {
         Some(l) => axum::Json(l).into_response(),
         None => error(401, "This key authorizes chat completions only".into()),

@@ -558,41 +558,64 @@ fn nothing_of_podhosts_environment_reaches_a_command_or_its_supervisor() {
 }
 
 /// podhost is a child subreaper: when a supervisor is killed outright, what it left is
-/// re-parented to podhost, which kills it before answering. (The kill comes from here: a
-/// confined command cannot signal its supervisor, which is outside its Landlock domain.)
+/// re-parented to podhost (or to the session holder it runs under), which kills it before
+/// answering; podhost says the command's supervisor failed, as a fault of its own (exit 1).
+/// (The kill comes from here: a confined command cannot signal its supervisor, which is
+/// outside its Landlock domain.) Once with the read-only system (a session holder forks the
+/// supervisor, where the kernel allows a mount namespace), once without.
 #[test]
 fn a_supervisor_killed_outright_leaves_nothing_behind() {
     use nix::sys::signal::{Signal, kill};
     use nix::unistd::Pid;
-    let dir = tempfile::tempdir().unwrap();
-    let m = marker();
-    let podhost = start_podhost_tool(
-        dir.path(),
-        &format!("echo $PPID > supervisor; setsid sleep {m} & touch started; wait"),
-    );
-    let supervisor: i32 = std::fs::read_to_string(dir.path().join("supervisor"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    kill(Pid::from_raw(supervisor), Signal::SIGKILL).unwrap();
-    let out = podhost.wait_with_output().unwrap();
-    assert_eq!(
-        (out.status.code(), String::from_utf8(out.stderr).unwrap()),
-        (
-            Some(1),
-            "podhost tool: bash could not run: the command supervisor failed: it ended (signal: \
-             9 (SIGKILL)) without reporting how the command ended\n"
-                .to_owned()
-        )
-    );
-    assert_none_left(&m);
+    for read_only in ["on", "off"] {
+        let dir = tempfile::tempdir().unwrap();
+        let m = marker();
+        let podhost = start_podhost_tool_with(
+            dir.path(),
+            &format!("echo $PPID > supervisor; setsid sleep {m} & touch started; wait"),
+            &[("PODHOST_READ_ONLY_SYSTEM", read_only)],
+        );
+        let supervisor: i32 = std::fs::read_to_string(dir.path().join("supervisor"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let held = std::fs::read(format!("/proc/{supervisor}/cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains("__session"));
+        kill(Pid::from_raw(supervisor), Signal::SIGKILL).unwrap();
+        let out = podhost.wait_with_output().unwrap();
+        // podhost reaps (and so knows the end of) its own child only.
+        let ended = if held {
+            "it ended"
+        } else {
+            "it ended (signal: 9 (SIGKILL))"
+        };
+        assert_eq!(
+            (out.status.code(), String::from_utf8(out.stderr).unwrap()),
+            (
+                Some(1),
+                format!(
+                    "podhost tool: podhost could not run bash: the command supervisor failed: \
+                     {ended} without reporting how the command ended\n"
+                )
+            ),
+            "read-only system {read_only}"
+        );
+        assert_none_left(&m);
+    }
 }
 
-/// Starts `podhost tool bash` on `command` and waits (bounded) for the command to create
-/// `started` in the workspace.
 fn start_podhost_tool(workspace: &Path, command: &str) -> std::process::Child {
+    start_podhost_tool_with(workspace, command, &[])
+}
+
+fn start_podhost_tool_with(
+    workspace: &Path,
+    command: &str,
+    env: &[(&str, &str)],
+) -> std::process::Child {
     let child = Command::new(podhost_bin())
+        .envs(env.iter().copied())
         .args(["tool", "bash", "--workspace"])
         .arg(workspace)
         .arg("--input")
@@ -789,22 +812,23 @@ async fn a_supervisor_that_reports_nothing_is_a_harness_fault() {
         matches!(
             &err,
             ToolError::Exec {
-                source: ExecError::Supervisor { .. },
+                fault: ExecError::Supervisor { .. },
                 ..
             }
         ),
         "{err:?}"
     );
+    // The whole reason in one message (a failed turn's `error.message`), and no source that
+    // would say it twice in an error chain.
     let source = std::error::Error::source(&err).map(ToString::to_string);
     assert_eq!(
-        (err.to_string(), source),
+        (err.to_string(), source, err.nothing_ran()),
         (
-            "bash could not run".to_owned(),
-            Some(
-                "the command supervisor failed: it ended (exit status: 0) without reporting how \
-                 the command ended"
-                    .to_owned()
-            )
+            "podhost could not run bash: the command supervisor failed: it ended (exit status: \
+             0) without reporting how the command ended"
+                .to_owned(),
+            None,
+            false
         )
     );
 }

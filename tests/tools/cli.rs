@@ -128,10 +128,13 @@ fn a_missing_workspace_is_refused() {
 }
 
 /// The command line of the process that ran a `podhost tool bash` command (its supervisor), as
-/// the command sees it, with `podhost` run from `bin`.
-fn supervisor_of_a_command(bin: &std::path::Path) -> String {
+/// the command sees it, with `podhost` run from `bin`: `__exec`, podhost's child; or, with the
+/// read-only system where the kernel allows a mount namespace, `__session`, forked by the
+/// session holder that built the namespace (both the same supervisor binary).
+fn supervisor_of_a_command(bin: &std::path::Path, read_only: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(bin)
+        .env("PODHOST_READ_ONLY_SYSTEM", read_only)
         .args(["tool", "bash", "--workspace"])
         .arg(dir.path())
         .arg("--input")
@@ -156,12 +159,40 @@ fn installed(with_supervisor: bool) -> (tempfile::TempDir, std::path::PathBuf) {
     (dir, podhost)
 }
 
+/// How the supervisor is started with the read-only system on: under a session holder where
+/// the kernel allows a mount namespace (the command's mount namespace is then not this
+/// process's), else on its own.
+fn read_only_verb() -> &'static str {
+    let out = Command::new(podhost_bin())
+        .args(["tool", "bash", "--input"])
+        .arg(json!({"command": "readlink /proc/self/ns/mnt"}).to_string())
+        .output()
+        .unwrap();
+    let theirs = stdout_json(&out)["output"]["stdout"]
+        .as_str()
+        .unwrap()
+        .trim()
+        .to_owned();
+    let ours = std::fs::read_link("/proc/self/ns/mnt").unwrap();
+    if theirs != ours.to_string_lossy() {
+        "__session"
+    } else {
+        println!("no mount namespace here: commands run without the read-only system");
+        "__exec"
+    }
+}
+
 #[test]
 fn commands_run_under_podhost_exec_when_it_lies_beside_podhost() {
     let (dir, podhost) = installed(true);
+    let exec = dir.path().join("podhost-exec");
     assert_eq!(
-        supervisor_of_a_command(&podhost),
-        format!("{} __exec ", dir.path().join("podhost-exec").display())
+        supervisor_of_a_command(&podhost, "off"),
+        format!("{} __exec ", exec.display())
+    );
+    assert_eq!(
+        supervisor_of_a_command(&podhost, "on"),
+        format!("{} {} ", exec.display(), read_only_verb())
     );
 }
 
@@ -169,7 +200,11 @@ fn commands_run_under_podhost_exec_when_it_lies_beside_podhost() {
 fn without_podhost_exec_commands_run_under_podhost_itself() {
     let (_dir, podhost) = installed(false);
     assert_eq!(
-        supervisor_of_a_command(&podhost),
+        supervisor_of_a_command(&podhost, "off"),
         format!("{} __exec ", podhost.display())
+    );
+    assert_eq!(
+        supervisor_of_a_command(&podhost, "on"),
+        format!("{} {} ", podhost.display(), read_only_verb())
     );
 }

@@ -4,8 +4,8 @@
 //! Owns: invocations (one per session: ids, status, error, the connection without its key,
 //! pending questions, the last applied resume, where the current submission's output starts),
 //! each session's transcript (one row per message, written after every step), the lease of each
-//! running turn (owner replica, epoch, expiry), the per-session uid pool, and the schema
-//! versions ([`migrate`]).
+//! running turn (owner replica, epoch, expiry), the per-session uid pool (a free list), and the
+//! schema versions ([`migrate`]).
 //!
 //! Invariants, kept by both engines (the decisions are made once, here, on a row read inside the
 //! write's transaction; the engines only differ in SQL):
@@ -14,7 +14,9 @@
 //!   decided on the row locked for update, so it is applied once.
 //! * Every write of a turn carries its [`Fence`] (owner and epoch) and lands only while that
 //!   fence holds the lease and the turn is open: a replica that lost its lease — another claimed
-//!   the turn (epoch + 1), the lease ran out, or the turn was cancelled — writes nothing more.
+//!   the turn (epoch + 1), or the turn was cancelled — writes nothing more. A lease that ran out
+//!   is taken over only from an owner that is not alive (on PostgreSQL, whose liveness lock is
+//!   free: `pg_live`), so a live replica's late writes and renewals still land.
 //! * Lease times are the store's clock (PostgreSQL's `clock_timestamp()`; on SQLite, the one
 //!   machine's), so replicas' clocks need not agree.
 //! * Reads never wait behind writes: SQLite reads run on their own read-only connections (WAL),
@@ -27,6 +29,7 @@
 //! (`runner`), workspaces on disk (`runner`).
 
 mod migrate;
+mod pg_live;
 mod pg_tls;
 mod postgres;
 mod sqlite;
@@ -42,6 +45,7 @@ use tokio::sync::mpsc;
 use super::protocol::Status;
 use crate::chat::context::ContextView;
 use crate::chat::message::{ChatMessage, ModelEndpoint};
+use crate::exec::confine::UidRange;
 use crate::floor::secret::Secret;
 
 pub use migrate::SchemaError;
@@ -63,6 +67,9 @@ pub enum StoreError {
     Corrupt(String),
     #[error("the store thread has stopped")]
     Stopped,
+    /// An idle session's directories could not be parked, so its uid was not lent.
+    #[error("could not park an idle session's workspace to lend its uid: {0}")]
+    Park(String),
     /// The turn's lease is no longer this replica's: it must stop and write nothing more.
     #[error(
         "this replica no longer holds the lease of invocation {0:?} (it ran out, or another \
@@ -231,11 +238,11 @@ impl InvocationRow {
         self.is_open() && self.lease_left_ms.is_none_or(|l| l <= 0)
     }
 
-    /// Whether `fence` holds this row's lease.
+    /// Whether `fence` holds this row's lease: its owner and epoch. A lease that ran out is
+    /// still its owner's until another replica claims it (which moves the epoch on), and none
+    /// does while the owner is alive.
     fn held_by(&self, fence: &Fence) -> bool {
-        self.owner.as_deref() == Some(&*fence.owner)
-            && self.epoch == fence.epoch
-            && self.lease_left_ms.is_some_and(|l| l > 0)
+        self.owner.as_deref() == Some(&*fence.owner) && self.epoch == fence.epoch
     }
 }
 
@@ -306,6 +313,9 @@ pub struct Orphan {
     pub needs_key: bool,
     /// How long ago the lease ran out (ms, by the store's clock).
     pub expired_for_ms: i64,
+    /// Whether the lease is the asking replica's own (it stopped the turn, cut off from the
+    /// store for a whole lease, and may take it back).
+    pub ours: bool,
 }
 
 /// The store: SQLite or PostgreSQL behind one interface. Cheap to clone.
@@ -323,6 +333,37 @@ macro_rules! dispatch {
             Store::Postgres(s) => s.$method($($arg),*).await,
         }
     };
+}
+
+/// How a session came by its uid from the pool ([`Store::take_uid`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UidGrant {
+    /// The uid it already held.
+    Held(u32),
+    /// A uid no session held: given back by a swept session, or never handed out.
+    Fresh(u32),
+    /// The uid idle session `from` held, whose directories were parked first.
+    Reclaimed { uid: u32, from: String },
+}
+
+impl UidGrant {
+    pub fn uid(&self) -> u32 {
+        match self {
+            UidGrant::Held(uid) | UidGrant::Fresh(uid) | UidGrant::Reclaimed { uid, .. } => *uid,
+        }
+    }
+}
+
+/// Puts an idle session's directories out of every pool uid's reach before its uid is lent to
+/// another session (`exec::confine::users::park`); its argument is that session's id.
+pub type Park = Arc<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
+/// A uid read from the store as a grant; a value no uid can be (the store was written by hand)
+/// becomes `Corrupt`.
+fn grant(uid: i64, make: impl FnOnce(u32) -> UidGrant) -> Result<Option<UidGrant>, StoreError> {
+    u32::try_from(uid)
+        .map(|u| Some(make(u)))
+        .map_err(|_| StoreError::Corrupt(format!("uid {uid} in the pool")))
 }
 
 pub fn now_ms() -> i64 {
@@ -491,21 +532,34 @@ impl Store {
         dispatch!(self.release(id, fence))
     }
 
-    /// Open turns whose lease ran out.
-    pub async fn orphans(&self) -> Result<Vec<Orphan>, StoreError> {
-        dispatch!(self.orphans())
+    /// Open turns whose lease ran out and whose owner is not alive (on PostgreSQL, its liveness
+    /// lock is free) or is `me`.
+    pub async fn orphans(&self, me: &str) -> Result<Vec<Orphan>, StoreError> {
+        dispatch!(self.orphans(me))
     }
 
     /// Fails an orphan that needs a key and got none: only if it is still the orphan last
-    /// claimed at `epoch` and its lease ran out at least `grace_ms` ago.
+    /// claimed at `epoch`, its lease ran out at least `grace_ms` ago, and its owner is not alive
+    /// or is `me`.
     pub async fn fail_orphan(
         &self,
         id: &str,
         epoch: i64,
         grace_ms: i64,
         message: String,
+        me: &str,
     ) -> Result<bool, StoreError> {
-        dispatch!(self.fail_orphan(id, epoch, grace_ms, message))
+        dispatch!(self.fail_orphan(id, epoch, grace_ms, message, me))
+    }
+
+    /// Makes this process replica `owner` of the store: on PostgreSQL, a connection of its own
+    /// holds the replica's liveness lock for as long as it lives and carries its renewals (see
+    /// `pg_live`); nothing on SQLite, which one process holds.
+    pub async fn join(&self, owner: Arc<str>, lease: Duration) -> Result<(), StoreError> {
+        match self {
+            Store::Sqlite(_) => Ok(()),
+            Store::Postgres(s) => s.join(owner, lease).await,
+        }
     }
 
     /// Ends every lease now: the one process of an SQLite store, at start, takes up what its
@@ -521,20 +575,48 @@ impl Store {
         dispatch!(self.sweep(cutoff_ms))
     }
 
-    /// The per-session uid pool on a store replicas share: the uid of `session_id` in
-    /// `first..first + count`, allocated now if it has none, unique across every replica of the
-    /// store; `None` when every uid of the range serves a live session.
-    pub async fn allocate_uid(
+    /// The sessions whose invocation is kept whole (not swept).
+    pub async fn kept_sessions(&self) -> Result<Vec<String>, StoreError> {
+        dispatch!(self.kept_sessions())
+    }
+
+    /// Whether the uid pool starting at `first` was set up ([`adopt_uids`](Self::adopt_uids)).
+    pub async fn uid_range_known(&self, first: u32) -> Result<bool, StoreError> {
+        dispatch!(self.uid_range_known(first))
+    }
+
+    /// Sets up the uid pool `range` once: the sessions in `held` keep the uids their
+    /// workspaces already belong to (a store written before the pool was the store's), the
+    /// uids below the highest held that nobody holds are free, and the rest are handed out in
+    /// order. A range already set up is left as it is.
+    pub async fn adopt_uids(
+        &self,
+        range: UidRange,
+        owner: &str,
+        held: Vec<(String, u32)>,
+    ) -> Result<(), StoreError> {
+        dispatch!(self.adopt_uids(range, owner, held))
+    }
+
+    /// The uid of `session_id` from the pool `range`, unique across every replica of the
+    /// store: the one it holds; else one given back (lowest first); else the range's next never
+    /// handed out; else the uid of the idle session (no turn queued or running) that used its
+    /// uid least recently, once `park` put that session's directories out of reach, inside the
+    /// same transaction (so the lender, resumed meanwhile elsewhere, waits and then takes
+    /// another). `None` when every uid of the range serves a session with a turn open. Costs
+    /// the same whatever the number of sessions (indexed lookups; the lender is the first idle
+    /// one in order of use).
+    pub async fn take_uid(
         &self,
         session_id: &str,
         owner: &str,
-        first: u32,
-        count: u32,
-    ) -> Result<Option<u32>, StoreError> {
-        dispatch!(self.allocate_uid(session_id, owner, first, count))
+        range: UidRange,
+        park: Park,
+    ) -> Result<Option<UidGrant>, StoreError> {
+        dispatch!(self.take_uid(session_id, owner, range, park))
     }
 
-    /// Gives the uid of `session_id` back to the pool (its session ended or was swept).
+    /// Gives the uid of `session_id` back to the pool (its session was swept).
     pub async fn release_uid(&self, session_id: &str) -> Result<(), StoreError> {
         dispatch!(self.release_uid(session_id))
     }

@@ -2,16 +2,19 @@
 //!
 //! Owns: two connection pools — one for the reads the routes make (a status, a row, a
 //! transcript), one for everything else — so that a read never waits for a connection behind
-//! this replica's writes, and a listener connection that hears cancellations announced by other
-//! replicas (`LISTEN podhost_cancel`), reconnecting when it drops.
+//! this replica's writes; a listener connection that hears cancellations announced by other
+//! replicas (`LISTEN podhost_cancel`), reconnecting when it drops; and the replica's liveness
+//! connection (`pg_live`), which holds its lock and carries its renewals.
 //!
 //! Invariants:
 //! * A decision that depends on a row (a resume, a conditional status change) reads it
 //!   `FOR UPDATE` in the transaction that writes it, so replicas' concurrent requests are
 //!   decided one after the other on the latest commit.
-//! * A write of a turn first updates its row under the fence's conditions (owner, epoch, open,
-//!   lease unexpired); the row lock it takes serializes it against a takeover, so a write after
-//!   a takeover cannot land.
+//! * A write of a turn first updates its row under the fence's conditions (owner, epoch, open);
+//!   the row lock it takes serializes it against a takeover, so a write after a takeover cannot
+//!   land.
+//! * A turn whose lease ran out is claimed (or failed for want of a key) only when its owner is
+//!   not alive — its liveness lock is free (`pg_live`) — or is the claiming replica itself.
 //! * Lease times are the database's clock (`podhost_now_ms()`).
 //! * Every statement runs prepared, once per connection ([`Prepared`]): a run is one round
 //!   trip, and the server parses and plans it once. A turn's append, the write of every step,
@@ -35,13 +38,16 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{AsyncMessage, Row};
 use tracing::{info, warn};
 
+use super::pg_live::Liveness;
 use super::pg_tls::{self, MakeRustls};
 use super::{
-    COLUMNS, Fence, InvocationRow, LeaseTerms, Orphan, ResumeOutcome, StartOutcome, StatusRow,
-    StoreError, from_json, judge_resume, judge_transition, migrate, parse_status, to_json,
+    COLUMNS, Fence, InvocationRow, LeaseTerms, Orphan, Park, ResumeOutcome, StartOutcome,
+    StatusRow, StoreError, UidGrant, from_json, grant, judge_resume, judge_transition, migrate,
+    parse_status, to_json,
 };
 use crate::byoh::protocol::Status;
 use crate::chat::message::{ChatMessage, ModelEndpoint};
+use crate::exec::confine::UidRange;
 
 /// Connections the writes' pool opens at most.
 pub(super) const POOL_SIZE: usize = 16;
@@ -49,6 +55,14 @@ pub(super) const POOL_SIZE: usize = 16;
 const READ_POOL_SIZE: usize = 4;
 /// The channel cancellations are announced on.
 const CANCEL_CHANNEL: &str = "podhost_cancel";
+/// Whether a turn whose lease ran out may be taken by the replica named `$1`: its owner is that
+/// replica, or not alive (its liveness lock is free, see `pg_live`), or none.
+const TAKEABLE: &str = "(owner IS NULL OR owner = $1 OR NOT podhost_alive(owner))";
+/// Advisory lock keys: the uid pool's set-up (one key), and each session's take of a uid (this
+/// key and a hash of the session id). The migration's lock is `migrate`'s own, a replica's
+/// liveness lock `pg_live`'s.
+const UID_LOCK: i64 = 0x706f_6468_6f73_7402;
+const UID_SESSION_LOCK: i32 = 0x706f_6402;
 
 /// Parses and checks a connection string; errors name it as `setting`, without its password.
 /// libpq's `verify-ca` and `verify-full` are read as `require`, which verifies as much (see
@@ -83,6 +97,10 @@ pub struct Postgres {
     pool: Pool,
     reads: Pool,
     cancels: Arc<Mutex<Option<mpsc::Receiver<String>>>>,
+    /// How a connection of its own is made (the liveness one).
+    connect: Arc<(tokio_postgres::Config, MakeRustls)>,
+    /// This process's liveness, once it joined as a replica ([`Postgres::join`]).
+    live: Arc<tokio::sync::OnceCell<Liveness>>,
 }
 
 impl std::fmt::Debug for Postgres {
@@ -186,7 +204,7 @@ fn bodies(messages: &[ChatMessage]) -> Result<Vec<String>, StoreError> {
 }
 
 /// A turn's append in one statement: the fenced update of its row (owner `$2`, epoch `$3`,
-/// open, lease unexpired), then the bodies `$4` after the transcript's last message, inserted
+/// open), then the bodies `$4` after the transcript's last message, inserted
 /// only where the update matched; answers how many rows the update matched (0 or 1).
 ///
 /// The update's row lock orders the statement after a takeover, a cancellation or a renewal
@@ -198,7 +216,7 @@ fn bodies(messages: &[ChatMessage]) -> Result<Vec<String>, StoreError> {
 const APPEND_FENCED: &str = "WITH held AS (\
         UPDATE invocations SET updated_ms = podhost_now_ms() WHERE invocation_id = $1 \
         AND owner = $2 AND epoch = $3 AND status IN ('queued', 'running') \
-        AND lease_until_ms > podhost_now_ms() RETURNING invocation_id), \
+        RETURNING invocation_id), \
     inserted AS (\
         INSERT INTO messages (invocation_id, seq, body) \
         SELECT held.invocation_id, last.next + t.ord - 1, t.body FROM held, \
@@ -271,12 +289,26 @@ impl Postgres {
         };
         let (pool, reads) = (pool(POOL_SIZE)?, pool(READ_POOL_SIZE)?);
         let (tx, rx) = mpsc::channel(1024);
-        tokio::spawn(listen(config, tls, tx));
+        tokio::spawn(listen(config.clone(), tls.clone(), tx));
         Ok(Postgres {
             pool,
             reads,
             cancels: Arc::new(Mutex::new(Some(rx))),
+            connect: Arc::new((config, tls)),
+            live: Arc::new(tokio::sync::OnceCell::new()),
         })
+    }
+
+    /// Joins as replica `owner`: its liveness lock is held from here on (see `pg_live`).
+    pub async fn join(&self, owner: Arc<str>, lease: Duration) -> Result<(), StoreError> {
+        let c = self.client().await?;
+        self.live
+            .get_or_try_init(|| {
+                let (config, tls) = &*self.connect;
+                Liveness::join(&c, config.clone(), tls.clone(), owner, lease)
+            })
+            .await?;
+        Ok(())
     }
 
     pub fn cancellations(&self) -> Option<mpsc::Receiver<String>> {
@@ -323,6 +355,18 @@ impl Postgres {
             .await?
             .try_get(0)?;
         Ok(n as u64)
+    }
+
+    pub async fn kept_sessions(&self) -> Result<Vec<String>, StoreError> {
+        let c = self.client().await?;
+        c.rows(
+            "SELECT session_id FROM invocations WHERE swept = FALSE",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| Ok(r.try_get(0)?))
+        .collect()
     }
 
     pub async fn status(&self, id: &str) -> Result<Option<StatusRow>, StoreError> {
@@ -460,7 +504,8 @@ impl Postgres {
                      WHERE invocation_id = $1 AND epoch = $4 \
                      AND status IN ('queued', 'running') \
                      AND (lease_until_ms IS NULL OR lease_until_ms <= podhost_now_ms()) \
-                     RETURNING {COLUMNS}, podhost_now_ms()"
+                     AND {} RETURNING {COLUMNS}, podhost_now_ms()",
+                    TAKEABLE.replace("$1", "$2")
                 ),
                 &[&id, &&*terms.owner, &terms.ttl_ms, &epoch],
             )
@@ -566,8 +611,7 @@ impl Postgres {
         let held = tx
             .run(
                 "UPDATE invocations SET updated_ms = podhost_now_ms() WHERE invocation_id = $1 \
-                 AND owner = $2 AND epoch = $3 AND status IN ('queued', 'running') \
-                 AND lease_until_ms > podhost_now_ms()",
+                 AND owner = $2 AND epoch = $3 AND status IN ('queued', 'running')",
                 &[&id, &&*fence.owner, &fence.epoch],
             )
             .await?;
@@ -601,17 +645,22 @@ impl Postgres {
             return Ok(Vec::new());
         }
         let (ids, epochs): (Vec<String>, Vec<i64>) = held.into_iter().unzip();
-        let c = self.client().await?;
-        let rows = c
-            .rows(
-                "UPDATE invocations SET lease_until_ms = podhost_now_ms() + $2 \
-                 FROM unnest($3::text[], $4::bigint[]) AS h(id, ep) \
-                 WHERE invocation_id = h.id AND epoch = h.ep AND owner = $1 \
-                 AND status IN ('queued', 'running') AND lease_until_ms > podhost_now_ms() \
-                 RETURNING invocation_id",
-                &[&&*terms.owner, &terms.ttl_ms, &ids, &epochs],
-            )
-            .await?;
+        // A lease that ran out is renewed too while the turn is still this replica's (no other
+        // took it: none does while this one's liveness lock is held).
+        let sql = "UPDATE invocations SET lease_until_ms = podhost_now_ms() + $2 \
+                   FROM unnest($3::text[], $4::bigint[]) AS h(id, ep) \
+                   WHERE invocation_id = h.id AND epoch = h.ep AND owner = $1 \
+                   AND status IN ('queued', 'running') RETURNING invocation_id";
+        let params: [&(dyn ToSql + Sync); 4] = [&&*terms.owner, &terms.ttl_ms, &ids, &epochs];
+        // On the liveness connection once joined, never behind the writes' pool.
+        let rows = match self.live.get() {
+            Some(live) => {
+                let c = live.client().await?;
+                let stmt = c.prepare(sql).await?;
+                c.query(&stmt, &params).await?
+            }
+            None => self.client().await?.rows(sql, &params).await?,
+        };
         rows.iter()
             .map(|r| Ok(r.try_get::<_, String>(0)?))
             .collect()
@@ -621,22 +670,25 @@ impl Postgres {
         let c = self.client().await?;
         c.run(
             "UPDATE invocations SET lease_until_ms = podhost_now_ms() WHERE invocation_id = $1 \
-             AND owner = $2 AND epoch = $3 AND lease_until_ms > podhost_now_ms()",
+             AND owner = $2 AND epoch = $3",
             &[&id, &&*fence.owner, &fence.epoch],
         )
         .await?;
         Ok(())
     }
 
-    pub async fn orphans(&self) -> Result<Vec<Orphan>, StoreError> {
+    pub async fn orphans(&self, me: &str) -> Result<Vec<Orphan>, StoreError> {
         let c = self.client().await?;
         let rows = c
             .rows(
-                "SELECT invocation_id, epoch, needs_key, \
-                 podhost_now_ms() - COALESCE(lease_until_ms, updated_ms) \
-                 FROM invocations WHERE status IN ('queued', 'running') \
-                 AND (lease_until_ms IS NULL OR lease_until_ms <= podhost_now_ms())",
-                &[],
+                &format!(
+                    "SELECT invocation_id, epoch, needs_key, \
+                     podhost_now_ms() - COALESCE(lease_until_ms, updated_ms), owner = $1 \
+                     FROM invocations WHERE status IN ('queued', 'running') \
+                     AND (lease_until_ms IS NULL OR lease_until_ms <= podhost_now_ms()) \
+                     AND {TAKEABLE}"
+                ),
+                &[&me],
             )
             .await?;
         rows.iter()
@@ -646,6 +698,7 @@ impl Postgres {
                     epoch: r.try_get(1)?,
                     needs_key: r.try_get(2)?,
                     expired_for_ms: r.try_get(3)?,
+                    ours: r.try_get::<_, Option<bool>>(4)?.unwrap_or(false),
                 })
             })
             .collect()
@@ -657,16 +710,22 @@ impl Postgres {
         epoch: i64,
         grace_ms: i64,
         message: String,
+        me: &str,
     ) -> Result<bool, StoreError> {
         let c = self.client().await?;
         let n = c
             .run(
-                "UPDATE invocations SET status = 'failed', error = $2, \
-                 updated_ms = podhost_now_ms(), finished_ms = podhost_now_ms(), \
-                 epoch = epoch + 1, lease_until_ms = NULL \
-                 WHERE invocation_id = $1 AND epoch = $3 AND status IN ('queued', 'running') \
-                 AND COALESCE(lease_until_ms, updated_ms) + $4 <= podhost_now_ms()",
-                &[&id, &message, &epoch, &grace_ms],
+                &format!(
+                    "UPDATE invocations SET status = 'failed', error = $2, \
+                     updated_ms = podhost_now_ms(), finished_ms = podhost_now_ms(), \
+                     epoch = epoch + 1, lease_until_ms = NULL \
+                     WHERE invocation_id = $1 AND epoch = $3 \
+                     AND status IN ('queued', 'running') \
+                     AND COALESCE(lease_until_ms, updated_ms) + $4 <= podhost_now_ms() \
+                     AND {}",
+                    TAKEABLE.replace("$1", "$5")
+                ),
+                &[&id, &message, &epoch, &grace_ms, &me],
             )
             .await?;
         Ok(n == 1)
@@ -708,59 +767,172 @@ impl Postgres {
             .collect()
     }
 
-    pub async fn allocate_uid(
+    pub async fn uid_range_known(&self, first: u32) -> Result<bool, StoreError> {
+        let c = self.client().await?;
+        Ok(c.one(
+            "SELECT EXISTS (SELECT 1 FROM uid_next WHERE first = $1)",
+            &[&i64::from(first)],
+        )
+        .await?
+        .try_get(0)?)
+    }
+
+    pub async fn adopt_uids(
+        &self,
+        range: UidRange,
+        owner: &str,
+        held: Vec<(String, u32)>,
+    ) -> Result<(), StoreError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let (first, last) = (i64::from(range.first), i64::from(range.last));
+        // Replicas starting at once set the range up one after the other.
+        tx.run("SELECT pg_advisory_xact_lock($1)", &[&UID_LOCK])
+            .await?;
+        if tx
+            .opt("SELECT 1 FROM uid_next WHERE first = $1", &[&first])
+            .await?
+            .is_some()
+        {
+            return Ok(tx.commit().await?);
+        }
+        for (session, uid) in &held {
+            tx.run(
+                "INSERT INTO session_uids (uid, session_id, owner, claimed_ms, used) \
+                 VALUES ($1, $2, $3, podhost_now_ms(), nextval('uid_use')) ON CONFLICT DO NOTHING",
+                &[&i64::from(*uid), session, &owner],
+            )
+            .await?;
+        }
+        let top: Option<i64> = tx
+            .one(
+                "SELECT MAX(uid) FROM session_uids WHERE uid BETWEEN $1 AND $2",
+                &[&first, &last],
+            )
+            .await?
+            .try_get(0)?;
+        let next = top.map_or(first, |t| t + 1);
+        // The uids below the first never handed out that no session holds are free.
+        tx.run(
+            "INSERT INTO uid_free (uid) SELECT u FROM generate_series($1::bigint, $2::bigint - 1) u \
+             WHERE NOT EXISTS (SELECT 1 FROM session_uids s WHERE s.uid = u) \
+             ON CONFLICT DO NOTHING",
+            &[&first, &next],
+        )
+        .await?;
+        tx.run(
+            "INSERT INTO uid_next (first, next) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+            &[&first, &next],
+        )
+        .await?;
+        Ok(tx.commit().await?)
+    }
+
+    pub async fn take_uid(
         &self,
         session_id: &str,
         owner: &str,
-        first: u32,
-        count: u32,
-    ) -> Result<Option<u32>, StoreError> {
-        let c = self.client().await?;
-        let (first, last) = (i64::from(first), i64::from(first) + i64::from(count) - 1);
-        // Another replica may take the uid found between the look and the insert: look again.
-        for _ in 0..=count.min(1000) {
-            if let Some(r) = c
-                .opt(
-                    "SELECT uid FROM session_uids WHERE session_id = $1",
-                    &[&session_id],
-                )
-                .await?
-            {
-                return Ok(u32::try_from(r.try_get::<_, i64>(0)?).ok());
-            }
-            let free: Option<i64> = c
-                .one(
-                    "SELECT MIN(c) FROM (SELECT $1::bigint AS c UNION ALL SELECT uid + 1 FROM \
-                     session_uids WHERE uid BETWEEN $1 AND $2) AS cand \
-                     WHERE c <= $2 AND c NOT IN (SELECT uid FROM session_uids)",
-                    &[&first, &last],
-                )
-                .await?
-                .try_get(0)?;
-            let Some(uid) = free else {
-                return Ok(None);
-            };
+        range: UidRange,
+        park: Park,
+    ) -> Result<Option<UidGrant>, StoreError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let (first, last) = (i64::from(range.first), i64::from(range.last));
+        // One take for a session at a time, whichever replica asks.
+        tx.run(
+            "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+            &[&UID_SESSION_LOCK, &session_id],
+        )
+        .await?;
+        if let Some(r) = tx
+            .opt(
+                "UPDATE session_uids SET used = nextval('uid_use') WHERE session_id = $1 \
+                 RETURNING uid",
+                &[&session_id],
+            )
+            .await?
+        {
+            tx.commit().await?;
+            return grant(r.try_get(0)?, UidGrant::Held);
+        }
+        let insert = async |tx: &deadpool_postgres::Transaction<'_>, uid: i64| {
             let params: [&(dyn ToSql + Sync); 3] = [&uid, &session_id, &owner];
-            let inserted = c
-                .run(
-                    "INSERT INTO session_uids (uid, session_id, owner, claimed_ms) \
-                     VALUES ($1, $2, $3, podhost_now_ms()) ON CONFLICT DO NOTHING",
-                    &params,
-                )
-                .await?;
-            if inserted == 1 {
-                return Ok(u32::try_from(uid).ok());
+            tx.run(
+                "INSERT INTO session_uids (uid, session_id, owner, claimed_ms, used) \
+                 VALUES ($1, $2, $3, podhost_now_ms(), nextval('uid_use')) ON CONFLICT DO NOTHING",
+                &params,
+            )
+            .await
+            .map(|n| n == 1)
+        };
+        // Given back, lowest first; a uid a session of another range holds is skipped.
+        while let Some(r) = tx
+            .opt(
+                "DELETE FROM uid_free WHERE uid = (SELECT uid FROM uid_free \
+                 WHERE uid BETWEEN $1 AND $2 ORDER BY uid LIMIT 1 FOR UPDATE SKIP LOCKED) \
+                 RETURNING uid",
+                &[&first, &last],
+            )
+            .await?
+        {
+            let uid: i64 = r.try_get(0)?;
+            if insert(&tx, uid).await? {
+                tx.commit().await?;
+                return grant(uid, UidGrant::Fresh);
             }
         }
-        Err(StoreError::Pool(format!(
-            "could not allocate a uid for session {session_id:?}: every try raced another replica"
-        )))
+        // Never handed out yet.
+        while let Some(r) = tx
+            .opt(
+                "UPDATE uid_next SET next = next + 1 WHERE first = $1 AND next <= $2 \
+                 RETURNING next - 1",
+                &[&first, &last],
+            )
+            .await?
+        {
+            let uid: i64 = r.try_get(0)?;
+            if insert(&tx, uid).await? {
+                tx.commit().await?;
+                return grant(uid, UidGrant::Fresh);
+            }
+        }
+        // Lent by the idle session that used its uid least recently, parked first. Its row
+        // stays locked until the commit, so that session's own take (resumed meanwhile on any
+        // replica) waits, then finds no uid and takes another.
+        let Some(r) = tx
+            .opt(
+                "SELECT s.uid, s.session_id FROM session_uids s \
+                 WHERE s.uid BETWEEN $1 AND $2 AND NOT EXISTS (SELECT 1 FROM invocations i \
+                 WHERE i.session_id = s.session_id AND i.status IN ('queued', 'running')) \
+                 ORDER BY s.used LIMIT 1 FOR UPDATE OF s SKIP LOCKED",
+                &[&first, &last],
+            )
+            .await?
+        else {
+            return Ok(None);
+        };
+        let (uid, from): (i64, String) = (r.try_get(0)?, r.try_get(1)?);
+        let lender = from.clone();
+        tokio::task::spawn_blocking(move || park(&lender))
+            .await
+            .map_err(|e| StoreError::Park(e.to_string()))?
+            .map_err(StoreError::Park)?;
+        let params: [&(dyn ToSql + Sync); 3] = [&uid, &session_id, &owner];
+        tx.run(
+            "UPDATE session_uids SET session_id = $2, owner = $3, claimed_ms = podhost_now_ms(), \
+             used = nextval('uid_use') WHERE uid = $1",
+            &params,
+        )
+        .await?;
+        tx.commit().await?;
+        grant(uid, |uid| UidGrant::Reclaimed { uid, from })
     }
 
     pub async fn release_uid(&self, session_id: &str) -> Result<(), StoreError> {
         let c = self.client().await?;
         c.run(
-            "DELETE FROM session_uids WHERE session_id = $1",
+            "WITH gone AS (DELETE FROM session_uids WHERE session_id = $1 RETURNING uid) \
+             INSERT INTO uid_free (uid) SELECT uid FROM gone ON CONFLICT DO NOTHING",
             &[&session_id],
         )
         .await?;

@@ -27,11 +27,13 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, param
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::{
-    COLUMNS, Fence, InvocationRow, LeaseTerms, Orphan, ResumeOutcome, StartOutcome, StatusRow,
-    StoreError, from_json, judge_resume, judge_transition, migrate, now_ms, parse_status, to_json,
+    COLUMNS, Fence, InvocationRow, LeaseTerms, Orphan, Park, ResumeOutcome, StartOutcome,
+    StatusRow, StoreError, UidGrant, from_json, grant, judge_resume, judge_transition, migrate,
+    now_ms, parse_status, to_json,
 };
 use crate::byoh::protocol::Status;
 use crate::chat::message::{ChatMessage, ModelEndpoint};
+use crate::exec::confine::UidRange;
 
 type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 
@@ -334,6 +336,15 @@ impl Sqlite {
         .await
     }
 
+    pub async fn kept_sessions(&self) -> Result<Vec<String>, StoreError> {
+        self.read(|c| {
+            let mut stmt = c.prepare("SELECT session_id FROM invocations WHERE swept = 0")?;
+            let rows = stmt.query_map([], |r| r.get(0))?;
+            Ok(rows.collect::<rusqlite::Result<_>>()?)
+        })
+        .await
+    }
+
     pub async fn status(&self, id: &str) -> Result<Option<StatusRow>, StoreError> {
         let id = id.to_owned();
         self.read(move |c| {
@@ -543,7 +554,7 @@ impl Sqlite {
             let now = now_ms();
             let held = tx.execute(
                 "UPDATE invocations SET updated_ms = ?2 WHERE invocation_id = ?1 AND owner = ?3 \
-                 AND epoch = ?4 AND status IN ('queued', 'running') AND lease_until_ms > ?2",
+                 AND epoch = ?4 AND status IN ('queued', 'running')",
                 params![id, now, &*fence.owner, fence.epoch],
             )?;
             if held == 0 {
@@ -569,7 +580,7 @@ impl Sqlite {
             let now = now_ms();
             let held = tx.execute(
                 "UPDATE invocations SET updated_ms = ?2 WHERE invocation_id = ?1 AND owner = ?3 \
-                 AND epoch = ?4 AND status IN ('queued', 'running') AND lease_until_ms > ?2",
+                 AND epoch = ?4 AND status IN ('queued', 'running')",
                 params![id, now, &*fence.owner, fence.epoch],
             )?;
             if held == 0 {
@@ -612,13 +623,10 @@ impl Sqlite {
             {
                 let mut stmt = tx.prepare_cached(
                     "UPDATE invocations SET lease_until_ms = ?2 WHERE invocation_id = ?1 \
-                     AND owner = ?3 AND epoch = ?4 AND status IN ('queued', 'running') \
-                     AND lease_until_ms > ?5",
+                     AND owner = ?3 AND epoch = ?4 AND status IN ('queued', 'running')",
                 )?;
                 for (id, epoch) in held {
-                    if stmt.execute(params![id, now + terms.ttl_ms, &*terms.owner, epoch, now])?
-                        == 1
-                    {
+                    if stmt.execute(params![id, now + terms.ttl_ms, &*terms.owner, epoch])? == 1 {
                         renewed.push(id);
                     }
                 }
@@ -635,7 +643,7 @@ impl Sqlite {
         self.write(move |c| {
             c.execute(
                 "UPDATE invocations SET lease_until_ms = ?2 WHERE invocation_id = ?1 \
-                 AND owner = ?3 AND epoch = ?4 AND lease_until_ms > ?2",
+                 AND owner = ?3 AND epoch = ?4",
                 params![id, now_ms(), &*fence.owner, fence.epoch],
             )?;
             Ok(())
@@ -643,20 +651,22 @@ impl Sqlite {
         .await
     }
 
-    pub async fn orphans(&self) -> Result<Vec<Orphan>, StoreError> {
-        self.read(|c| {
+    pub async fn orphans(&self, me: &str) -> Result<Vec<Orphan>, StoreError> {
+        let me = me.to_owned();
+        self.read(move |c| {
             let now = now_ms();
             let mut stmt = c.prepare_cached(
-                "SELECT invocation_id, epoch, needs_key, COALESCE(lease_until_ms, updated_ms) \
-                 FROM invocations WHERE status IN ('queued', 'running') \
+                "SELECT invocation_id, epoch, needs_key, COALESCE(lease_until_ms, updated_ms), \
+                 owner IS ?2 FROM invocations WHERE status IN ('queued', 'running') \
                  AND (lease_until_ms IS NULL OR lease_until_ms <= ?1)",
             )?;
-            let rows = stmt.query_map([now], |r| {
+            let rows = stmt.query_map(params![now, me], |r| {
                 Ok(Orphan {
                     invocation_id: r.get(0)?,
                     epoch: r.get(1)?,
                     needs_key: r.get(2)?,
                     expired_for_ms: now - r.get::<_, i64>(3)?,
+                    ours: r.get(4)?,
                 })
             })?;
             Ok(rows.collect::<rusqlite::Result<_>>()?)
@@ -664,12 +674,14 @@ impl Sqlite {
         .await
     }
 
+    /// (`_me`: one process holds an SQLite store, so no owner of a lease that ran out lives.)
     pub async fn fail_orphan(
         &self,
         id: &str,
         epoch: i64,
         grace_ms: i64,
         message: String,
+        _me: &str,
     ) -> Result<bool, StoreError> {
         let id = id.to_owned();
         self.durable(move |c| {
@@ -723,48 +735,158 @@ impl Sqlite {
         .await
     }
 
-    pub async fn allocate_uid(
+    pub async fn uid_range_known(&self, first: u32) -> Result<bool, StoreError> {
+        self.read(move |c| {
+            Ok(c.query_row(
+                "SELECT EXISTS (SELECT 1 FROM uid_next WHERE first = ?1)",
+                [i64::from(first)],
+                |r| r.get(0),
+            )?)
+        })
+        .await
+    }
+
+    pub async fn adopt_uids(
+        &self,
+        range: UidRange,
+        owner: &str,
+        held: Vec<(String, u32)>,
+    ) -> Result<(), StoreError> {
+        let owner = owner.to_owned();
+        self.write(move |c| {
+            let tx = begin(c)?;
+            let now = now_ms();
+            let (first, last) = (i64::from(range.first), i64::from(range.last));
+            let known: bool = tx.query_row(
+                "SELECT EXISTS (SELECT 1 FROM uid_next WHERE first = ?1)",
+                [first],
+                |r| r.get(0),
+            )?;
+            if known {
+                return Ok(());
+            }
+            for (session, uid) in &held {
+                tx.execute(
+                    "INSERT OR IGNORE INTO session_uids (uid, session_id, owner, claimed_ms, \
+                     used) VALUES (?1, ?2, ?3, ?4, (SELECT COALESCE(MAX(used), 0) + 1 \
+                     FROM session_uids))",
+                    params![i64::from(*uid), session, owner, now],
+                )?;
+            }
+            let top: Option<i64> = tx.query_row(
+                "SELECT MAX(uid) FROM session_uids WHERE uid BETWEEN ?1 AND ?2",
+                params![first, last],
+                |r| r.get(0),
+            )?;
+            let next = top.map_or(first, |t| t + 1);
+            // The uids below the first never handed out that no session holds are free.
+            tx.execute(
+                "WITH RECURSIVE u(uid) AS (SELECT ?1 UNION ALL SELECT uid + 1 FROM u \
+                 WHERE uid + 1 < ?2) \
+                 INSERT OR IGNORE INTO uid_free (uid) SELECT uid FROM u WHERE uid < ?2 \
+                 AND uid NOT IN (SELECT uid FROM session_uids)",
+                params![first, next],
+            )?;
+            tx.execute(
+                "INSERT OR IGNORE INTO uid_next (first, next) VALUES (?1, ?2)",
+                params![first, next],
+            )?;
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn take_uid(
         &self,
         session_id: &str,
         owner: &str,
-        first: u32,
-        count: u32,
-    ) -> Result<Option<u32>, StoreError> {
+        range: UidRange,
+        park: Park,
+    ) -> Result<Option<UidGrant>, StoreError> {
         let (session_id, owner) = (session_id.to_owned(), owner.to_owned());
         self.write(move |c| {
             let tx = begin(c)?;
+            let now = now_ms();
+            let (first, last) = (i64::from(range.first), i64::from(range.last));
+            // The order of use: one more than the last take's (an indexed maximum).
+            let used: i64 = tx.query_row(
+                "SELECT COALESCE(MAX(used), 0) + 1 FROM session_uids",
+                [],
+                |r| r.get(0),
+            )?;
             let held: Option<i64> = tx
                 .query_row(
-                    "SELECT uid FROM session_uids WHERE session_id = ?1",
-                    [&session_id],
+                    "UPDATE session_uids SET used = ?2 WHERE session_id = ?1 RETURNING uid",
+                    params![session_id, used],
                     |r| r.get(0),
                 )
                 .optional()?;
             if let Some(uid) = held {
-                return Ok(u32::try_from(uid).ok());
+                tx.commit()?;
+                return grant(uid, UidGrant::Held);
             }
-            let last = i64::from(first) + i64::from(count) - 1;
-            // The lowest free uid of the range: `first` itself, or one past a taken one.
-            let free: Option<i64> = tx
+            let insert = |tx: &Transaction<'_>, uid: i64| -> rusqlite::Result<bool> {
+                Ok(tx.execute(
+                    "INSERT OR IGNORE INTO session_uids (uid, session_id, owner, claimed_ms, \
+                     used) VALUES (?1, ?2, ?3, ?4, ?5)",
+                    params![uid, session_id, owner, now, used],
+                )? == 1)
+            };
+            // Given back, lowest first; a uid a session of another range holds is skipped.
+            loop {
+                let free: Option<i64> = tx
+                    .query_row(
+                        "DELETE FROM uid_free WHERE uid = (SELECT uid FROM uid_free \
+                         WHERE uid BETWEEN ?1 AND ?2 ORDER BY uid LIMIT 1) RETURNING uid",
+                        params![first, last],
+                        |r| r.get(0),
+                    )
+                    .optional()?;
+                let Some(uid) = free else { break };
+                if insert(&tx, uid)? {
+                    tx.commit()?;
+                    return grant(uid, UidGrant::Fresh);
+                }
+            }
+            // Never handed out yet.
+            loop {
+                let next: Option<i64> = tx
+                    .query_row(
+                        "UPDATE uid_next SET next = next + 1 WHERE first = ?1 AND next <= ?2 \
+                         RETURNING next - 1",
+                        params![first, last],
+                        |r| r.get(0),
+                    )
+                    .optional()?;
+                let Some(uid) = next else { break };
+                if insert(&tx, uid)? {
+                    tx.commit()?;
+                    return grant(uid, UidGrant::Fresh);
+                }
+            }
+            // Lent by the idle session that used its uid least recently, parked first.
+            let idle: Option<(i64, String)> = tx
                 .query_row(
-                    "SELECT MIN(c) FROM (SELECT ?1 AS c UNION ALL SELECT uid + 1 FROM \
-                     session_uids WHERE uid BETWEEN ?1 AND ?2) \
-                     WHERE c <= ?2 AND c NOT IN (SELECT uid FROM session_uids)",
-                    params![i64::from(first), last],
-                    |r| r.get(0),
+                    "SELECT s.uid, s.session_id FROM session_uids s \
+                     WHERE s.uid BETWEEN ?1 AND ?2 AND NOT EXISTS (SELECT 1 FROM invocations i \
+                     WHERE i.session_id = s.session_id AND i.status IN ('queued', 'running')) \
+                     ORDER BY s.used LIMIT 1",
+                    params![first, last],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
                 )
-                .optional()?
-                .flatten();
-            let Some(uid) = free else {
+                .optional()?;
+            let Some((uid, from)) = idle else {
                 return Ok(None);
             };
+            park(&from).map_err(StoreError::Park)?;
             tx.execute(
-                "INSERT INTO session_uids (uid, session_id, owner, claimed_ms) \
-                 VALUES (?1, ?2, ?3, ?4)",
-                params![uid, session_id, owner, now_ms()],
+                "UPDATE session_uids SET session_id = ?2, owner = ?3, claimed_ms = ?4, \
+                 used = ?5 WHERE uid = ?1",
+                params![uid, session_id, owner, now, used],
             )?;
             tx.commit()?;
-            Ok(u32::try_from(uid).ok())
+            grant(uid, |uid| UidGrant::Reclaimed { uid, from })
         })
         .await
     }
@@ -772,10 +894,18 @@ impl Sqlite {
     pub async fn release_uid(&self, session_id: &str) -> Result<(), StoreError> {
         let session_id = session_id.to_owned();
         self.write(move |c| {
-            c.execute(
-                "DELETE FROM session_uids WHERE session_id = ?1",
-                [&session_id],
-            )?;
+            let tx = begin(c)?;
+            let uid: Option<i64> = tx
+                .query_row(
+                    "DELETE FROM session_uids WHERE session_id = ?1 RETURNING uid",
+                    [&session_id],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            if let Some(uid) = uid {
+                tx.execute("INSERT OR IGNORE INTO uid_free (uid) VALUES (?1)", [uid])?;
+            }
+            tx.commit()?;
             Ok(())
         })
         .await

@@ -84,12 +84,14 @@ both_engines!(
     starts_resumes_and_transitions,
     one_of_two_concurrent_starts_inserts,
     a_claim_fences_the_previous_owner,
-    an_expired_lease_fences_and_makes_an_orphan,
+    an_expired_lease_is_the_owners_until_another_claims_it,
+    a_live_replica_keeps_its_expired_turns_until_its_liveness_ends,
     only_one_replica_claims_an_orphan,
     orphans_needing_a_key_fail_after_the_grace,
     cancel_fences_the_owner_and_is_announced,
     renewals_answer_what_is_still_held,
     uids_are_unique_across_replicas,
+    the_uid_pool_is_a_free_list_then_lends_idle_uids,
     a_newer_schema_is_refused,
     a_store_of_the_previous_schema_is_upgraded,
     sweeping_keeps_a_tombstone,
@@ -305,13 +307,45 @@ async fn a_claim_fences_the_previous_owner(f: Fixture) {
     );
 }
 
-async fn an_expired_lease_fences_and_makes_an_orphan(f: Fixture) {
+/// A lease that ran out is still its owner's: its writes and renewals land until another
+/// replica claims the turn (which it may, its owner not being alive), and from then on nothing
+/// of the owner's does.
+async fn an_expired_lease_is_the_owners_until_another_claims_it(f: Fixture) {
     let store = &f.store;
     let a = terms("a", 150);
     let fence = start(store, "i", &a).await;
-    assert_eq!(store.orphans().await.unwrap(), vec![]);
+    assert_eq!(store.orphans("b").await.unwrap(), vec![]);
     until_expired(store, "i").await;
-    // No one took it over, but the lease ran out: the owner writes nothing more.
+    store
+        .append("i", vec![ChatMessage::user("late")], &fence)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.renew(&a, vec![("i".into(), 1)]).await.unwrap(),
+        vec!["i".to_owned()]
+    );
+    assert_eq!(store.orphans("b").await.unwrap(), vec![]);
+    until_expired(store, "i").await;
+    let orphans = store.orphans("b").await.unwrap();
+    assert_eq!(orphans.len(), 1);
+    assert_eq!(
+        (
+            orphans[0].invocation_id.as_str(),
+            orphans[0].epoch,
+            orphans[0].needs_key,
+            orphans[0].ours
+        ),
+        ("i", 1, true, false)
+    );
+    assert!(orphans[0].expired_for_ms >= 0);
+    assert!(store.orphans("a").await.unwrap()[0].ours);
+    // Claimed by another: the owner writes nothing more.
+    let (_, taken) = store
+        .claim("i", 1, &terms("b", 60_000))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(taken.epoch, 2);
     assert!(matches!(
         store
             .append("i", vec![ChatMessage::user("x")], &fence)
@@ -322,17 +356,76 @@ async fn an_expired_lease_fences_and_makes_an_orphan(f: Fixture) {
         store.renew(&a, vec![("i".into(), 1)]).await.unwrap(),
         Vec::<String>::new()
     );
-    let orphans = store.orphans().await.unwrap();
-    assert_eq!(orphans.len(), 1);
-    assert_eq!(
-        (
-            orphans[0].invocation_id.as_str(),
-            orphans[0].epoch,
-            orphans[0].needs_key
-        ),
-        ("i", 1, true)
+    assert_eq!(store.messages("i", 0).await.unwrap().len(), 2);
+}
+
+/// On a store replicas share, a replica that joined holds a liveness lock: while it is held, its
+/// turns whose lease ran out are its own — no other replica lists, claims or fails them, and its
+/// late renewals land — and once the lock's connection ends (as when the replica dies), they
+/// are orphans for any replica to take.
+async fn a_live_replica_keeps_its_expired_turns_until_its_liveness_ends(f: Fixture) {
+    let StoreSpec::Postgres(url) = &f.spec else {
+        println!("SQLite: one process holds the store, so no other replica takes a turn over");
+        return;
+    };
+    let a = terms("a", 150);
+    f.store
+        .join(a.owner.clone(), Duration::from_secs(3))
+        .await
+        .unwrap();
+    let other = f.other().await;
+    let fence = start(&f.store, "i", &a).await;
+    until_expired(&f.store, "i").await;
+    assert_eq!(other.orphans("b").await.unwrap(), vec![]);
+    assert!(
+        other
+            .claim("i", 1, &terms("b", 60_000))
+            .await
+            .unwrap()
+            .is_none()
     );
-    assert!(orphans[0].expired_for_ms >= 0);
+    assert!(!other.fail_orphan("i", 1, 0, "m".into(), "b").await.unwrap());
+    let own = f.store.orphans("a").await.unwrap();
+    assert_eq!((own.len(), own[0].ours), (1, true));
+    assert_eq!(
+        f.store.renew(&a, vec![("i".into(), 1)]).await.unwrap(),
+        vec!["i".to_owned()]
+    );
+    until_expired(&f.store, "i").await;
+    // The liveness connection ends: the server frees the lock.
+    let (admin, conn) = tokio_postgres::connect(url.expose(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(conn);
+    let ended = admin
+        .query_one(
+            "SELECT COUNT(pg_terminate_backend(l.pid)) FROM pg_locks l JOIN replicas r \
+             ON l.objid = r.lock_key::oid WHERE l.locktype = 'advisory' AND l.classid = $1 \
+             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+             AND r.owner = 'a'",
+            &[&(pg_live::LOCK_CLASS as u32)],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0);
+    assert_eq!(ended, 1);
+    while other.orphans("b").await.unwrap().is_empty() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, taken) = other
+        .claim("i", 1, &terms("b", 60_000))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(taken.epoch, 2);
+    assert!(matches!(
+        f.store
+            .append("i", vec![ChatMessage::user("x")], &fence)
+            .await,
+        Err(StoreError::Fenced(_))
+    ));
+    drop(admin);
+    let _ = driver.await;
 }
 
 async fn only_one_replica_claims_an_orphan(f: Fixture) {
@@ -356,10 +449,20 @@ async fn orphans_needing_a_key_fail_after_the_grace(f: Fixture) {
     start(store, "i", &terms("a", 50)).await;
     until_expired(store, "i").await;
     // Within the grace: not yet.
-    assert!(!store.fail_orphan("i", 1, 60_000, "m".into()).await.unwrap());
+    assert!(
+        !store
+            .fail_orphan("i", 1, 60_000, "m".into(), "b")
+            .await
+            .unwrap()
+    );
     // A stale epoch: not this one.
-    assert!(!store.fail_orphan("i", 0, 0, "m".into()).await.unwrap());
-    assert!(store.fail_orphan("i", 1, 0, "gone".into()).await.unwrap());
+    assert!(!store.fail_orphan("i", 0, 0, "m".into(), "b").await.unwrap());
+    assert!(
+        store
+            .fail_orphan("i", 1, 0, "gone".into(), "b")
+            .await
+            .unwrap()
+    );
     let got = store.get("i").await.unwrap().unwrap();
     assert_eq!(
         (
@@ -371,7 +474,7 @@ async fn orphans_needing_a_key_fail_after_the_grace(f: Fixture) {
         (Status::Failed, Some("gone"), 2, None)
     );
     assert!(got.finished_ms.is_some());
-    assert_eq!(store.orphans().await.unwrap(), vec![]);
+    assert_eq!(store.orphans("b").await.unwrap(), vec![]);
 }
 
 async fn cancel_fences_the_owner_and_is_announced(f: Fixture) {
@@ -537,35 +640,144 @@ async fn renewals_answer_what_is_still_held(f: Fixture) {
     );
 }
 
+/// A park that records which sessions lent their uid.
+fn parks() -> (Park, Arc<std::sync::Mutex<Vec<String>>>) {
+    let lent = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = lent.clone();
+    let park: Park = Arc::new(move |s: &str| {
+        seen.lock().unwrap().push(s.to_owned());
+        Ok(())
+    });
+    (park, lent)
+}
+
+const POOL: UidRange = UidRange {
+    first: 10_000,
+    last: 10_004,
+};
+
 async fn uids_are_unique_across_replicas(f: Fixture) {
     let other = f.other().await;
+    let (park, lent) = parks();
+    f.store.adopt_uids(POOL, "a", vec![]).await.unwrap();
     let mut seen = std::collections::HashSet::new();
     for n in 0..4 {
         let s = format!("s{n}");
         let s2 = format!("{s}-other");
         let (x, y) = tokio::join!(
-            f.store.allocate_uid(&s, "a", 10_000, 5),
-            other.allocate_uid(&s2, "b", 10_000, 5),
+            f.store.take_uid(&s, "a", POOL, park.clone()),
+            other.take_uid(&s2, "b", POOL, park.clone()),
         );
-        for uid in [x.unwrap(), y.unwrap()].into_iter().flatten() {
-            assert!(seen.insert(uid), "uid {uid} given twice");
-            assert!((10_000..10_005).contains(&uid));
+        for grant in [x.unwrap(), y.unwrap()] {
+            match grant {
+                Some(UidGrant::Fresh(uid)) => {
+                    assert!(seen.insert(uid), "uid {uid} given twice");
+                    assert!(POOL.contains(uid));
+                }
+                // The pool has five: the last two takes find it spent, all lenders idle.
+                Some(UidGrant::Reclaimed { uid, from }) => {
+                    assert!(seen.contains(&uid), "{uid} lent by {from}");
+                }
+                None => panic!("idle sessions hold every uid: one lends"),
+                Some(held @ UidGrant::Held(_)) => panic!("{held:?}"),
+            }
         }
     }
     assert_eq!(seen.len(), 5);
-    // The same session keeps its uid; a full pool answers none; a released uid serves again.
-    let s0 = f.store.allocate_uid("s0", "a", 10_000, 5).await.unwrap();
-    assert!(s0.is_some());
-    assert_eq!(other.allocate_uid("s0", "b", 10_000, 5).await.unwrap(), s0);
+    assert_eq!(lent.lock().unwrap().len(), 3, "8 sessions on 5 uids");
+    // The same session keeps its uid, on any replica (one of the last, which lent nothing).
+    let s0 = f
+        .store
+        .take_uid("s3", "a", POOL, park.clone())
+        .await
+        .unwrap();
+    let again = other.take_uid("s3", "b", POOL, park.clone()).await.unwrap();
+    assert!(matches!(s0, Some(UidGrant::Held(_))), "{s0:?}");
+    assert_eq!(again, s0);
+}
+
+/// A swept session's uid serves again, lowest first, before any never handed out; once none
+/// is left, the idle session that used its uid least recently lends it, parked first; a session
+/// with a turn open never lends; with every uid busy, there is none.
+async fn the_uid_pool_is_a_free_list_then_lends_idle_uids(f: Fixture) {
+    let store = &f.store;
+    let (park, lent) = parks();
+    // A kept session whose workspace already belongs to 10_002 keeps it; 10_000 and 10_001
+    // are free.
+    store
+        .adopt_uids(POOL, "a", vec![("old".into(), 10_002)])
+        .await
+        .unwrap();
+    assert!(store.uid_range_known(POOL.first).await.unwrap());
+    // Adopting again changes nothing.
+    store
+        .adopt_uids(POOL, "a", vec![("other".into(), 10_001)])
+        .await
+        .unwrap();
+    let take = |s: &'static str| {
+        let park = park.clone();
+        async move { store.take_uid(s, "a", POOL, park).await.unwrap() }
+    };
+    assert_eq!(take("old").await, Some(UidGrant::Held(10_002)));
+    assert_eq!(take("a").await, Some(UidGrant::Fresh(10_000)));
+    assert_eq!(take("b").await, Some(UidGrant::Fresh(10_001)));
+    assert_eq!(take("c").await, Some(UidGrant::Fresh(10_003)));
+    store.release_uid("a").await.unwrap();
+    store.release_uid("nobody").await.unwrap();
+    assert_eq!(take("d").await, Some(UidGrant::Fresh(10_000)));
+    assert_eq!(take("e").await, Some(UidGrant::Fresh(10_004)));
+    assert!(lent.lock().unwrap().is_empty());
+    // Spent. "b" has a turn running: it never lends. "old" used its uid least recently of the
+    // idle ones (then "c", "d", "e").
+    let t = terms("a", 60_000);
+    store
+        .insert_start(row("ib", "b"), vec![ChatMessage::user("hi")], &t)
+        .await
+        .unwrap();
+    take("c").await;
     assert_eq!(
-        f.store.allocate_uid("late", "a", 10_000, 5).await.unwrap(),
-        None
+        take("f").await,
+        Some(UidGrant::Reclaimed {
+            uid: 10_002,
+            from: "old".into()
+        })
     );
-    f.store.release_uid("s0").await.unwrap();
+    assert_eq!(*lent.lock().unwrap(), vec!["old".to_owned()]);
+    // The lender, back, takes the next idle session's uid ("d": "c" was used since).
     assert_eq!(
-        other.allocate_uid("late", "b", 10_000, 5).await.unwrap(),
-        s0
+        take("old").await,
+        Some(UidGrant::Reclaimed {
+            uid: 10_000,
+            from: "d".into()
+        })
     );
+    for s in ["c", "e", "f", "old"] {
+        store
+            .insert_start(row(&format!("i{s}"), s), vec![ChatMessage::user("hi")], &t)
+            .await
+            .unwrap();
+    }
+    // Every uid serves a session with a turn open.
+    assert_eq!(take("g").await, None);
+    // A park that fails lends nothing: the take fails and the lender keeps its uid.
+    let refuse: Park = Arc::new(|_: &str| Err("read-only".to_owned()));
+    store
+        .transition(
+            "ic",
+            &[Status::Queued, Status::Running],
+            Status::Completed,
+            None,
+            vec![],
+            None,
+        )
+        .await
+        .unwrap();
+    let refused = store.take_uid("g", "a", POOL, refuse).await.unwrap_err();
+    assert_eq!(
+        refused.to_string(),
+        "could not park an idle session's workspace to lend its uid: read-only"
+    );
+    assert_eq!(take("c").await, Some(UidGrant::Held(10_003)));
 }
 
 async fn a_newer_schema_is_refused(f: Fixture) {
@@ -653,7 +865,7 @@ async fn check_upgraded(store: Store) {
     // A turn the old schema left running is an orphan to take up.
     assert_eq!(
         store
-            .orphans()
+            .orphans("a")
             .await
             .unwrap()
             .iter()

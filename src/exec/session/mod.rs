@@ -101,6 +101,11 @@ impl Session {
         req: &SessionRequest,
         exit: Option<&Exit>,
     ) -> Result<Session, ExecError> {
+        if crate::failpoint_fails!("sandbox.session_refused") {
+            return Err(ExecError::Session {
+                message: "refused (the failpoint sandbox.session_refused)".into(),
+            });
+        }
         let (ours, theirs) = sys::seqpacket_pair()?;
         let request = serde_json::to_vec(req).map_err(io::Error::other)?;
         // Queued before the holder exists, so it reads it at once.

@@ -74,6 +74,10 @@ pub enum PodError {
     Http(String),
     #[error(transparent)]
     Tls(#[from] TlsError),
+    /// The workspace's sandbox could not be made (a cgroup the host refuses, a workspace that
+    /// cannot be given to the command user): no turn may run without it.
+    #[error("could not make the workspace's sandbox: {0}")]
+    Sandbox(#[from] crate::exec::sandbox::SandboxError),
 }
 
 impl PodError {
@@ -244,7 +248,7 @@ fn pod_toolbox(
                 .guard(crate::exec::confine::Guard::owned_dir(&config.harness_root))
                 .deny_network(false)
         });
-    Ok(builder.build(ws, None))
+    Ok(builder.build(ws, None)?)
 }
 
 struct Host {
