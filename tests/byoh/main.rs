@@ -32,5 +32,6 @@ mod routes;
 mod sandboxes;
 mod store_config;
 mod store_tls;
+mod stress;
 mod tls;
 mod turns;
