@@ -5,15 +5,18 @@ use pretty_assertions::assert_eq;
 use serde_json::json;
 
 use crate::fake_core::CoreOptions;
-use crate::fake_gates::{self, Reply};
+use crate::fake_gates::{self, Loss, Reply};
 use crate::turn::{TOKEN, TURN, candidate_of, setup, turn_start, wait_end};
 
 #[tokio::test]
 async fn a_model_call_whose_connection_dropped_is_uncertain_and_rejoined_once() {
     let s = setup(CoreOptions::default()).await;
     let answer = fake_gates::text("Answered once.");
-    s.gates
-        .script([Reply::DropConnection(candidate_of(&answer))]);
+    s.gates.script([Reply::Lost {
+        outcome: candidate_of(&answer),
+        loss: Loss::Drop,
+        times: 1,
+    }]);
     let ts = turn_start(json!("Answer me."));
     s.core.grant_turn("run-1", TOKEN, ts.clone());
     let effect = "turn_1:0:model:s0";
