@@ -1,9 +1,9 @@
 //! Retry pacing: jittered exponential backoff, a sleep that a cancellation cuts short, and the
 //! one reading of a server's `Retry-After`.
 //!
-//! The one backoff of podhost: the pod's reconnects and join retries and the model client's
-//! retries all pace themselves with [`Backoff`], so that many clients failing together spread
-//! their next attempts instead of arriving in step.
+//! The one backoff of podhost: the pod's reconnects and join retries, the model client's retries
+//! and the Model Gate's re-sends all pace themselves with [`Backoff`], so that many clients
+//! failing together spread their next attempts instead of arriving in step.
 
 use std::time::Duration;
 
