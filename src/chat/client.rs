@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use super::message::{ApiKey, ChatMessage, ModelEndpoint};
 use super::stream::{Accumulated, SseParser};
 use crate::agent::model::{Block, Candidate, FinishReason, ToolCallBlock, Usage};
-use crate::floor::backoff::{Backoff, sleep_or_cancel};
+use crate::floor::backoff::{Backoff, retry_after, sleep_or_cancel};
 use crate::floor::metrics;
 use crate::floor::text::error_chain;
 
@@ -304,7 +304,11 @@ impl ModelClient {
         };
         let status = resp.status();
         metrics::model_http_status(ENDPOINT, status.as_u16());
-        let after = retry_after(resp.headers());
+        let after = resp
+            .headers()
+            .get(header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(retry_after);
         let event_stream = resp
             .headers()
             .get(header::CONTENT_TYPE)
@@ -480,13 +484,6 @@ fn snippet(text: &str) -> String {
     } else {
         t
     }
-}
-
-/// `Retry-After` in seconds (the HTTP-date form is rare from model servers and is ignored).
-fn retry_after(h: &reqwest::header::HeaderMap) -> Option<Duration> {
-    let v = h.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim();
-    let secs: f64 = v.parse().ok()?;
-    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(86_400.0)))
 }
 
 /// `text` with every occurrence of the key replaced.

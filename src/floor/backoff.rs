@@ -1,8 +1,9 @@
-//! Retry pacing: jittered exponential backoff, and a sleep that a cancellation cuts short.
+//! Retry pacing: jittered exponential backoff, a sleep that a cancellation cuts short, and the
+//! one reading of a server's `Retry-After`.
 //!
-//! The one backoff of podhost: the pod's reconnects and join retries and the model client's
-//! retries all pace themselves with [`Backoff`], so that many clients failing together spread
-//! their next attempts instead of arriving in step.
+//! The one backoff of podhost: the pod's reconnects and join retries, the model client's retries
+//! and the Model Gate's re-sends all pace themselves with [`Backoff`], so that many clients
+//! failing together spread their next attempts instead of arriving in step.
 
 use std::time::Duration;
 
@@ -48,9 +49,49 @@ pub async fn sleep_or_cancel(d: Duration, cancel: &CancellationToken) -> bool {
     }
 }
 
+/// A `Retry-After` value in seconds (at most a day); `None` for anything else — the HTTP-date
+/// form is rare from the servers podhost calls, and ignored.
+pub fn retry_after(value: &str) -> Option<Duration> {
+    let secs: f64 = value.trim().parse().ok()?;
+    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(86_400.0)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pretty_assertions::assert_eq;
+
+    #[test]
+    fn retry_after_reads_seconds_only() {
+        let read: Vec<Option<Duration>> = [
+            "3",
+            " 1.5 ",
+            "0",
+            "999999",
+            "-1",
+            "NaN",
+            "inf",
+            "Wed, 21 Oct 2015 07:28:00 GMT",
+            "",
+        ]
+        .into_iter()
+        .map(retry_after)
+        .collect();
+        assert_eq!(
+            read,
+            [
+                Some(Duration::from_secs(3)),
+                Some(Duration::from_millis(1500)),
+                Some(Duration::ZERO),
+                Some(Duration::from_secs(86_400)),
+                None,
+                None,
+                None,
+                None,
+                None,
+            ]
+        );
+    }
 
     #[test]
     fn delays_double_within_the_upper_half_up_to_the_cap_and_reset() {

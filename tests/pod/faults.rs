@@ -5,15 +5,20 @@ use pretty_assertions::assert_eq;
 use serde_json::json;
 
 use crate::fake_core::CoreOptions;
-use crate::fake_gates::{self, Reply};
+use crate::fake_gates::{self, Loss, Reply};
 use crate::turn::{TOKEN, TURN, candidate_of, setup, turn_start, wait_end};
 
 #[tokio::test]
-async fn a_model_call_whose_connection_dropped_is_uncertain_and_rejoined_once() {
+async fn a_model_call_whose_answer_every_send_lost_is_uncertain_and_rejoined_once() {
     let s = setup(CoreOptions::default()).await;
     let answer = fake_gates::text("Answered once.");
-    s.gates
-        .script([Reply::DropConnection(candidate_of(&answer))]);
+    // The gate runs the call once; each of the first run's sends (podhost sends a call at most
+    // four times) loses its answer to a dropped connection.
+    s.gates.script([Reply::Lost {
+        outcome: candidate_of(&answer),
+        loss: Loss::Drop,
+        times: 4,
+    }]);
     let ts = turn_start(json!("Answer me."));
     s.core.grant_turn("run-1", TOKEN, ts.clone());
     let effect = "turn_1:0:model:s0";
@@ -33,8 +38,11 @@ async fn a_model_call_whose_connection_dropped_is_uncertain_and_rejoined_once() 
     let error = frames[1].1["error"].as_str().unwrap().to_owned();
     // The connection dropped before the answer's head or in its body: either way, lost.
     assert!(
-        error.starts_with("The Model Gate lost the call")
-            || error.starts_with("The Model Gate's answer (200) was lost"),
+        (error.starts_with("The Model Gate lost the call")
+            || error.starts_with("The Model Gate's answer (200) was lost"))
+            && error.ends_with(
+                ". podhost tried the call 4 times under its key and cannot tell whether it ran."
+            ),
         "{error}"
     );
     assert_eq!(
@@ -50,11 +58,23 @@ async fn a_model_call_whose_connection_dropped_is_uncertain_and_rejoined_once() 
     let (method, done) = wait_end(&s.core, "run-2").await;
     assert_eq!(method, "turn.completed", "{done}");
     assert_eq!(done["output"], "Answered once.");
+    // Five sends of the same bytes under the same key: four from the first run, one rejoin.
     let calls = s.gates.calls();
-    assert_eq!(calls.len(), 2);
-    assert_eq!(calls[1].raw, calls[0].raw);
-    assert_eq!(calls[1].key.as_deref(), Some(effect));
-    assert_eq!(calls[1].token.as_deref(), Some("run-token-2"));
+    let sends: Vec<_> = calls
+        .iter()
+        .map(|c| (c.raw == calls[0].raw, c.key.as_deref(), c.token.as_deref()))
+        .collect();
+    let first = (true, Some(effect), Some(TOKEN));
+    assert_eq!(
+        sends,
+        [
+            first,
+            first,
+            first,
+            first,
+            (true, Some(effect), Some("run-token-2"))
+        ]
+    );
     // One model call, one usage row.
     assert_eq!(s.gates.model_runs(), 1);
     assert_eq!(

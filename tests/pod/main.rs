@@ -58,6 +58,7 @@ mod mcp_fakes;
 mod mcp_faults;
 mod mcp_results;
 mod metrics;
+mod model_gate_faults;
 mod setup;
 mod slow_peers;
 mod tls;

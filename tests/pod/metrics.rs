@@ -13,7 +13,7 @@ use crate::prometheus::{family, parse};
 use crate::set_env;
 use crate::turn::{TOKEN, setup_with, turn_start, wait_end};
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -21,7 +21,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-async fn get(url: &str) -> (u16, String) {
+pub(crate) async fn get(url: &str) -> (u16, String) {
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
     let resp = tokio::time::timeout(crate::WAIT, client.get(url).send())
         .await
@@ -30,7 +30,7 @@ async fn get(url: &str) -> (u16, String) {
     (resp.status().as_u16(), resp.text().await.unwrap())
 }
 
-fn entries(pairs: &[(&str, f64)]) -> BTreeMap<String, f64> {
+pub(crate) fn entries(pairs: &[(&str, f64)]) -> BTreeMap<String, f64> {
     pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
 }
 

@@ -26,6 +26,12 @@
 //! `POST /nylorun/v1/model-calls/{key}/cancel` aborts it. With [`FakeGates::report_usage`], each
 //! candidate's `usage.inputTokens` is the gate's own count of the prompt.
 //!
+//! Faults come only from the script, and only to a request that passed every check above: a 5xx
+//! before the gate takes the call ([`Reply::Unavailable`]: nothing runs, and the next request
+//! under the key is a new call), or an answer lost after the model ran ([`Reply::Lost`]: the
+//! connection drops, or a 5xx stands in its place; a re-send collects the answer kept for the
+//! key).
+//!
 //! The Tool Gate's routes (`mcp/*`, `tool-calls`, `http-calls`) are on the same listener:
 //! [`FakeGates::toolgate`] (`fake_toolgate.rs`).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
@@ -61,10 +67,26 @@ pub enum Reply {
     Http(u16, Value),
     /// The fixture model.
     Fixture,
-    /// The model runs and is metered, and the answer is kept for the key, but this request's
-    /// connection drops before the answer's body is sent: the caller cannot know the fate.
-    /// A re-send under the same key with the same body collects the answer.
-    DropConnection(Value),
+    /// The model runs and is metered, and `outcome` is kept for the key, but the first `times`
+    /// requests under the key (this one included) lose it to `loss`: their caller cannot know
+    /// the fate. A later request under the key with the same body collects the answer.
+    Lost {
+        outcome: Value,
+        loss: Loss,
+        times: u32,
+    },
+    /// This status (a 5xx) before the gate takes the call: nothing runs, is metered or kept for
+    /// the key, and the next request under the key is a new call (it takes the next reply).
+    Unavailable(u16),
+}
+
+/// How a request loses the answer of a call the gate ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loss {
+    /// The status line goes out, then the connection drops before the body.
+    Drop,
+    /// This error status (a 5xx) in the answer's place.
+    Status(u16),
 }
 
 /// A candidate calling one tool.
@@ -140,6 +162,22 @@ type FileSizes = Arc<dyn Fn(&str) -> Option<u64> + Send + Sync>;
 struct Entry {
     body: String,
     answer: watch::Sender<Option<(u16, Value)>>,
+    /// How the next requests under the key lose the answer, and how many more do.
+    losses: Mutex<Option<(Loss, u32)>>,
+}
+
+impl Entry {
+    /// The loss of the request that collects the answer now, if it is one that loses it.
+    fn lose(&self) -> Option<Loss> {
+        let mut losses = self.losses.lock().unwrap();
+        match losses.as_mut() {
+            Some((loss, left)) if *left > 0 => {
+                *left -= 1;
+                Some(*loss)
+            }
+            _ => None,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -449,12 +487,16 @@ impl GateState {
                     let reply = match refused {
                         Some(failure) => Reply::Outcome(failure),
                         None => {
-                            g.model_runs += 1;
-                            *g.usage.entry(key.clone()).or_default() += 1;
-                            match g.script.pop_front() {
+                            let reply = match g.script.pop_front() {
                                 Some(r) => r,
                                 None => g.responder.clone().map_or(Reply::Fixture, |f| f(c)),
+                            };
+                            // A gate that is unavailable takes nothing: no model runs.
+                            if !matches!(reply, Reply::Unavailable(_)) {
+                                g.model_runs += 1;
+                                *g.usage.entry(key.clone()).or_default() += 1;
                             }
+                            reply
                         }
                     };
                     (reply, g.report_usage)
@@ -466,9 +508,17 @@ impl GateState {
                     }
                     other => other,
                 };
+                if let Reply::Unavailable(status) = reply {
+                    return error(status, "unavailable", "The gate is unavailable; try again");
+                }
+                let losses = match &reply {
+                    Reply::Lost { loss, times, .. } => Some((*loss, *times)),
+                    _ => None,
+                };
                 let entry = Arc::new(Entry {
                     body: raw,
                     answer: watch::Sender::new(None),
+                    losses: Mutex::new(losses),
                 });
                 self.gate
                     .lock()
@@ -490,19 +540,30 @@ impl GateState {
                             .send_replace(Some((200, json!({"outcome": fixture(c)}))));
                     }
                     Reply::Hang => {}
-                    Reply::DropConnection(o) => {
-                        *drop = true;
+                    Reply::Unavailable(_) => unreachable!("answered before the call was kept"),
+                    Reply::Lost { outcome, .. } => {
                         entry
                             .answer
-                            .send_replace(Some((200, json!({"outcome": o}))));
+                            .send_replace(Some((200, json!({"outcome": outcome}))));
                     }
                 }
                 entry
             }
         };
         let mut rx = entry.answer.subscribe();
-        let got = rx.wait_for(Option::is_some).await.unwrap().clone();
-        got.unwrap()
+        let got = rx.wait_for(Option::is_some).await.unwrap().clone().unwrap();
+        match entry.lose() {
+            None => got,
+            Some(Loss::Drop) => {
+                *drop = true;
+                got
+            }
+            Some(Loss::Status(status)) => error(
+                status,
+                "unavailable",
+                "The gate failed before it could answer",
+            ),
+        }
     }
 }
 

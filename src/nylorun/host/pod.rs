@@ -135,6 +135,7 @@ pub async fn serve(
                 config.gates_url.clone(),
                 config.skills.clone(),
                 &tls,
+                Backoff::new(config.backoff_base, config.backoff_cap),
             )
             .map_err(|e| PodError::Http(e.to_string()))?,
         ),

@@ -1,39 +1,67 @@
-//! The Model Gate client (v5 §5; HTTP facts from v2 notes §4.3).
+//! The Model Gate client (v5 §4, §5; HTTP facts from v2 notes §4.3).
 //!
 //! Owns: `POST {gates}/nylorun/v1/model-calls` with the run token, the effect id as
-//! `Idempotency-Key` and the turn's `traceparent`; turning every answer — a candidate, a failure
-//! outcome, an HTTP error, a lost connection — into a model outcome; and the cancel route.
+//! `Idempotency-Key` and the turn's `traceparent`; what each send of a call comes to ([`Sent`]);
+//! a model outcome or an unknown fate for every call; and the cancel route. Whether a call is
+//! sent again, and its fate after its last send, are [`resend`]'s.
+//!
+//! What one send comes to:
+//! * The gate's word on the call, not sent again: `200 {outcome}` (a candidate, or a failure,
+//!   also one the gate calls `retryable`: the loop decides what that means), or any other status
+//!   but 429 and 5xx. `401` is an `auth` failure; `400`, `409` (`run_stale` too), `413` and `422`
+//!   are `invalid_request`; the rest `transient`. A refusal ends the call even after a lost
+//!   send: the same bytes and headers would be refused again.
+//! * Not sent (no connection was made): sent again.
+//! * `429`: refused without being taken (the gate lists no 429 among its errors; a proxy before
+//!   it may answer one): sent again, after its `Retry-After`.
+//! * Lost: a 5xx, a connection lost after sending, an answer cut off, a timeout. The request may
+//!   have reached the gate, which may have run the call before the hop failed. Sent again, after
+//!   a 5xx's `Retry-After` when it has one.
 //!
 //! Invariants:
-//! * podhost never retries a call on its own: a call whose answer was lost is sent again only
-//!   when core answers its intent `execute` with `rejoin` (same key, same bytes).
-//! * Every failure the gate answered, or that happened before the call left podhost (the gate
-//!   could not be reached), is an outcome with a code (`transient`, `auth`, `invalid_request`,
-//!   …), never a Rust error: the loop fails the turn as `model.<code>`.
-//! * A call whose fate is unknown — the connection dropped or timed out after the request was
-//!   sent — is [`CallFate::Unknown`], never a definite failure: the gate may have run it (and
-//!   metered it). The turn reports it as `effect.outcome {error}`, so the effect becomes
-//!   `uncertain` and the next owner rejoins it under the same key (v5 §4).
+//! * Every send of a call is the same bytes under the same key with the same headers (the run
+//!   token the call started with). v5 makes that safe: a lost gate hop is asked again (§4), and
+//!   the gate joins a re-send to the call it holds for the key — run and metered once — and
+//!   answers it the same bytes (§5).
+//! * A call some send of which may have reached the gate, and that no answer settled, has an
+//!   unknown fate: [`CallFate::Unknown`], never a definite failure. The turn reports it as
+//!   `effect.outcome {error}`, the model effect becomes `uncertain`, and the next owner rejoins
+//!   it under the same key (v5 §4). A definite `transient` or `rate_limited` failure, which ends
+//!   the turn, is left for a call none of whose sends can have run.
+//! * The sends are bounded ([`resend`]): a few, with pauses of seconds paced by the pod's
+//!   backoff or the gate's `Retry-After` (under a minute of waiting in all), each send within
+//!   [`MODEL_CALL_TIMEOUT`]. A cancellation ends a send or a pause at once ([`Stopped`]).
+//! * A call counts once in `podhost_model_calls_total`, with its final result; each re-send
+//!   counts in `podhost_model_retries_total`.
 //! * The run token is sent as a header and appears in no error message or log line.
 //!
-//! Non-goals: the Tool Gate (MCP and HTTP tools are not offered yet).
+//! Non-goals: the Tool Gate's calls (`toolgate`: a lost hop of a tool call asks core the intent
+//! again first, so that core counts it).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use reqwest::{StatusCode, Url};
+use reqwest::{RequestBuilder, StatusCode, Url};
 use serde_json::Value;
+use tokio_util::bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::model::{ModelAnswer, ModelFailure};
-use crate::floor::codes;
+use crate::floor::backoff::{Backoff, retry_after};
+use crate::floor::{codes, metrics};
 use crate::nylorun::link::channel::note_unknown_field;
 use crate::nylorun::link::protocol::RunToken;
+
+mod resend;
+
+use resend::{Resends, Sent, resend};
 
 /// The gate's own provider timeout is 600 s; the client waits a little longer (v2 notes §4.3).
 pub const MODEL_CALL_TIMEOUT: Duration = Duration::from_secs(630);
 /// The cancel route answers at once.
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
+/// The `endpoint` label of these calls in the metrics.
+const ENDPOINT: metrics::Endpoint = "model_gate";
 
 /// Why the gates client could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -48,7 +76,8 @@ pub struct ModelRequest<'a> {
     pub effect_id: &'a str,
     pub traceparent: Option<&'a str>,
     pub tracestate: Option<&'a str>,
-    /// `{effectId, invocationId, call}`, serialized once so a rejoin sends the same bytes.
+    /// `{effectId, invocationId, call}`, serialized once so every send, and a rejoin, is the
+    /// same bytes.
     pub body: &'a [u8],
 }
 
@@ -59,9 +88,10 @@ pub struct Stopped;
 /// What became of a model call.
 #[derive(Clone, Debug, PartialEq)]
 pub enum CallFate {
-    /// The gate answered (a candidate or a failure), or the call never left podhost.
+    /// The gate answered (a candidate or a failure), or no send of the call can have run.
     Answered(ModelAnswer),
-    /// The request was sent and its answer lost: the gate may have run it. Why, for the record.
+    /// A send may have reached the gate and no answer came back: the gate may have run it. Why,
+    /// for the record.
     Unknown(String),
 }
 
@@ -103,18 +133,28 @@ impl GateHttp {
 #[derive(Clone, Debug)]
 pub struct Gates {
     gate: GateHttp,
+    resends: Resends,
 }
 
 impl Gates {
-    /// `tls` is podhost's one client configuration ([`crate::floor::tls`]).
-    pub fn new(base: Url, tls: &Arc<rustls::ClientConfig>) -> Result<Self, GatesError> {
+    /// `tls` is podhost's one client configuration ([`crate::floor::tls`]); `pacing` spaces a
+    /// call's re-sends (the pod's backoff).
+    pub fn new(
+        base: Url,
+        tls: &Arc<rustls::ClientConfig>,
+        pacing: Backoff,
+    ) -> Result<Self, GatesError> {
         let gate =
             GateHttp::new(base, tls, MODEL_CALL_TIMEOUT).map_err(|e| GatesError(e.to_string()))?;
-        Ok(Gates { gate })
+        Ok(Gates {
+            gate,
+            resends: Resends::new(pacing),
+        })
     }
 
-    /// Sends a model call and waits for its outcome, or until `cancel` fires (`Stopped`: the
-    /// caller decides whether to cancel it at the gate).
+    /// Sends a model call, again while its hops fail (within the bound), and waits for its
+    /// outcome, or until `cancel` fires (`Stopped`: the caller decides whether to cancel it at
+    /// the gate).
     pub async fn model_call(
         &self,
         req: ModelRequest<'_>,
@@ -127,43 +167,30 @@ impl Gates {
                 true,
             ))));
         };
-        let mut builder = self
-            .gate
-            .http
-            .post(self.gate.url(&["nylorun", "v1", "model-calls"]))
-            .bearer_auth(token.expose())
-            .header("Idempotency-Key", req.effect_id)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(req.body.to_vec());
-        if let Some(tp) = req.traceparent {
-            builder = builder.header("traceparent", tp);
-        }
-        if let Some(ts) = req.tracestate {
-            builder = builder.header("tracestate", ts);
-        }
+        let url = self.gate.url(&["nylorun", "v1", "model-calls"]);
+        // Copied once and shared by every send: the same bytes each time.
+        let body = Bytes::copy_from_slice(req.body);
+        let send = || {
+            let mut builder = self
+                .gate
+                .http
+                .post(url.clone())
+                .bearer_auth(token.expose())
+                .header("Idempotency-Key", req.effect_id)
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body.clone());
+            if let Some(tp) = req.traceparent {
+                builder = builder.header("traceparent", tp);
+            }
+            if let Some(ts) = req.tracestate {
+                builder = builder.header("tracestate", ts);
+            }
+            send_once(builder)
+        };
         let started = std::time::Instant::now();
-        let call = async {
-            let response = builder.send().await.map_err(transport)?;
-            let status = response.status();
-            crate::floor::metrics::model_http_status("model_gate", status.as_u16());
-            let bytes = response.bytes().await.map_err(|e| {
-                CallFate::Unknown(format!(
-                    "The Model Gate's answer ({}) was lost: {}",
-                    status.as_u16(),
-                    e.without_url()
-                ))
-            })?;
-            Ok::<_, CallFate>(answer(status, &bytes))
-        };
-        let result = tokio::select! {
-            r = call => Ok(match r {
-                Ok(a) => CallFate::Answered(a),
-                Err(fate) => fate,
-            }),
-            _ = cancel.cancelled() => Err(Stopped),
-        };
-        crate::floor::metrics::model_call(
-            "model_gate",
+        let result = resend(&self.resends, req.effect_id, cancel, send).await;
+        metrics::model_call(
+            ENDPOINT,
             match &result {
                 Ok(CallFate::Answered(ModelAnswer::Failed(_)) | CallFate::Unknown(_)) => "failed",
                 Ok(CallFate::Answered(_)) => "ok",
@@ -201,27 +228,58 @@ impl Gates {
     }
 }
 
-/// A call that failed in transport. Not connected: nothing was sent, a definite `transient`
-/// failure (v2 notes §4.3). Anything later (a dropped connection, a timeout): the request may
-/// have reached the gate, so its fate is unknown.
-fn transport(e: reqwest::Error) -> CallFate {
-    if e.is_connect() {
-        return CallFate::Answered(ModelAnswer::Failed(ModelFailure::new(
-            codes::model::TRANSIENT,
-            format!("The Model Gate could not be reached: {}", e.without_url()),
-            true,
-        )));
+/// One send: what it came to.
+async fn send_once(builder: RequestBuilder) -> Sent {
+    let response = match builder.send().await {
+        Ok(r) => r,
+        Err(e) => return transport(e),
+    };
+    let status = response.status();
+    metrics::model_http_status(ENDPOINT, status.as_u16());
+    let after = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(retry_after);
+    match response.bytes().await {
+        Ok(body) => classify(status, &body, after),
+        Err(e) => Sent::Lost {
+            timed_out: e.is_timeout(),
+            why: format!(
+                "The Model Gate's answer ({}) was lost: {}",
+                status.as_u16(),
+                e.without_url()
+            ),
+            after: None,
+        },
     }
-    let what = if e.is_timeout() {
+}
+
+/// A send that failed in transport. Not connected: nothing was sent (v2 notes §4.3). Anything
+/// later (a dropped connection, a timeout): the request may have reached the gate.
+fn transport(e: reqwest::Error) -> Sent {
+    if e.is_connect() {
+        return Sent::Unsent(format!(
+            "The Model Gate could not be reached: {}",
+            e.without_url()
+        ));
+    }
+    let timed_out = e.is_timeout();
+    let what = if timed_out {
         "timed out"
     } else {
         "lost the call"
     };
-    CallFate::Unknown(format!("The Model Gate {what}: {}", e.without_url()))
+    Sent::Lost {
+        why: format!("The Model Gate {what}: {}", e.without_url()),
+        timed_out,
+        after: None,
+    }
 }
 
-/// The outcome an HTTP answer stands for.
-fn answer(status: StatusCode, body: &[u8]) -> ModelAnswer {
+/// What an HTTP answer says of the call. A 5xx says nothing: the gate may have run the call
+/// before it failed, and a re-send under the key collects what it ran.
+fn classify(status: StatusCode, body: &[u8], after: Option<Duration>) -> Sent {
     let json: Option<Value> = serde_json::from_slice(body).ok();
     // The gate may add fields to its answers: ignored, each logged once.
     for key in json
@@ -233,8 +291,27 @@ fn answer(status: StatusCode, body: &[u8]) -> ModelAnswer {
             note_unknown_field("the Model Gate", "model-calls", key);
         }
     }
+    let json = json.as_ref();
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        return Sent::Throttled {
+            why: error_text(status, json),
+            after,
+        };
+    }
+    if status.is_server_error() {
+        return Sent::Lost {
+            why: error_text(status, json),
+            timed_out: false,
+            after,
+        };
+    }
+    Sent::Answered(answer(status, json))
+}
+
+/// The outcome a definite HTTP answer stands for.
+fn answer(status: StatusCode, json: Option<&Value>) -> ModelAnswer {
     if status == StatusCode::OK {
-        let outcome = json.as_ref().and_then(|v| v.get("outcome"));
+        let outcome = json.and_then(|v| v.get("outcome"));
         return match outcome.map(ModelAnswer::from_value) {
             Some(Ok(a)) => a,
             Some(Err(e)) => ModelAnswer::Failed(ModelFailure::new(
@@ -249,91 +326,159 @@ fn answer(status: StatusCode, body: &[u8]) -> ModelAnswer {
             )),
         };
     }
-    let (code, message) = json
-        .as_ref()
-        .and_then(|v| v.get("error"))
-        .map(|e| {
-            (
-                e.get("code")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned(),
-                e.get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned(),
-            )
-        })
-        .unwrap_or_default();
-    let text = if code.is_empty() {
+    let (kind, retryable) = match status.as_u16() {
+        401 => (codes::model::AUTH, false),
+        400 | 409 | 413 | 422 => (codes::model::INVALID_REQUEST, false),
+        _ => (codes::model::TRANSIENT, true),
+    };
+    ModelAnswer::Failed(ModelFailure::new(kind, error_text(status, json), retryable))
+}
+
+/// An error answer in words: its status, and its `{error: {code, message}}` when it has one.
+fn error_text(status: StatusCode, json: Option<&Value>) -> String {
+    let field = |name: &str| {
+        json.and_then(|v| v.get("error"))
+            .and_then(|e| e.get(name))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+    };
+    let (code, message) = (field("code"), field("message"));
+    if code.is_empty() {
         format!("The Model Gate answered {}", status.as_u16())
     } else {
         format!(
             "The Model Gate answered {} {code}: {message}",
             status.as_u16()
         )
-    };
-    let (kind, retryable) = match status.as_u16() {
-        401 => (codes::model::AUTH, false),
-        400 | 409 | 413 | 422 => (codes::model::INVALID_REQUEST, false),
-        _ => (codes::model::TRANSIENT, true),
-    };
-    ModelAnswer::Failed(ModelFailure::new(kind, text, retryable))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::model::Candidate;
     use pretty_assertions::assert_eq;
     use serde_json::json;
 
-    fn failed(status: u16, body: Value) -> ModelFailure {
-        match answer(
+    fn sent(status: u16, body: Value) -> Sent {
+        classify(
             StatusCode::from_u16(status).unwrap(),
             body.to_string().as_bytes(),
-        ) {
-            ModelAnswer::Failed(f) => f,
-            other => panic!("{other:?}"),
+            None,
+        )
+    }
+
+    fn error(code: &str) -> Value {
+        json!({"error": {"code": code, "message": "no"}})
+    }
+
+    fn failed(code: &str, message: &str, retryable: bool) -> ModelAnswer {
+        ModelAnswer::Failed(ModelFailure::new(code, message, retryable))
+    }
+
+    fn lost(why: &str) -> Sent {
+        Sent::Lost {
+            why: why.to_owned(),
+            timed_out: false,
+            after: None,
         }
     }
 
     #[test]
-    fn http_errors_map_to_failure_outcomes() {
-        let err = |code: &str| json!({"error": {"code": code, "message": "no"}});
+    fn definite_answers_are_kept_and_the_others_sent_again() {
+        // The gate's word on the call: never sent again.
         assert_eq!(
-            failed(401, err("gate_unauthorized")),
-            ModelFailure::new(
+            sent(401, error("gate_unauthorized")),
+            Sent::Answered(failed(
                 "auth",
                 "The Model Gate answered 401 gate_unauthorized: no",
                 false
-            )
+            ))
         );
-        assert_eq!(failed(409, err("run_stale")).code, "invalid_request");
-        assert_eq!(failed(400, err("invalid_request")).code, "invalid_request");
-        let f = failed(503, json!("not json at all"));
+        for (status, code) in [
+            (400, "invalid_request"),
+            (409, "run_stale"),
+            (409, "gate_conflict"),
+            (413, "invalid_request"),
+            (422, "invalid_request"),
+        ] {
+            assert_eq!(
+                sent(status, error(code)),
+                Sent::Answered(failed(
+                    "invalid_request",
+                    &format!("The Model Gate answered {status} {code}: no"),
+                    false
+                ))
+            );
+        }
         assert_eq!(
-            f,
-            ModelFailure::new("transient", "The Model Gate answered 503", true)
+            sent(404, json!("not json at all")),
+            Sent::Answered(failed("transient", "The Model Gate answered 404", true))
         );
-        assert_eq!(failed(200, json!({"nothing": 1})).code, "invalid_output");
         assert_eq!(
-            answer(
-                StatusCode::OK,
+            sent(200, json!({"nothing": 1})),
+            Sent::Answered(failed(
+                "invalid_output",
+                "The Model Gate answered 200 without an outcome",
+                false
+            ))
+        );
+        assert_eq!(
+            sent(
+                200,
                 json!({"outcome": {"output": [{"type": "text", "text": "hi"}]}})
-                    .to_string()
-                    .as_bytes()
             ),
-            ModelAnswer::Candidate(crate::agent::model::Candidate {
+            Sent::Answered(ModelAnswer::Candidate(Candidate {
                 finish_reason: None,
-                ..crate::agent::model::Candidate::text("hi")
-            })
+                ..Candidate::text("hi")
+            }))
+        );
+        // A failure outcome the gate calls retryable is an answer too.
+        let slow = json!({"kind": "failed", "code": "rate_limited", "message": "Slow down.",
+                          "retryable": true, "retryAfterMs": 1000});
+        assert_eq!(
+            sent(200, json!({ "outcome": slow })),
+            Sent::Answered(ModelAnswer::from_value(&slow).unwrap())
+        );
+
+        // The gate may have run the call: sent again, the gate's Retry-After kept.
+        for status in [500, 502, 503, 504] {
+            assert_eq!(
+                sent(status, json!("not json at all")),
+                lost(&format!("The Model Gate answered {status}"))
+            );
+        }
+        assert_eq!(
+            classify(
+                StatusCode::SERVICE_UNAVAILABLE,
+                error("unavailable").to_string().as_bytes(),
+                Some(Duration::from_secs(2)),
+            ),
+            Sent::Lost {
+                why: "The Model Gate answered 503 unavailable: no".to_owned(),
+                timed_out: false,
+                after: Some(Duration::from_secs(2)),
+            }
+        );
+        // Refused, and nothing taken: sent again after its Retry-After.
+        assert_eq!(
+            classify(
+                StatusCode::TOO_MANY_REQUESTS,
+                b"",
+                Some(Duration::from_secs(3))
+            ),
+            Sent::Throttled {
+                why: "The Model Gate answered 429".to_owned(),
+                after: Some(Duration::from_secs(3)),
+            }
         );
     }
 
     #[test]
     fn routes_keep_the_base_path_and_encode_the_key() {
         let tls = crate::floor::tls::client_config(&Default::default()).unwrap();
-        let g = Gates::new(Url::parse("http://gw:4100/base/").unwrap(), &tls).unwrap();
+        let pacing = Backoff::new(Duration::from_millis(500), Duration::from_secs(10));
+        let g = Gates::new(Url::parse("http://gw:4100/base/").unwrap(), &tls, pacing).unwrap();
         assert_eq!(
             g.gate
                 .url(&["nylorun", "v1", "model-calls", "t/1:0:model:s0", "cancel"])

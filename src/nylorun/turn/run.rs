@@ -51,6 +51,7 @@ use crate::agent::model::{
     Candidate, ModelAnswer, ModelFailure, ResultOutcome, ToolCallBlock, ToolResult,
 };
 use crate::agent::turn::{self as agent_turn, Effect, ToolEffect, TurnHost};
+use crate::floor::backoff::Backoff;
 use crate::floor::codes;
 use crate::nylorun::artifacts::skills::{MountedSkill, mount_skills};
 use crate::nylorun::artifacts::{Artifacts, read_for_model};
@@ -114,17 +115,19 @@ pub enum RunnerError {
 
 impl TurnRunner {
     /// `skills_root` is the host directory the sandbox's `/skills` maps onto.
-    /// `tls` is podhost's one client configuration ([`crate::floor::tls`]).
+    /// `tls` is podhost's one client configuration ([`crate::floor::tls`]); `gate_pacing`
+    /// spaces a model call's re-sends to the Model Gate (the pod's backoff).
     pub fn new(
         toolbox: Toolbox,
         gates_url: Url,
         skills_root: PathBuf,
         tls: &Arc<rustls::ClientConfig>,
+        gate_pacing: Backoff,
     ) -> Result<Self, RunnerError> {
         Ok(TurnRunner {
             shared: Arc::new(Shared {
                 toolbox,
-                gates: Gates::new(gates_url.clone(), tls)?,
+                gates: Gates::new(gates_url.clone(), tls, gate_pacing)?,
                 toolgate: ToolGate::new(gates_url, tls)?,
                 skills_root,
             }),
