@@ -1,8 +1,13 @@
 //! Tool benchmarks, each against a baseline measured in the same run: the grep tool vs `rg`, the
 //! glob tool vs `fd`, the bash tool vs a bare `bash -c true`. Reports medians and their ratios.
 //!
-//! Run with `cargo bench --bench tools` (needs `rg` and `fd`/`fdfind` on PATH).
+//! Run with `cargo bench --bench tools` (the search part needs `rg` and `fd`/`fdfind` on PATH;
+//! without them it is skipped, and says so). `PODHOST_BENCH_SMOKE=1` runs every part at a tiny
+//! scale, checked (see `benches/support/smoke.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../support/smoke.rs"]
+mod smoke;
 
 mod bash;
 mod search;
@@ -18,4 +23,5 @@ fn main() {
     if wants("grep") || wants("glob") || wants("search") {
         search::main();
     }
+    smoke::finish("tools");
 }
