@@ -1,5 +1,7 @@
 //! Tool benchmarks, each against a baseline measured in the same run: the grep tool vs `rg`, the
-//! glob tool vs `fd`, the bash tool vs a bare `bash -c true`. Reports medians and their ratios.
+//! glob tool vs `fd`, the bash tool vs a bare `bash -c true`; and what a session's walls (its
+//! network namespace, its disk's file system) cost its start and its commands, against today's
+//! isolated session. Reports medians and their ratios.
 //!
 //! Run with `cargo bench --bench tools` (the search part needs `rg` and `fd`/`fdfind` on PATH;
 //! without them it is skipped, and says so). `PODHOST_BENCH_SMOKE=1` runs every part at a tiny
@@ -11,6 +13,7 @@ mod smoke;
 
 mod bash;
 mod search;
+mod walls;
 
 fn main() {
     let filter = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
@@ -19,6 +22,9 @@ fn main() {
         bash::main();
     } else if wants("syscall filter") {
         bash::syscall_filter_cost();
+    }
+    if wants("session walls: network, disk") {
+        walls::main();
     }
     if wants("grep") || wants("glob") || wants("search") {
         search::main();
