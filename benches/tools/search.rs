@@ -109,10 +109,14 @@ pub fn main() {
             };
             if round == 0 {
                 notes[i] = check(&root, case, &a.1, &b.1);
-                smoke::check(
-                    notes[i].starts_with("agree"),
-                    format_args!("{}: {}", case.name, notes[i]),
-                );
+                // On the full corpus a difference is printed, not hidden (a case that crosses
+                // max_results is not comparable); the smoke corpus is made for both to agree.
+                if smoke::on() {
+                    smoke::check(
+                        notes[i].starts_with("agree"),
+                        format_args!("{}: {}", case.name, notes[i]),
+                    );
+                }
             } else {
                 ours[i].push(a.0);
                 theirs[i].push(b.0);
