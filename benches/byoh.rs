@@ -7,7 +7,12 @@
 //!   fake model from the same client.
 //!
 //! Run with `cargo bench --bench byoh` (release build of podhost, scripted model on loopback).
+//! `PODHOST_BENCH_SMOKE=1` holds 20 sessions and makes 100 calls of each kind, checked (see
+//! `benches/support/smoke.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "support/smoke.rs"]
+mod smoke;
 
 #[path = "../tests/support/openai_fake.rs"]
 mod openai_fake;
@@ -21,9 +26,10 @@ use openai_fake::{FakeModel, Reply};
 use serde_json::{Value, json};
 
 const TOKEN: &str = "bench-token";
-const SESSIONS: usize = 1000;
-const STATUS_CALLS: usize = 5000;
-const LATENCY_RUNS: usize = 21;
+/// Sessions held, `get_status` calls (and as many `/healthz`), submissions timed one by one.
+fn scale() -> (usize, usize, usize) {
+    smoke::pick((1000, 5000, 21), (20, 100, 3))
+}
 
 struct Server {
     child: Child,
@@ -149,6 +155,7 @@ fn us(d: Duration) -> f64 {
 #[tokio::main]
 async fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    let (sessions, status_calls, latency_runs) = scale();
     let dir = tempfile::tempdir().unwrap();
     let fake = FakeModel::start("fake-model", Some("k")).await;
     // Every session asks the user a question at once, then stays idle in input_required.
@@ -169,7 +176,7 @@ async fn main() {
     let mut submit_latency = Vec::new();
     let mut submit_answer = Vec::new();
     let mut direct = Vec::new();
-    for n in 0..LATENCY_RUNS {
+    for n in 0..latency_runs {
         let before = fake.requests().len();
         let t = Instant::now();
         let resp = http
@@ -212,7 +219,7 @@ async fn main() {
     let started = Instant::now();
     let mut busy_retries = 0u32;
     let http = Arc::new(http);
-    let ids: Vec<String> = (LATENCY_RUNS..SESSIONS).map(|n| format!("s{n}")).collect();
+    let ids: Vec<String> = (latency_runs..sessions).map(|n| format!("s{n}")).collect();
     for chunk in ids.chunks(32) {
         let tasks: Vec<_> = chunk
             .iter()
@@ -241,7 +248,7 @@ async fn main() {
             busy_retries += t.await.unwrap();
         }
     }
-    let all: Vec<String> = (0..LATENCY_RUNS)
+    let all: Vec<String> = (0..latency_runs)
         .map(|n| format!("inv-lat{n}"))
         .chain(ids.iter().map(|s| format!("inv-{s}")))
         .collect();
@@ -252,7 +259,7 @@ async fn main() {
     let rss_held = rss_kib(pid);
 
     // get_status over the held sessions vs /healthz, interleaved in rounds.
-    let status_urls: Vec<String> = (0..STATUS_CALLS)
+    let status_urls: Vec<String> = (0..status_calls)
         .map(|i| {
             format!(
                 "{}/get_status?invocation_id={}",
@@ -261,11 +268,11 @@ async fn main() {
             )
         })
         .collect();
-    let health_urls = vec![format!("{}/healthz", server.url); STATUS_CALLS];
+    let health_urls = vec![format!("{}/healthz", server.url); status_calls];
     let mut status = Vec::new();
     let mut health = Vec::new();
     for round in 0..5 {
-        let range = round * STATUS_CALLS / 5..(round + 1) * STATUS_CALLS / 5;
+        let range = round * status_calls / 5..(round + 1) * status_calls / 5;
         health.extend(timed_gets(&http, &health_urls[range.clone()]).await);
         status.extend(timed_gets(&http, &status_urls[range]).await);
     }
@@ -276,9 +283,16 @@ async fn main() {
     let (h50, h99) = (percentile(&health, 0.5), percentile(&health, 0.99));
     let sub = percentile(&submit_latency, 0.5);
     let dir50 = percentile(&direct, 0.5);
-    println!("byoh benchmark ({SESSIONS} sessions held in input_required; release build)");
+    smoke::check(
+        status.len() == status_calls && health.len() == status_calls,
+        "every get_status and /healthz answered",
+    );
     println!(
-        "  get_status   p50 {:8.1} µs  p99 {:8.1} µs   ({STATUS_CALLS} calls)",
+        "byoh benchmark ({sessions} sessions held in input_required; {})",
+        smoke::build()
+    );
+    println!(
+        "  get_status   p50 {:8.1} µs  p99 {:8.1} µs   ({status_calls} calls)",
         us(s50),
         us(s99)
     );
@@ -293,14 +307,14 @@ async fn main() {
         us(s99) / us(h99)
     );
     println!(
-        "  RSS          idle {} KiB, {SESSIONS} sessions held {} KiB: ×{:.2}, +{:.1} KiB per session",
+        "  RSS          idle {} KiB, {sessions} sessions held {} KiB: ×{:.2}, +{:.1} KiB per session",
         rss_idle,
         rss_held,
         rss_held as f64 / rss_idle as f64,
-        (rss_held as f64 - rss_idle as f64) / SESSIONS as f64
+        (rss_held as f64 - rss_idle as f64) / sessions as f64
     );
     println!(
-        "  submit → first model request: median {:.1} µs over {LATENCY_RUNS} (direct request to \
+        "  submit → first model request: median {:.1} µs over {latency_runs} (direct request to \
          the model from the client: median {:.1} µs, ×{:.1})",
         us(sub),
         us(dir50),
@@ -322,8 +336,9 @@ async fn main() {
             .join(" ")
     );
     println!(
-        "  {SESSIONS} sessions submitted and settled in {:.2} s ({busy_retries} submits answered \
+        "  {sessions} sessions submitted and settled in {:.2} s ({busy_retries} submits answered \
          busy and retried; PODHOST_MAX_RUNNING=64)",
         settle.as_secs_f64()
     );
+    smoke::finish("byoh");
 }

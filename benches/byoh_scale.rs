@@ -17,7 +17,13 @@
 //! tests start it; as root for the cgroups — without them it says so and runs unlimited).
 //! `BYOH_SCALE_ONLY=reads` or `=throughput` runs one part, `BYOH_SCALE_STEP_MS` sets the model's
 //! time per step, `BYOH_SCALE_PODHOST` measures another build of `podhost` on the same load.
+//! Without PostgreSQL its parts are skipped, and said so. `PODHOST_BENCH_SMOKE=1` runs every
+//! part at a fiftieth of the counts, two rounds, 200 ms steps, checked (see
+//! `benches/support/smoke.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "support/smoke.rs"]
+mod smoke;
 
 #[path = "../tests/support/openai_fake.rs"]
 mod openai_fake;
@@ -38,17 +44,21 @@ use serde_json::{Value, json};
 const TOKEN: &str = "bench-token";
 /// Active sessions for the reads-under-writes measurement.
 const ACTIVE: usize = 500;
-/// Calls of each kind per round, and rounds (interleaved).
+/// Calls of each kind per round, and rounds (interleaved; a smoke run's 2).
 const CALLS: usize = 400;
-const ROUNDS: usize = 5;
+fn rounds() -> usize {
+    smoke::pick(5, 2)
+}
 /// The pause before each set of calls in the reads-under-writes rounds.
 const PACE: Duration = Duration::from_millis(5);
 /// Turns per throughput run, and the client's submissions in flight.
 const TURNS: usize = 600;
-/// `BYOH_SCALE_QUICK=1` divides the counts by ten: a check that the benchmark runs, not a
-/// measurement.
+/// `BYOH_SCALE_QUICK=1` divides the counts by ten, a smoke run by fifty: a check that the
+/// benchmark runs, not a measurement.
 fn scaled(n: usize) -> usize {
-    if std::env::var_os("BYOH_SCALE_QUICK").is_some() {
+    if smoke::on() {
+        n / 50
+    } else if std::env::var_os("BYOH_SCALE_QUICK").is_some() {
         n / 10
     } else {
         n
@@ -86,8 +96,13 @@ fn step() -> Duration {
         std::env::var("BYOH_SCALE_STEP_MS")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(2000),
+            .unwrap_or(smoke::pick(2000, 200)),
     )
+}
+
+/// How long the replica's and the database's CPU is counted with no reads running.
+fn cpu_window() -> Duration {
+    smoke::pick(Duration::from_secs(4), Duration::from_millis(600))
 }
 
 struct Replica {
@@ -301,8 +316,12 @@ async fn reads_under_writes(label: &str, store: Option<String>, fake: &FakeModel
     let replica_cpu = || cpu_ticks(|pid, _| pid == owner);
     let store_cpu = || cpu_ticks(|_, comm| comm == "postgres");
     let (r0, d0, s0) = (replica_cpu(), store_cpu(), fake.count());
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    tokio::time::sleep(cpu_window()).await;
     let (r1, d1, s1) = (replica_cpu(), store_cpu(), fake.count());
+    smoke::check(
+        s1 > s0,
+        format_args!("{label}: the turns step while the CPU is counted"),
+    );
     // Clock ticks are 10 ms (USER_HZ 100 on Linux).
     let per_step = |ticks: u64| ticks as f64 * 10.0 / (s1 - s0).max(1) as f64;
     let (replica_ms, store_ms) = (
@@ -322,7 +341,7 @@ async fn reads_under_writes(label: &str, store: Option<String>, fake: &FakeModel
     let mut health = Vec::new();
     let mut elsewhere = Vec::new();
     let mut elsewhere_health = Vec::new();
-    for round in 0..ROUNDS {
+    for round in 0..rounds() {
         for i in 0..scaled(CALLS) {
             // Spread over several steps' time, so the calls sample the load rather than one
             // moment of it.
@@ -375,8 +394,8 @@ async fn reads_under_writes(label: &str, store: Option<String>, fake: &FakeModel
     };
     println!(
         "  {label:<10} CPU per turn step, with no reads: replica {replica_ms:5.2} ms{database} \
-         ({} steps/s, of the {:.0} the sessions ask for)",
-        (s1 - s0) as f64 / 4.0,
+         ({:.0} steps/s, of the {:.0} the sessions ask for)",
+        (s1 - s0) as f64 / cpu_window().as_secs_f64(),
         scaled(ACTIVE) as f64 / step().as_secs_f64()
     );
     if !elsewhere.is_empty() {
@@ -451,10 +470,14 @@ async fn throughput(label: &str, replicas: &[Replica], fake: &FakeModel) {
 #[tokio::main]
 async fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let Some(pg) = pg::TestPg::shared() else {
-        println!("byoh_scale: PostgreSQL is not installed; nothing measured");
-        return;
-    };
+    let pg = pg::TestPg::shared();
+    if pg.is_none() {
+        smoke::missing(
+            "byoh_scale's PostgreSQL parts (reads from a second replica, one and three replicas)",
+            "PostgreSQL is not installed",
+            "apt-get install -y postgresql",
+        );
+    }
     let load = |when: &str| {
         let l = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
         println!(
@@ -489,18 +512,22 @@ async fn main() {
     if std::env::var("BYOH_SCALE_ONLY").as_deref() != Ok("throughput") {
         println!(
             "reads under writes: {} active sessions on one replica, each step a {:?} model \
-             call and a glob; {ROUNDS}×{} calls of each",
+             call and a glob; {}×{} calls of each",
             scaled(ACTIVE),
             step(),
+            rounds(),
             scaled(CALLS)
         );
         reads_under_writes("sqlite", None, &fake).await;
-        reads_under_writes("postgres", Some(pg.fresh_db()), &fake).await;
+        if let Some(pg) = pg {
+            reads_under_writes("postgres", Some(pg.fresh_db()), &fake).await;
+        }
     }
     stepping.store(false, Ordering::SeqCst);
     load("after the reads");
     // BYOH_SCALE_ONLY=reads skips the rest.
     if std::env::var("BYOH_SCALE_ONLY").as_deref() == Ok("reads") {
+        smoke::finish("byoh_scale");
         return;
     }
 
@@ -519,8 +546,20 @@ async fn main() {
         128,
         Some((cpu_share(), 0)),
     )];
+    if one[0].cgroup.is_none() {
+        smoke::skipped(
+            "byoh_scale's CPU quota",
+            "cgroup v1's CPU controller (/sys/fs/cgroup/cpu) cannot be written here: every \
+             replica runs unlimited, and the ratios measure the machine",
+        );
+    }
     throughput("sqlite×1", &one, &fast).await;
     drop(one);
+    let Some(pg) = pg else {
+        load("at the end");
+        smoke::finish("byoh_scale");
+        return;
+    };
     let url = pg.fresh_db();
     let one = [start_replica(
         &dir.path().join("pg1"),
@@ -544,4 +583,5 @@ async fn main() {
     throughput("postgres×3", &three, &fast).await;
     drop(three);
     load("at the end");
+    smoke::finish("byoh_scale");
 }

@@ -10,7 +10,12 @@
 //!
 //! Run with `cargo bench --bench context` (release build of podhost, scripted model on
 //! loopback that counts tokens with its own estimate and refuses past its window).
+//! `PODHOST_BENCH_SMOKE=1` runs one 80-step session of each kind, long enough to be compacted,
+//! checked (see `benches/support/smoke.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "support/smoke.rs"]
+mod smoke;
 
 #[path = "../tests/support/openai_fake.rs"]
 mod openai_fake;
@@ -25,9 +30,12 @@ use openai_fake::{FakeModel, Recorded, Reply};
 use serde_json::{Value, json};
 
 const TOKEN: &str = "bench-token";
-const STEPS: usize = 1000;
 const WINDOW: u64 = 16_000;
-const ROUNDS: usize = 3;
+
+/// Steps per session, and sessions of each kind.
+fn scale() -> (usize, usize) {
+    smoke::pick((1000, 3), (80, 1))
+}
 
 struct Server {
     child: Child,
@@ -84,8 +92,8 @@ fn is_summary(body: &Value) -> bool {
     body.get("tools").is_none()
 }
 
-/// Writes notes.txt once, reads it `STEPS - 1` times, then answers.
-fn reader() -> impl Fn(&Value) -> Reply + Send + Sync + 'static {
+/// Writes notes.txt once, reads it `steps - 1` times, then answers.
+fn reader(steps: usize) -> impl Fn(&Value) -> Reply + Send + Sync + 'static {
     let n = AtomicUsize::new(0);
     let notes = "The build runs on two cores; tests wait for events, never sleep.\n".repeat(24);
     move |body| {
@@ -101,20 +109,24 @@ fn reader() -> impl Fn(&Value) -> Reply + Send + Sync + 'static {
                 "write",
                 json!({"path": "notes.txt", "content": notes.clone()}),
             ),
-            k if k < STEPS => Reply::call(&format!("r{k}"), "read", json!({"path": "notes.txt"})),
+            k if k < steps => Reply::call(&format!("r{k}"), "read", json!({"path": "notes.txt"})),
             _ => Reply::text("Read it all."),
         }
     }
 }
 
-/// One 1,000-step session: the requests the model saw, the compaction log lines, and when each
-/// step request arrived (from the submit).
-async fn session(window: u64, fake_window: Option<u64>) -> (Vec<Recorded>, Vec<String>, Duration) {
+/// One session of `steps` steps: the requests the model saw, the compaction log lines, and when
+/// each step request arrived (from the submit).
+async fn session(
+    steps: usize,
+    window: u64,
+    fake_window: Option<u64>,
+) -> (Vec<Recorded>, Vec<String>, Duration) {
     let dir = tempfile::tempdir().unwrap();
     let fake = FakeModel::start("fake-model", None).await;
     fake.set_window(fake_window);
     fake.set_keep_messages(false);
-    fake.respond_with(reader());
+    fake.respond_with(reader(steps));
     let server = start_server(&dir.path().join("data"), window);
     let http = reqwest::Client::new();
     let started = Instant::now();
@@ -124,7 +136,7 @@ async fn session(window: u64, fake_window: Option<u64>) -> (Vec<Recorded>, Vec<S
         .json(&json!({
             "protocol_version": "1", "session_id": "s", "invocation_id": "i",
             "session_action": "start",
-            "input_messages": [{"role": "user", "content": "Write the notes, then read them back 999 times."}],
+            "input_messages": [{"role": "user", "content": format!("Write the notes, then read them back {} times.", steps - 1)}],
             "model_connection": {"base_url": fake.base_url(), "model": "fake-model",
                                  "generation_settings": {"max_tokens": 512}}
         }))
@@ -160,7 +172,7 @@ async fn session(window: u64, fake_window: Option<u64>) -> (Vec<Recorded>, Vec<S
         .json()
         .await
         .unwrap();
-    assert_eq!(out["messages"].as_array().unwrap().len(), 2 * STEPS + 1);
+    assert_eq!(out["messages"].as_array().unwrap().len(), 2 * steps + 1);
     let logs: Vec<String> = server
         .logs
         .lock()
@@ -193,15 +205,18 @@ fn median(mut v: Vec<f64>) -> f64 {
 #[tokio::main]
 async fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    // The session's steps, and sessions of each kind.
+    let (length, rounds) = scale();
     println!(
-        "context benchmark ({STEPS}-step session, window {WINDOW} tokens as the server counts; release build)"
+        "context benchmark ({length}-step session, window {WINDOW} tokens as the server counts; {})",
+        smoke::build()
     );
 
     let mut compacted_runs = Vec::new();
     let mut baseline_runs = Vec::new();
-    for _ in 0..ROUNDS {
-        compacted_runs.push(session(WINDOW, Some(WINDOW)).await);
-        baseline_runs.push(session(100_000_000, None).await);
+    for _ in 0..rounds {
+        compacted_runs.push(session(length, WINDOW, Some(WINDOW)).await);
+        baseline_runs.push(session(length, 100_000_000, None).await);
     }
 
     // Tokens before and after each compaction (the first round; every round is the same).
@@ -212,6 +227,15 @@ async fn main() {
         "  {} compactions, {summaries} summary calls, {} step requests",
         logs.len(),
         steps.len()
+    );
+    smoke::check(
+        !logs.is_empty() && summaries == logs.len() && steps.len() == length + 1,
+        format_args!(
+            "a {length}-step session past its window is compacted: {} compactions, {summaries} \
+             summary calls, {} step requests",
+            logs.len(),
+            steps.len()
+        ),
     );
     let mut after_counts = Vec::new();
     let mut seen_summary = false;
@@ -245,7 +269,7 @@ async fn main() {
     println!(
         "  step   messages in the session   prompt (server's count)   of the window   baseline prompt"
     );
-    for k in (0..STEPS).step_by(100).chain([STEPS]) {
+    for k in (0..length).step_by(length / 10).chain([length]) {
         let r = steps[k];
         println!(
             "  {k:>4}   {:>23}   {:>23}   {:>12.0}%   {:>15}",
@@ -256,12 +280,16 @@ async fn main() {
         );
     }
     let max = steps.iter().map(|r| r.tokens + 512).max().unwrap();
+    smoke::check(
+        max <= WINDOW,
+        format_args!("every prompt and its answer's room fit the window: {max} tokens"),
+    );
     println!(
         "  largest prompt + answer room: {max} tokens = {:.0}% of the window (baseline at the \
          end: {} tokens, ×{:.1} the window)",
         100.0 * max as f64 / WINDOW as f64,
-        base_steps[STEPS].tokens,
-        base_steps[STEPS].tokens as f64 / WINDOW as f64
+        base_steps[length].tokens,
+        base_steps[length].tokens as f64 / WINDOW as f64
     );
 
     // Time per step early and late, compacted and not (medians of the rounds).
@@ -275,19 +303,23 @@ async fn main() {
                 .collect(),
         )
     };
+    // Early: the second tenth of the session; late: its last tenth.
+    let (early, late) = ((length / 10, length / 5), (length * 9 / 10, length));
     let (c_early, c_late) = (
-        per_step(&compacted_runs, 100, 200),
-        per_step(&compacted_runs, 900, 1000),
+        per_step(&compacted_runs, early.0, early.1),
+        per_step(&compacted_runs, late.0, late.1),
     );
     let (b_early, b_late) = (
-        per_step(&baseline_runs, 100, 200),
-        per_step(&baseline_runs, 900, 1000),
+        per_step(&baseline_runs, early.0, early.1),
+        per_step(&baseline_runs, late.0, late.1),
     );
+    smoke::check_positive("ms per step", &[c_early, c_late, b_early, b_late]);
     let total = |runs: &[(Vec<Recorded>, Vec<String>, Duration)]| {
         median(runs.iter().map(|r| r.2.as_secs_f64()).collect())
     };
     println!(
-        "  ms per step (median of {ROUNDS} rounds)   steps 100-200   steps 900-1000   late/early"
+        "  ms per step (median of {rounds} rounds)   steps {:>4}-{:<4}   steps {:>4}-{:<4}   late/early",
+        early.0, early.1, late.0, late.1
     );
     println!(
         "  compacted                           {c_early:>13.2}   {c_late:>14.2}   {:>10.2}",
@@ -311,4 +343,5 @@ async fn main() {
             .collect::<Vec<_>>()
             .join(" ")
     );
+    smoke::finish("context");
 }

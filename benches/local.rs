@@ -10,8 +10,12 @@
 //!
 //! Reports medians over rounds and the ratios mcp/bare, tool/bare and mcp/tool. Run with
 //! `cargo bench --bench local`. On a machine shared with other CPU-bound work, wall times
-//! measure the run queue too; compare ratios, not milliseconds.
+//! measure the run queue too; compare ratios, not milliseconds. `PODHOST_BENCH_SMOKE=1` runs a
+//! few calls of each, checked (see `benches/support/smoke.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "support/smoke.rs"]
+mod smoke;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -20,9 +24,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-const ROUNDS: usize = 5;
-const ITERATIONS: usize = 40;
-const WARM_UP: usize = 5;
+/// Rounds, calls of each kind per round, and warm-up calls: a measurement's, or a smoke run's.
+fn scale() -> (usize, usize, usize) {
+    smoke::pick((5, 40, 5), (1, 3, 1))
+}
 
 /// A `podhost mcp` session on stdio.
 struct Session {
@@ -99,6 +104,7 @@ fn median(mut v: Vec<Duration>) -> f64 {
 }
 
 fn main() {
+    let (rounds, iterations, warm_up) = scale();
     let podhost = Path::new(env!("CARGO_BIN_EXE_podhost"));
     let dir = tempfile::tempdir().unwrap();
     let mut session = Session::start(podhost, dir.path());
@@ -110,6 +116,15 @@ fn main() {
         let r = session.request("tools/call", call.clone());
         let took = t.elapsed();
         assert_eq!(r["result"]["isError"], false, "{r}");
+        // The text is the bash tool's output object.
+        let output: Value = r["result"]["content"][0]["text"]
+            .as_str()
+            .and_then(|t| serde_json::from_str(t).ok())
+            .unwrap_or_default();
+        smoke::check(
+            output["exitCode"] == 0,
+            format_args!("bash `true` through podhost mcp: {r}"),
+        );
         took
     };
     let tool = || {
@@ -142,16 +157,16 @@ fn main() {
         took
     };
 
-    for _ in 0..WARM_UP {
+    for _ in 0..warm_up {
         mcp();
         tool();
         bare();
     }
     let (mut m_all, mut t_all, mut b_all) = (Vec::new(), Vec::new(), Vec::new());
-    println!("bash call through local use vs bare `bash -c true` ({ROUNDS} rounds × {ITERATIONS})");
-    for round in 1..=ROUNDS {
+    println!("bash call through local use vs bare `bash -c true` ({rounds} rounds × {iterations})");
+    for round in 1..=rounds {
         let (mut m, mut t, mut b) = (Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..ITERATIONS {
+        for _ in 0..iterations {
             m.push(mcp());
             t.push(tool());
             b.push(bare());
@@ -169,6 +184,7 @@ fn main() {
         b_all.extend(b);
     }
     let (mm, tm, bm) = (median(m_all), median(t_all), median(b_all));
+    smoke::check_positive("mcp, tool and bare", &[mm, tm, bm]);
     println!(
         "median: mcp {mm:.3} ms, tool {tm:.3} ms, bare {bm:.3} ms; mcp/bare {:.2}×, tool/bare \
          {:.2}×, mcp/tool {:.2}×",
@@ -176,4 +192,6 @@ fn main() {
         tm / bm,
         mm / tm
     );
+    drop(session);
+    smoke::finish("local");
 }

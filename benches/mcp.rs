@@ -9,9 +9,14 @@
 //! * **direct**: the same `tools/call echo` from an rmcp client to its own server-everything
 //!   process over stdio.
 //!
-//! Reports the medians of [`ROUNDS`] calls each and their ratio. Needs the MCP test servers
-//! (`tests/mcp/install`). Run with `cargo bench --bench mcp`.
+//! Reports the medians of 41 calls each (after 3 to warm up) and their ratio. Needs the MCP test
+//! servers (`tests/mcp/install`; without them it is skipped, and says so). Run with
+//! `cargo bench --bench mcp`; `PODHOST_BENCH_SMOKE=1` makes a few calls of each, checked (see
+//! `benches/support/smoke.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
+
+#[path = "support/smoke.rs"]
+mod smoke;
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -45,7 +50,10 @@ use rmcp::model::{CallToolRequestParams, ClientCapabilities, ClientConfig, Imple
 use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
 use serde_json::json;
 
-const ROUNDS: usize = 41;
+/// Calls measured, and calls before them that warm the server up.
+fn rounds() -> (usize, usize) {
+    smoke::pick((41, 3), (3, 1))
+}
 const KEY: &str = "bench-everything-key";
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -74,17 +82,25 @@ async fn direct() -> Vec<Duration> {
     .serve(child)
     .await
     .unwrap();
-    let mut times = Vec::with_capacity(ROUNDS);
-    for i in 0..ROUNDS + 3 {
+    let (rounds, warm_up) = rounds();
+    let mut times = Vec::with_capacity(rounds);
+    for i in 0..rounds + warm_up {
         let params: CallToolRequestParams = serde_json::from_value(json!({
             "name": "echo", "arguments": {"message": format!("round {i}")}
         }))
         .unwrap();
         let started = Instant::now();
-        client.call_tool(params).await.unwrap();
-        // The first calls warm the server up.
-        if i >= 3 {
-            times.push(started.elapsed());
+        let result = client.call_tool(params).await.unwrap();
+        let took = started.elapsed();
+        smoke::check(
+            result.is_error != Some(true)
+                && serde_json::to_string(&result)
+                    .unwrap()
+                    .contains(&format!("round {i}")),
+            format_args!("echo, round {i}, answered {result:?}"),
+        );
+        if i >= warm_up {
+            times.push(took);
         }
     }
     let _ = client.cancel().await;
@@ -130,8 +146,9 @@ async fn through_podhost() -> Vec<Duration> {
         .unwrap();
     core.wait_request(0, "hello").await;
 
-    let mut times = Vec::with_capacity(ROUNDS);
-    for i in 0..ROUNDS + 3 {
+    let (rounds, warm_up) = rounds();
+    let mut times = Vec::with_capacity(rounds);
+    for i in 0..rounds + warm_up {
         let turn = format!("turn_{i}");
         gates.script([
             fake_gates::tool_call(
@@ -158,7 +175,14 @@ async fn through_podhost() -> Vec<Duration> {
             .into_iter()
             .find(|t| t.effect_id == effect)
             .unwrap();
-        if i >= 3 {
+        let outcome = core.journal().row(&effect).and_then(|r| r.value);
+        smoke::check(
+            outcome.as_ref().is_some_and(|v| {
+                v["kind"] == "completed" && v.to_string().contains(&format!("round {i}"))
+            }),
+            format_args!("{effect}: the echo's outcome is {outcome:?}"),
+        );
+        if i >= warm_up {
             times.push(timing.outcome_at.unwrap() - timing.intent_at);
         }
     }
@@ -169,9 +193,24 @@ async fn through_podhost() -> Vec<Duration> {
 #[tokio::main]
 async fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    let installed = mcp_servers::install_dir()
+        .join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    if !installed.exists() {
+        smoke::missing(
+            "the mcp bench",
+            &format!(
+                "the MCP test servers are not installed ({} is missing)",
+                installed.display()
+            ),
+            "run tests/mcp/install (node with npm, python3 with venv)",
+        );
+        smoke::finish("mcp");
+        return;
+    }
     let direct = median(direct().await);
     let through = median(through_podhost().await);
-    println!("mcp call, median of {ROUNDS}:");
+    smoke::check_positive("direct and through podhost", &[ms(direct), ms(through)]);
+    println!("mcp call, median of {}:", rounds().0);
     println!(
         "  direct to server-everything over stdio:            {:8.3} ms",
         ms(direct)
@@ -186,4 +225,5 @@ async fn main() {
         ms(through.saturating_sub(direct))
     );
     tokio::time::sleep(Duration::from_millis(50)).await;
+    smoke::finish("mcp");
 }

@@ -1,21 +1,27 @@
 //! Soak: does podhost hold steady over many turns? Reports, after a warm-up and at the end, the
 //! process's resident memory, open file descriptors, threads, and zombie children, for
 //!
-//! * `podhost serve` through `SESSIONS` BYOH sessions of `TURNS` turns each (a turn: a submit,
+//! * `podhost serve` through `SESSIONS` BYOH sessions of [`turns`] turns each (a turn: a submit,
 //!   a model call that runs `bash`, a second that asks the user a question; the next turn is
 //!   the resume that answers it; the last one completes), `CONCURRENCY` sessions at a time;
 //! * `podhost pod` through `POD_TURNS` turns (each runs `bash` and answers) against the fake
 //!   core and Model Gate of the tests.
 //!
 //! Flat means: RSS within +10 % of the warm-up's, the same descriptors and threads, no zombie.
-//! The end/warm-up ratio is printed for each. Both figures are taken at rest, `SETTLE` after the
+//! The end/warm-up ratio is printed for each. Both figures are taken at rest, [`settle`] after the
 //! last turn: the pools that grow to the load's peak and shrink after it (the runtime's blocking
 //! threads, which exit after 10 s idle; jemalloc's dirty pages, given back over 10 s) are then
 //! at their resting size, so what remains grown is what the turns left behind. Under load,
 //! serve's RSS is also printed after each tenth of the sessions: a leak's straight line reads
 //! differently from a cache filling to its bound. `cargo bench --bench soak` runs the full counts;
 //! `SOAK_SCALE=0.1` runs a tenth of them, `SOAK_ONLY=pod|serve` one of the two.
+//! `PODHOST_BENCH_SMOKE=1` runs 4 sessions of 3 turns and 4 pod turns, resting 1 s, checked (see
+//! `benches/support/smoke.rs`): it judges nothing flat, a scale that small says nothing of
+//! growth, but every turn must end as it should and no zombie be left.
 #![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
+
+#[path = "support/smoke.rs"]
+mod smoke;
 
 #[path = "../tests/support/openai_fake.rs"]
 mod openai_fake;
@@ -48,14 +54,24 @@ use serde_json::{Value, json};
 
 const TOKEN: &str = "soak-token";
 const SESSIONS: usize = 1000;
-const TURNS: usize = 10;
+/// Turns per session (a smoke run's 3: a start, a resume that goes on, one that finishes).
+fn turns() -> usize {
+    smoke::pick(10, 3)
+}
 const CONCURRENCY: usize = 16;
 const POD_TURNS: usize = 1000;
 /// How long the process rests before a figure is taken: past the 10 s after which tokio's idle
-/// blocking threads exit and jemalloc gives back unused pages.
-const SETTLE: Duration = Duration::from_secs(12);
+/// blocking threads exit and jemalloc gives back unused pages (a smoke run takes no figure worth
+/// the wait).
+fn settle() -> Duration {
+    smoke::pick(Duration::from_secs(12), Duration::from_secs(1))
+}
 
+/// `n` at `SOAK_SCALE` (a smoke run: 4).
 fn scaled(n: usize) -> usize {
+    if smoke::on() {
+        return 4;
+    }
     let scale: f64 = std::env::var("SOAK_SCALE")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -117,6 +133,10 @@ fn sample(pid: u32) -> Sample {
 }
 
 fn report(what: &str, warm: Sample, end: Sample, took: Duration, units: &str, n: usize) {
+    smoke::check(
+        end.zombies == 0,
+        format_args!("{what}: {} zombies at the end", end.zombies),
+    );
     let ratio = end.rss_kib as f64 / warm.rss_kib as f64;
     println!("{what}: {n} {units} in {:.1} s", took.as_secs_f64());
     println!(
@@ -153,6 +173,7 @@ fn report(what: &str, warm: Sample, end: Sample, took: Duration, units: &str, n:
     );
 }
 
+/// A child process (`podhost serve`, or `pod` without a URL), killed when dropped.
 struct Server {
     child: Child,
     url: String,
@@ -327,7 +348,7 @@ async fn soak_serve() {
                 let permit = sem.clone().acquire_owned().await.unwrap();
                 let (http, url, base) = (http.clone(), url.clone(), base.clone());
                 tasks.push(tokio::spawn(async move {
-                    session(http, url, base, n, TURNS).await;
+                    session(http, url, base, n, turns()).await;
                     drop(permit);
                 }));
             }
@@ -338,7 +359,7 @@ async fn soak_serve() {
     };
     let started = Instant::now();
     run(0, warm_up).await;
-    tokio::time::sleep(SETTLE).await;
+    tokio::time::sleep(settle()).await;
     let warm = sample(pid);
     // The curve between warm-up and end, a tenth of the rest at a time: growth that levels
     // off (an allocator's or a cache's) reads differently from a leak's straight line.
@@ -359,16 +380,24 @@ async fn soak_serve() {
         from = to;
     }
     let took = started.elapsed();
-    tokio::time::sleep(SETTLE).await;
+    tokio::time::sleep(settle()).await;
     let end = sample(pid);
     report(
-        &format!("podhost serve, {TURNS} turns per session, {CONCURRENCY} at a time"),
+        &format!(
+            "podhost serve, {} turns per session, {CONCURRENCY} at a time",
+            turns()
+        ),
         warm,
         end,
         took,
         "sessions",
         sessions,
     );
+    // A smoke run that passed leaves nothing behind.
+    if smoke::on() {
+        drop(server);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
 
 async fn soak_pod() {
@@ -382,7 +411,7 @@ async fn soak_pod() {
     let join_file = dir.path().join("join-token");
     std::fs::write(&join_file, &core.opts().join_token).unwrap();
     let o = core.opts().clone();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_podhost"))
+    let child = Command::new(env!("CARGO_BIN_EXE_podhost"))
         .arg("pod")
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -401,7 +430,12 @@ async fn soak_pod() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let pid = child.id();
+    // Killed however this ends, a failed check included.
+    let pod = Server {
+        child,
+        url: String::new(),
+    };
+    let pid = pod.child.id();
     core.wait_request(0, "hello").await;
     let turns = scaled(POD_TURNS);
     let warm_up = (turns / 10).max(1);
@@ -409,7 +443,7 @@ async fn soak_pod() {
     let mut warm = None;
     for n in 0..turns {
         if n == warm_up {
-            tokio::time::sleep(SETTLE).await;
+            tokio::time::sleep(settle()).await;
             warm = Some(sample(pid));
         }
         let mut ts = turn_start(json!(format!("turn {n}")));
@@ -427,11 +461,18 @@ async fn soak_pod() {
         assert_eq!(answer["ok"], true, "{answer}");
     }
     let took = started.elapsed();
-    tokio::time::sleep(SETTLE).await;
+    tokio::time::sleep(settle()).await;
     let end = sample(pid);
+    drop(pod);
+    let log = std::fs::read_to_string(workspace.join("log.txt")).unwrap_or_default();
+    smoke::check(
+        log.lines().count() == turns,
+        format_args!(
+            "every turn's command ran: {} lines for {turns} turns",
+            log.lines().count()
+        ),
+    );
     report("podhost pod", warm.unwrap(), end, took, "turns", turns);
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 #[tokio::main]
@@ -445,4 +486,5 @@ async fn main() {
     if only != "pod" {
         soak_serve().await;
     }
+    smoke::finish("soak");
 }

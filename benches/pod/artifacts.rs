@@ -14,6 +14,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::driven_runs::{Pod, within};
+use crate::smoke;
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
@@ -22,7 +23,8 @@ fn median(mut v: Vec<Duration>) -> Duration {
 
 pub async fn main() {
     let mut pod = Pod::start().await;
-    let size = 64usize << 20;
+    let mib = smoke::pick(64usize, 4);
+    let size = mib << 20;
     let out = pod.dirs.workspace.join("outputs");
     std::fs::create_dir_all(&out).unwrap();
     let mut bytes = vec![0u8; size];
@@ -34,7 +36,7 @@ pub async fn main() {
 
     let mut export = Vec::new();
     let mut baseline = Vec::new();
-    for i in 0..5 {
+    for i in 0..smoke::pick(5, 1) {
         let run = pod
             .run(
                 &format!("run-m{i}"),
@@ -78,14 +80,16 @@ pub async fn main() {
     }
     let (e, b) = (median(export), median(baseline));
     println!(
-        "export of one 64 MiB file: median {e:?} ({:.0} MiB/s); read+hash+base64 once: {b:?}; ratio {:.1}",
-        64.0 / e.as_secs_f64(),
+        "export of one {mib} MiB file: median {e:?} ({:.0} MiB/s); read+hash+base64 once: {b:?}; ratio {:.1}",
+        mib as f64 / e.as_secs_f64(),
         e.as_secs_f64() / b.as_secs_f64()
     );
 
     let run = pod.run("run-p", "ses_p", json!({}), json!({})).await;
     let a = run.artifacts();
-    let text: String = "spilled line of text\n".repeat((5 << 20) / 21);
+    // Past the record's limit (the fake core's recordEntryBytes, 960 KiB), so it is spilled.
+    let spilled = smoke::pick(5usize << 20, 2 << 20);
+    let text: String = "spilled line of text\n".repeat(spilled / 21);
     let fitted = within(fit_outcome(
         &a,
         &run.effect("c"),
@@ -93,7 +97,9 @@ pub async fn main() {
         json!({"kind": "completed", "output": text}),
     ))
     .await;
-    let id = fitted["output"]["artifactId"].as_str().unwrap().to_owned();
+    let Some(id) = fitted["output"]["artifactId"].as_str().map(str::to_owned) else {
+        panic!("a {spilled}-byte result was not spilled: {fitted}");
+    };
     let start = Instant::now();
     let (_, whole) = within(a.read_to_end(&id, None, 16 << 20)).await.unwrap();
     let one = start.elapsed();
@@ -102,17 +108,22 @@ pub async fn main() {
     let mut offset = 0usize;
     let mut pages = 0;
     while offset < text.len() {
-        within(read_for_model(
+        let page = within(read_for_model(
             &a,
             &json!({"artifactId": id, "version": 1, "offset": offset}),
         ))
         .await;
+        smoke::check(
+            page.is_completed(),
+            format_args!("read_artifact at {offset}: {page:?}"),
+        );
         offset += 32 * 1024;
         pages += 1;
     }
     let paged = start.elapsed();
     println!(
-        "5 MiB spilled result: one chunk {one:?}; {pages} read_artifact pages {paged:?} ({:?} a page); ratio {:.1}",
+        "{} KiB spilled result: one chunk {one:?}; {pages} read_artifact pages {paged:?} ({:?} a page); ratio {:.1}",
+        spilled >> 10,
         paged / pages,
         paged.as_secs_f64() / one.as_secs_f64()
     );

@@ -11,7 +11,12 @@
 //!
 //! Run with `cargo bench --bench pod` (podhost and this binary optimized, as `cargo bench`
 //! builds them); `cargo bench --bench pod turn` runs the parts whose name contains `turn`.
+//! `PODHOST_BENCH_SMOKE=1` runs every part at a tiny scale, checked (see
+//! `benches/support/smoke.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../support/smoke.rs"]
+mod smoke;
 
 #[path = "../../tests/support/mod.rs"]
 mod support;
@@ -77,4 +82,5 @@ fn main() {
     if wants("artifacts") {
         two_workers(artifacts::main());
     }
+    smoke::finish("pod");
 }

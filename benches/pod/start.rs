@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::fake_core::{CoreOptions, FakeCore};
 use crate::pod_launch::{PodDirs, pod_env};
-
-const ROUNDS: usize = 9;
+use crate::smoke;
 
 fn rss_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -28,11 +27,12 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 pub async fn main() {
+    let rounds = smoke::pick(9, 2);
     let bin = crate::support::podhost_bin();
     let mut times = Vec::new();
     let mut bare = Vec::new();
     let mut rss = Vec::new();
-    for _ in 0..ROUNDS {
+    for _ in 0..rounds {
         let start = Instant::now();
         let status = tokio::process::Command::new(bin)
             .arg("--version")
@@ -73,9 +73,10 @@ pub async fn main() {
         times.iter().copied().fold(0.0, f64::max),
     );
     let (t, b) = (median(&mut times), median(&mut bare));
+    smoke::check_positive("start to hello, and `podhost --version`", &[t, b]);
     rss.sort();
     println!(
-        "start to hello: median {t:.1} ms (min {min:.1}, max {max:.1}) over {ROUNDS} runs of {}; \
+        "start to hello: median {t:.1} ms (min {min:.1}, max {max:.1}) over {rounds} runs of {}; \
          `podhost --version` to exit: median {b:.1} ms; ratio {:.1}",
         bin.display(),
         t / b

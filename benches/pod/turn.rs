@@ -12,6 +12,7 @@ use tokio::io::AsyncBufReadExt;
 use crate::fake_core::{CoreOptions, FakeCore};
 use crate::fake_gates::{self, FakeGates, Reply};
 use crate::pod_launch::{PodDirs, pod_env, set_env};
+use crate::smoke;
 use crate::turn_fixture::turn_start;
 
 fn bin() -> &'static std::path::Path {
@@ -71,10 +72,10 @@ fn kib(pid: u32, field: &str) -> u64 {
         .unwrap()
 }
 
-/// Runs one turn of `CALLS` calls of `tool` with `args`, and prints the journal's round trips
-/// against the tool's own time, as podhost logged them.
+/// Runs one turn of 60 calls (a smoke run: 4) of `tool` with `args`, and prints the journal's
+/// round trips against the tool's own time, as podhost logged them.
 async fn overhead(tool: &str, args: Value) {
-    const CALLS: usize = 60;
+    let calls = smoke::pick(60, 4);
     let core = FakeCore::start(CoreOptions::default()).await;
     let gates = FakeGates::start(core.state.journal.clone()).await;
     let dirs = PodDirs::new(&core);
@@ -89,7 +90,7 @@ async fn overhead(tool: &str, args: Value) {
         )],
     )
     .await;
-    let mut script: Vec<Reply> = (0..CALLS)
+    let mut script: Vec<Reply> = (0..calls)
         .map(|i| fake_gates::tool_call(&format!("c{i}"), tool, args.clone()))
         .collect();
     script.push(fake_gates::text("done"));
@@ -102,7 +103,8 @@ async fn overhead(tool: &str, args: Value) {
     assert_eq!(answer["ok"], true, "core refused {end}: {answer}");
 
     let lines = pod.lines.lock().unwrap().clone();
-    let field = |l: &Value, k: &str| l["fields"][k].clone();
+    // The JSON log is flat: an event's fields beside its message.
+    let field = |l: &Value, k: &str| l[k].clone();
     let ms_of = |method: &str| -> Vec<f64> {
         lines
             .iter()
@@ -135,11 +137,15 @@ async fn overhead(tool: &str, args: Value) {
         .collect();
     assert_eq!(
         (intent.len(), outcome.len(), ran.len()),
-        (CALLS, CALLS, CALLS)
+        (calls, calls, calls)
     );
     let (i, o, t) = (median(intent), median(outcome), median(ran));
+    smoke::check_positive(
+        &format!("{tool}: the journal's round trips and the tool"),
+        &[i, o, t],
+    );
     println!(
-        "{tool} x{CALLS} ({}): effect.intent round trip median {i:.3} ms, effect.outcome round \
+        "{tool} x{calls} ({}): effect.intent round trip median {i:.3} ms, effect.outcome round \
          trip median {o:.3} ms, the tool alone median {t:.3} ms; (intent + outcome) / tool = \
          {:.2}; core sees intent→outcome median {:.3} ms",
         bin().display(),
@@ -155,7 +161,9 @@ pub async fn main() {
 }
 
 async fn memory_per_held_run() {
-    for n in [1usize, 10, 50] {
+    // The pauses let start-up settle before RSS is read; they wait for no event.
+    let pause = std::time::Duration::from_millis(smoke::pick(500, 100));
+    for n in smoke::pick(vec![1usize, 10, 50], vec![1, 2]) {
         let core = FakeCore::start(CoreOptions::default()).await;
         let gates = FakeGates::start(core.state.journal.clone()).await;
         let dirs = PodDirs::new(&core);
@@ -166,12 +174,12 @@ async fn memory_per_held_run() {
             &[("PODHOST_POD_CONCURRENCY", &n.to_string())],
         )
         .await;
-        // Idle: every slot's lease waiting. The pause lets start-up settle; it waits for no event.
+        // Idle: every slot's lease waiting.
         let mark = core.mark();
         for _ in 0..n {
             core.wait_request(mark, "lease").await;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        tokio::time::sleep(pause).await;
         let pid = pod.child.id().unwrap();
         let idle = kib(pid, "VmRSS:");
         // Hold n runs, each with a model call in flight at the gate.
@@ -183,7 +191,7 @@ async fn memory_per_held_run() {
             core.grant_turn(&format!("run-{r}"), &format!("tok-{r}"), ts);
         }
         gates.wait_call(n - 1).await;
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        tokio::time::sleep(pause).await;
         let held = kib(pid, "VmRSS:");
         println!(
             "{n} runs held (model call in flight each): RSS {held} KiB vs {idle} KiB idle with {n} \

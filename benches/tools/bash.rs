@@ -49,11 +49,15 @@ use podhost::floor::workspace::Workspace;
 use podhost::tools::{CallContext, ToolName, Toolbox};
 use serde_json::json;
 
-const ROUNDS: usize = 5;
-const ITERATIONS: usize = 200;
-const WARM_UP: usize = 20;
+use crate::smoke;
+
+/// Rounds, calls of each kind per round, and warm-up calls: a measurement's, or a smoke run's.
+fn scale() -> (usize, usize, usize) {
+    smoke::pick((5, 200, 20), (1, 3, 1))
+}
 
 pub fn main() {
+    let (rounds, iterations, warm_up) = scale();
     let supervisor = PathBuf::from(env!("CARGO_BIN_EXE_podhost-exec"));
     let fallback = PathBuf::from(env!("CARGO_BIN_EXE_podhost"));
     let shell = podhost::exec::find_shell(None);
@@ -95,7 +99,7 @@ pub fn main() {
             let out = rt
                 .block_on(toolbox.call(ToolName::Bash.as_str(), &input, &ctx))
                 .unwrap();
-            assert!(out.is_completed(), "{out:?}");
+            ran(&out);
         })
     };
     let bash_on = |tb: &Toolbox| {
@@ -103,7 +107,7 @@ pub fn main() {
             let out = rt
                 .block_on(tb.call(ToolName::Bash.as_str(), &input, &ctx))
                 .unwrap();
-            assert!(out.is_completed(), "{out:?}");
+            ran(&out);
         })
     };
     let read_input = json!({"path": "small.txt"});
@@ -120,11 +124,11 @@ pub fn main() {
     let fallback_alone = || timed(Command::new(&fallback).arg("__exec"), false);
 
     println!(
-        "bash tool vs bare `{} -c true` ({ROUNDS} rounds × {ITERATIONS}, interleaved)",
+        "bash tool vs bare `{} -c true` ({rounds} rounds × {iterations}, interleaved)",
         shell.display()
     );
     println!("supervisor: {}", supervisor.display());
-    for _ in 0..WARM_UP {
+    for _ in 0..warm_up {
         tool();
         bare();
         supervisor_alone();
@@ -132,9 +136,9 @@ pub fn main() {
     }
     let (mut all_tool, mut all_bare, mut all_sup) = (Vec::new(), Vec::new(), Vec::new());
     let mut all_fallback = Vec::new();
-    for round in 1..=ROUNDS {
+    for round in 1..=rounds {
         let (mut t, mut b, mut s) = (Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..ITERATIONS {
+        for _ in 0..iterations {
             t.push(tool());
             b.push(bare());
             s.push(supervisor_alone());
@@ -153,19 +157,19 @@ pub fn main() {
     );
 
     println!(
-        "confinement ({} kernel Landlock ABI, {ROUNDS} rounds × {ITERATIONS}, interleaved)",
+        "confinement ({} kernel Landlock ABI, {rounds} rounds × {iterations}, interleaved)",
         podhost::exec::confine::kernel_abi()
     );
     let mut series: [Vec<Sample>; 5] = Default::default();
-    for _ in 0..WARM_UP {
+    for _ in 0..warm_up {
         bash_on(&off);
         bash_on(&toolbox);
         bash_on(&hiding);
         read_on(&off);
         read_on(&toolbox);
     }
-    for _ in 0..ROUNDS {
-        for _ in 0..ITERATIONS {
+    for _ in 0..rounds {
+        for _ in 0..iterations {
             series[0].push(bash_on(&off));
             series[1].push(bash_on(&toolbox));
             series[2].push(bash_on(&hiding));
@@ -202,6 +206,7 @@ fn isolation(
     [landlock, hiding]: [&Toolbox; 2],
     bare: &dyn Fn() -> Sample,
 ) {
+    let (rounds, iterations, warm_up) = scale();
     use podhost::exec::confine::Settings;
     use podhost::exec::{ExecSettings, ResourceLimits};
     use podhost::tools::ToolboxBuilder;
@@ -252,16 +257,16 @@ fn isolation(
             let out = rt
                 .block_on(tb.call(ToolName::Bash.as_str(), &input, &ctx))
                 .unwrap();
-            assert!(out.is_completed(), "{out:?}");
+            ran(&out);
         })
     };
     println!(
-        "isolation (namespaces: {}, cgroups: {}, command user: {}; {ROUNDS} rounds × {ITERATIONS}, interleaved)",
+        "isolation (namespaces: {}, cgroups: {}, command user: {}; {rounds} rounds × {iterations}, interleaved)",
         level.namespaces,
         level.cgroups,
         level.uid_pool.as_deref().unwrap_or("podhost's own")
     );
-    for _ in 0..WARM_UP {
+    for _ in 0..warm_up {
         bare();
         call(landlock);
         call(hiding);
@@ -269,8 +274,8 @@ fn isolation(
         call(&no_ns);
     }
     let mut series: [Vec<Sample>; 5] = Default::default();
-    for _ in 0..ROUNDS {
-        for _ in 0..ITERATIONS {
+    for _ in 0..rounds {
+        for _ in 0..iterations {
             series[0].push(bare());
             series[1].push(call(landlock));
             series[2].push(call(hiding));
@@ -280,8 +285,8 @@ fn isolation(
     }
     // A session's start: the first call of a fresh toolbox, less a warm call.
     let mut starts = Vec::new();
-    for i in 0..20 {
-        let fresh = build(true, &format!("fresh-{i}"), 490_002 + i);
+    for i in 0..smoke::pick(20, 2) {
+        let fresh = build(true, &format!("fresh-{i}"), 490_002 + i as u32);
         let first = call(&fresh).wall;
         let warm = call(&fresh).wall;
         starts.push(first.saturating_sub(warm));
@@ -316,6 +321,7 @@ fn isolation(
 /// What the system-call filter costs a command: building and installing it, and `bash -c true`
 /// under it against a bare one, interleaved with the bash tool call (see the module doc).
 pub fn syscall_filter_cost() {
+    let (rounds, iterations, warm_up) = scale();
     use podhost::exec::confine::syscall_filter;
     let supervisor = PathBuf::from(env!("CARGO_BIN_EXE_podhost-exec"));
     let shell = podhost::exec::find_shell(None);
@@ -344,7 +350,7 @@ pub fn syscall_filter_cost() {
             let out = rt
                 .block_on(toolbox.call(ToolName::Bash.as_str(), &input, &ctx))
                 .unwrap();
-            assert!(out.is_completed(), "{out:?}");
+            ran(&out);
         })
     };
     let bare = || timed(Command::new(&shell).args(["-c", "true"]), true);
@@ -387,10 +393,10 @@ pub fn syscall_filter_cost() {
         .unwrap()
     };
     println!(
-        "system-call filter ({} instructions; {ROUNDS} rounds × {ITERATIONS}, interleaved)",
+        "system-call filter ({} instructions; {rounds} rounds × {iterations}, interleaved)",
         syscall_filter(false).unwrap().len()
     );
-    for _ in 0..WARM_UP {
+    for _ in 0..warm_up {
         bare();
         under_filter();
         tool();
@@ -398,9 +404,9 @@ pub fn syscall_filter_cost() {
         install();
     }
     let (mut all, mut builds, mut installs) = (<[Vec<Sample>; 3]>::default(), vec![], vec![]);
-    for round in 1..=ROUNDS {
+    for round in 1..=rounds {
         let mut series: [Vec<Sample>; 3] = Default::default();
-        for _ in 0..ITERATIONS {
+        for _ in 0..iterations {
             series[0].push(bare());
             series[1].push(under_filter());
             series[2].push(tool());
@@ -449,6 +455,14 @@ pub fn syscall_filter_cost() {
         100.0 * cost / t.0,
         t.0 / (t.0 - cost)
     );
+}
+
+/// Fails the run unless a bash call ran its command to a zero exit: a call that failed measured
+/// nothing.
+fn ran(out: &podhost::tools::ToolOutcome) {
+    let ok =
+        matches!(out, podhost::tools::ToolOutcome::Completed { output } if output["exitCode"] == 0);
+    smoke::check(ok, format_args!("the bash tool ran `true`: {out:?}"));
 }
 
 /// One call's wall time and CPU time (ours and our waited-for descendants').

@@ -1,11 +1,19 @@
 //! Tool benchmarks, each against a baseline measured in the same run: the grep tool vs `rg`, the
-//! glob tool vs `fd`, the bash tool vs a bare `bash -c true`. Reports medians and their ratios.
+//! glob tool vs `fd`, the bash tool vs a bare `bash -c true`; and what a session's walls (its
+//! network namespace, its disk's file system) cost its start and its commands, against today's
+//! isolated session. Reports medians and their ratios.
 //!
-//! Run with `cargo bench --bench tools` (needs `rg` and `fd`/`fdfind` on PATH).
+//! Run with `cargo bench --bench tools` (the search part needs `rg` and `fd`/`fdfind` on PATH;
+//! without them it is skipped, and says so). `PODHOST_BENCH_SMOKE=1` runs every part at a tiny
+//! scale, checked (see `benches/support/smoke.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../support/smoke.rs"]
+mod smoke;
 
 mod bash;
 mod search;
+mod walls;
 
 fn main() {
     let filter = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
@@ -15,7 +23,11 @@ fn main() {
     } else if wants("syscall filter") {
         bash::syscall_filter_cost();
     }
+    if wants("session walls: network, disk") {
+        walls::main();
+    }
     if wants("grep") || wants("glob") || wants("search") {
         search::main();
     }
+    smoke::finish("tools");
 }

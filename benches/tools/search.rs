@@ -18,7 +18,9 @@
 //! shared machine wall clock mostly measures waiting for a core; CPU time does not.
 //!
 //! `cargo bench --bench tools search` (or `grep` / `glob` for one half). `PODHOST_BENCH_ROUNDS`
-//! sets the measured rounds (default 7).
+//! sets the measured rounds (default 7). A smoke run (`PODHOST_BENCH_SMOKE=1`) builds a small
+//! corpus of the same shape instead (generated crates, a 1 MB text file, 20 ignored packages;
+//! past 500 files where a case needs it), runs one round, and fails when the two sides differ.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -33,6 +35,8 @@ use podhost::floor::workspace::Workspace;
 use podhost::tools::{CallContext, ToolName, ToolOutcome, Toolbox, glob, grep};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
+
+use crate::smoke;
 
 /// Size of the generated text file.
 const BIG_FILE_BYTES: usize = 200 << 20;
@@ -49,18 +53,24 @@ pub fn main() {
         _ => true,
     };
     let (Some(rg), Some(fd)) = (find_bin(&["rg"]), find_bin(&["fd", "fdfind"])) else {
-        eprintln!(
-            "search bench: needs rg and fd (fdfind) on PATH: apt-get install -y ripgrep fd-find"
+        smoke::missing(
+            "the search bench (grep vs rg, glob vs fd)",
+            "it needs rg and fd (fdfind) on PATH",
+            "apt-get install -y ripgrep fd-find",
         );
         return;
     };
     let rounds: usize = std::env::var("PODHOST_BENCH_ROUNDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(7);
+        .unwrap_or(smoke::pick(7, 1));
 
     let (_guard, root) = corpus_dir();
-    build_corpus(&root);
+    if smoke::on() {
+        build_small_corpus(&root);
+    } else {
+        build_corpus(&root);
+    }
     println!("corpus: {} ({})", root.display(), describe(&root));
     println!(
         "rg: {}; fd: {}; {} CPUs; {} measured rounds after a warm-up",
@@ -99,6 +109,14 @@ pub fn main() {
             };
             if round == 0 {
                 notes[i] = check(&root, case, &a.1, &b.1);
+                // On the full corpus a difference is printed, not hidden (a case that crosses
+                // max_results is not comparable); the smoke corpus is made for both to agree.
+                if smoke::on() {
+                    smoke::check(
+                        notes[i].starts_with("agree"),
+                        format_args!("{}: {}", case.name, notes[i]),
+                    );
+                }
             } else {
                 ours[i].push(a.0);
                 theirs[i].push(b.0);
@@ -142,7 +160,8 @@ pub fn main() {
     }
     println!();
     println!("load average at the end: {}", load_average());
-    for (kind, wall, cpu) in worst {
+    // A smoke run's small corpus and one round measure nothing the targets are about.
+    for (kind, wall, cpu) in worst.into_iter().filter(|_| !smoke::on()) {
         if cases.iter().any(|c| c.kind == kind) {
             let (target, base) = if kind == "grep" {
                 (1.15, "rg")
@@ -446,9 +465,10 @@ fn version(bin: &Path) -> String {
         .unwrap_or_else(|| "?".to_owned())
 }
 
-/// The corpus directory, and the temp dir to drop at the end (none for a kept corpus).
+/// The corpus directory, and the temp dir to drop at the end (none for a kept corpus; a smoke
+/// run's is never kept).
 fn corpus_dir() -> (Option<tempfile::TempDir>, PathBuf) {
-    match std::env::var_os("PODHOST_BENCH_CORPUS") {
+    match std::env::var_os("PODHOST_BENCH_CORPUS").filter(|_| !smoke::on()) {
         Some(dir) => {
             let dir = PathBuf::from(dir);
             fs::create_dir_all(&dir).expect("create corpus dir");
@@ -500,10 +520,54 @@ fn build_corpus(root: &Path) {
         copy_tree(&index.path(), &crates);
     }
 
-    write_big_file(&root.join("big.txt"));
-    write_node_app(&root.join("app"));
+    write_text_file(&root.join("big.txt"), BIG_FILE_BYTES);
+    write_packages(&root.join("app"), NODE_PACKAGES);
     fs::write(marker, CORPUS_VERSION).expect("write marker");
     println!("built the corpus in {:.1?}", started.elapsed());
+}
+
+/// A smoke run's corpus, of the full one's shape at a small scale: `crates/` generated (each
+/// pattern planted; past 500 `*.rs` and `tests/*.rs` files, so the glob's cap is crossed), a
+/// 1 MB text file, 20 ignored packages, a `.git/`.
+fn build_small_corpus(root: &Path) {
+    let git = root.join(".git");
+    fs::create_dir_all(git.join("objects/ab")).expect("mkdir .git");
+    fs::write(git.join("HEAD"), "ref: refs/heads/main\n").expect("write HEAD");
+    fs::write(
+        git.join("objects/ab/cdef"),
+        "fn from_str ABCD1234 thread_local PhantomData\n",
+    )
+    .expect("write object");
+    for c in 0..260 {
+        let krate = root.join(format!("crates/c{c:03}"));
+        fs::create_dir_all(krate.join("src/m")).expect("mkdir crate");
+        fs::create_dir_all(krate.join("tests")).expect("mkdir crate");
+        fs::write(
+            krate.join("Cargo.toml"),
+            format!("[package]\nname = \"c{c}\"\n"),
+        )
+        .expect("write crate");
+        if c % 10 == 0 {
+            fs::write(krate.join("data.json"), "{}\n").expect("write crate");
+        }
+        let lib = format!(
+            "use std::marker::PhantomData;\npub struct S{c}<T>(PhantomData<T>);\n\
+             impl std::str::FromStr for S{c}<u8> {{ fn from_str(_: &str) -> Self {{ Self(PhantomData) }} }}\n"
+        );
+        fs::write(krate.join("src/lib.rs"), lib).expect("write crate");
+        let module = if c % 3 == 0 {
+            format!("thread_local! {{ static K{c}: u8 = 0; }} // XKCD{c:04}\n")
+        } else {
+            "pub fn f() {}\n".to_owned()
+        };
+        fs::write(krate.join("src/m/mod.rs"), module).expect("write crate");
+        for t in 0..2 {
+            fs::write(krate.join(format!("tests/t{t}.rs")), "#[test]\nfn t() {}\n")
+                .expect("write crate");
+        }
+    }
+    write_text_file(&root.join("big.txt"), 1 << 20);
+    write_packages(&root.join("app"), 20);
 }
 
 /// Copies regular files and directories (not symlinks) from `from` into `to`.
@@ -520,9 +584,9 @@ fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
-/// 200 MB of lowercase words, with 50 planted lines for each grep pattern and one
+/// `bytes` of lowercase words (200 MB: with 50 planted lines for each grep pattern) and one
 /// `PhantomData` at the very end (so `files_with_matches` must read the whole file).
-fn write_big_file(path: &Path) {
+fn write_text_file(path: &Path, bytes: usize) {
     const WORDS: [&str; 32] = [
         "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india",
         "juliet", "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra",
@@ -539,7 +603,7 @@ fn write_big_file(path: &Path) {
     };
     let (mut written, mut line_no) = (0usize, 0usize);
     let mut line = String::with_capacity(160);
-    while written < BIG_FILE_BYTES {
+    while written < bytes {
         line.clear();
         match line_no % 60_000 {
             101 => line.push_str("impl FromStr for Thing { fn from_str(s: &str) -> Self }"),
@@ -564,8 +628,9 @@ fn write_big_file(path: &Path) {
     out.flush().expect("flush big file");
 }
 
-/// `app/` with a few sources and an ignored `node_modules/` whose every file would match.
-fn write_node_app(app: &Path) {
+/// `app/` with a few sources and an ignored `node_modules/` of `packages` whose every file
+/// would match.
+fn write_packages(app: &Path, packages: usize) {
     fs::create_dir_all(app.join("src")).expect("mkdir app");
     fs::write(app.join(".gitignore"), "node_modules/\n").expect("write .gitignore");
     fs::write(app.join("package.json"), "{\"name\": \"app\"}\n").expect("write package.json");
@@ -577,7 +642,7 @@ fn write_node_app(app: &Path) {
         .expect("write app source");
     }
     let body = "// fn from_str ABCD1234 thread_local PhantomData\nmodule.exports = {};\n";
-    for p in 0..NODE_PACKAGES {
+    for p in 0..packages {
         let pkg = app.join(format!("node_modules/pkg{p:04}"));
         fs::create_dir_all(pkg.join("lib")).expect("mkdir package");
         fs::write(
