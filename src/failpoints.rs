@@ -54,8 +54,9 @@ pub const COMPACTION: &[&str] = &[
     "serve.compaction_before_report",
 ];
 
-/// Faults of the BYOH store's disk (operations fail, the process goes on).
-pub const STORE: &[&str] = &["serve.store_full"];
+/// Faults of the BYOH store (operations fail, the process goes on): its disk is full; a
+/// replica's renewals do not reach it (as when the replica is cut off from the database).
+pub const STORE: &[&str] = &["serve.store_full", "serve.renew_fails"];
 
 /// Faults of the host's sandboxes (the process goes on): a workspace's sandbox cannot be made
 /// (as when the host refuses a cgroup), and a session holder cannot make its namespaces.

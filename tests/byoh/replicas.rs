@@ -508,6 +508,71 @@ async fn a_replica_cut_off_past_its_lease_writes_nothing_and_kills_its_commands(
     assert_eq!(rs[1].read_file("s", "runs.txt").as_deref(), Some("ran\n"));
 }
 
+/// A replica whose renewals fail for a whole lease (cut off from the store) stops its turn, as
+/// another replica may take it; once it reaches the store again, its turn's lease still names it
+/// (it is alive, so no other replica took it), and it takes the turn back with the key it kept:
+/// the turn completes, its model called with the evaluator's key each time.
+#[tokio::test]
+async fn a_replica_cut_off_for_a_lease_takes_its_own_turn_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let cut = dir.path().join("cut-off");
+    let fake = FakeModel::start("fake-model", Some("k")).await;
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = calls.clone();
+    // The first call outlasts the cut; the second answers at once.
+    fake.respond_with(move |_| {
+        if seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            Reply::Delay(Duration::from_secs(30), Box::new(Reply::text("late")))
+        } else {
+            Reply::text("done")
+        }
+    });
+    let failpoint = format!("serve.renew_fails=fail-while({})", cut.display());
+    let Some(rs) = replicas(
+        dir.path(),
+        1,
+        Options::default().env("PODHOST_FAILPOINTS", &failpoint),
+    ) else {
+        return;
+    };
+    rs[0]
+        .submit(start("s", "i", "x", &fake.base_url(), Some("k")))
+        .await;
+    fake.wait_requests(1, T).await;
+    std::fs::write(&cut, "").unwrap();
+    let deadline = Instant::now() + T;
+    while !rs[0]
+        .logs()
+        .contains("no lease renewal for a whole lease period")
+    {
+        assert!(Instant::now() < deadline, "{}", rs[0].log_tail());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    std::fs::remove_file(&cut).unwrap();
+    assert_eq!(
+        rs[0].wait_status("i", "completed", T).await,
+        status_obj("s", "i", "completed")
+    );
+    assert!(
+        rs[0]
+            .logs()
+            .contains("taking back a turn this replica stopped while cut off from the store"),
+        "{}",
+        rs[0].log_tail()
+    );
+    let keys: Vec<Option<String>> = fake
+        .requests()
+        .into_iter()
+        .map(|r| r.authorization)
+        .collect();
+    assert_eq!(keys, vec![Some("Bearer k".to_owned()); 2]);
+    let (_, out) = rs[0].collect("i").await;
+    assert_eq!(
+        out["messages"],
+        json!([{"role": "assistant", "content": "done"}])
+    );
+}
+
 #[tokio::test]
 async fn a_restarted_replica_serves_again() {
     let dir = tempfile::tempdir().unwrap();

@@ -179,16 +179,18 @@ impl Http {
 }
 
 async fn serve_http(ws: &std::path::Path, extra: &[&str]) -> Http {
-    serve_http_with(ws, extra, Some(TOKEN), None).await
+    serve_http_with(ws, extra, Some(TOKEN), None, &[]).await
 }
 
-/// `podhost mcp --listen` on a free loopback port, with `token` as its credential (or none) and,
-/// with `open_files`, under that open-file limit (soft and hard, set by a shell before it).
+/// `podhost mcp --listen` on a free loopback port, with `token` as its credential (or none),
+/// with `open_files`, under that open-file limit (soft and hard, set by a shell before it), and
+/// the variables `env` set.
 async fn serve_http_with(
     ws: &std::path::Path,
     extra: &[&str],
     token: Option<&str>,
     open_files: Option<u64>,
+    env: &[(&str, &str)],
 ) -> Http {
     let args = ["mcp", "--listen", "127.0.0.1:0", "--workspace"];
     let mut cmd = podhost(&args);
@@ -211,7 +213,7 @@ async fn serve_http_with(
             };
         }
     }
-    cmd.arg(ws).args(extra);
+    cmd.arg(ws).args(extra).envs(env.iter().copied());
     if let Some(t) = token {
         cmd.env("PODHOST_TOKEN", t);
     }
@@ -449,7 +451,7 @@ const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","param
 async fn http_refuses_what_a_browser_can_forge_with_and_without_a_credential() {
     let ws = tempfile::tempdir().unwrap();
     for token in [Some(TOKEN), None] {
-        let server = serve_http_with(ws.path(), &[], token, None).await;
+        let server = serve_http_with(ws.path(), &[], token, None, &[]).await;
         let addr = server.addr();
         let port = addr.rsplit(':').next().unwrap();
         let auth = token.map_or(String::new(), |t| format!("\r\nAuthorization: Bearer {t}"));
@@ -571,6 +573,7 @@ async fn a_flood_of_half_open_connections_under_nofile_1024_does_not_keep_a_clie
         &["--http-header-timeout-secs", "120"],
         Some(TOKEN),
         Some(1024),
+        &[],
     )
     .await;
     let warned = "the open-file limit cannot hold PODHOST_HTTP_MAX_CONNECTIONS; lowering it to 512";
@@ -609,4 +612,76 @@ async fn a_flood_of_half_open_connections_under_nofile_1024_does_not_keep_a_clie
         .count();
     assert!(open >= 300, "only {open} of the newest 400 are open");
     a_client_is_served(&server, Some(TOKEN)).await;
+}
+
+/// The official Python SDK's client calls `bash`; prints the result's text, or the JSON-RPC
+/// error it got instead.
+const CALL_OR_ERROR: &str = r#"
+import json, sys
+import anyio
+from mcp import ClientSession
+from mcp import MCPError
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+async def main():
+    url, token = sys.argv[1], sys.argv[2]
+    async with create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}) as http:
+        async with streamable_http_client(url, http_client=http) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                try:
+                    r = await session.call_tool("bash", {"command": "echo hi"})
+                    out = {"result": "".join(getattr(c, "text", "") for c in r.content),
+                           "isError": r.is_error}
+                except MCPError as e:
+                    out = {"error": {"code": e.error.code, "message": e.error.message}}
+    print(json.dumps(out))
+
+anyio.run(main)
+"#;
+
+/// A fault of podhost's own — here the session holder that builds the read-only system cannot
+/// start — reaches an MCP client as a JSON-RPC error, never as a tool result its model would
+/// take for the tool's; the server keeps serving, and the next call runs once the host can.
+#[tokio::test]
+async fn a_fault_of_podhost_is_an_error_of_the_protocol_not_a_tool_result() {
+    let ws = tempfile::tempdir().unwrap();
+    let refuse = ws.path().join("refuse");
+    std::fs::write(&refuse, "").unwrap();
+    let failpoint = format!("sandbox.session_refused=fail-while({})", refuse.display());
+    let server = serve_http_with(
+        ws.path(),
+        &[],
+        Some(TOKEN),
+        None,
+        &[("PODHOST_FAILPOINTS", &failpoint)],
+    )
+    .await;
+    let call = || {
+        let mut cmd = tokio::process::Command::new(python());
+        cmd.args(["-c", CALL_OR_ERROR, &server.url, TOKEN]);
+        report(cmd)
+    };
+    let first = call().await;
+    if first.get("result").is_some() {
+        println!(
+            "no mount namespace here: commands run without a session holder, so a holder that \
+             cannot start is not exercised (checked: the call runs)"
+        );
+        assert_eq!(first["isError"], false, "{first}");
+        return;
+    }
+    assert_eq!(
+        first,
+        json!({"error": {"code": -32603, "message": "podhost could not run bash: could not start \
+               the command session: refused (the failpoint sandbox.session_refused)"}})
+    );
+    std::fs::remove_file(&refuse).unwrap();
+    let second = call().await;
+    assert_eq!(second["isError"], false, "{second}");
+    assert_eq!(
+        serde_json::from_str::<Value>(second["result"].as_str().unwrap()).unwrap()["stdout"],
+        "hi\n"
+    );
 }

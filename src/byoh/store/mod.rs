@@ -516,13 +516,19 @@ impl Store {
         })
     }
 
-    /// Renews the leases `held` (invocation id, epoch) of `terms.owner` that are still its own,
-    /// open and unexpired; answers the ids renewed. A turn missing from the answer was lost.
+    /// Renews the leases `held` (invocation id, epoch) of `terms.owner` that are still its own
+    /// and open, expired or not (none is taken over while its owner lives); answers the ids
+    /// renewed. A turn missing from the answer was lost.
     pub async fn renew(
         &self,
         terms: &LeaseTerms,
         held: Vec<(String, i64)>,
     ) -> Result<Vec<String>, StoreError> {
+        if crate::failpoint_fails!("serve.renew_fails") {
+            return Err(StoreError::Pool(
+                "refused (the failpoint serve.renew_fails)".into(),
+            ));
+        }
         dispatch!(self.renew(terms, held))
     }
 
