@@ -111,7 +111,7 @@ impl Front {
                 args.config(|name| std::env::var(name).ok())
                     .map_err(|e| ("run", e.into()))?,
             ),
-            Command::Mcp(args) => Front::Mcp(args.config()),
+            Command::Mcp(args) => Front::Mcp(args.config().map_err(|e| ("mcp", e.into()))?),
             Command::Pod(args) => {
                 Front::Pod(Box::new(args.validate().map_err(|e| ("pod", e.into()))?))
             }

@@ -192,7 +192,14 @@ fn tools(args: &ServeConfig, supervisor: PathBuf) -> ToolboxBuilder {
             .hide(&args.data)
             .session_disks(&sandbox::disks_dir(&args.data));
         if let Some(file) = &args.token_file {
+            // The path given, and the file it leads to (a Kubernetes Secret's is a link into
+            // its volume's `..data`).
             c = c.hide(file);
+            if let Ok(real) = std::fs::canonicalize(file)
+                && &real != file
+            {
+                c = c.hide(&real);
+            }
         }
         for g in state_guards(args) {
             c = c.guard(g);
@@ -206,7 +213,6 @@ fn tools(args: &ServeConfig, supervisor: PathBuf) -> ToolboxBuilder {
 /// workspaces; 0700 otherwise) with its files (the store) 0600, and the credential file 0600
 /// when it is podhost's.
 fn state_guards(args: &ServeConfig) -> Vec<Guard> {
-    use std::os::unix::fs::MetadataExt;
     let mode = if args.exec.confine.uid_pool.is_some() {
         0o711
     } else {
@@ -215,11 +221,37 @@ fn state_guards(args: &ServeConfig) -> Vec<Guard> {
     let data = std::fs::canonicalize(&args.data).unwrap_or_else(|_| args.data.clone());
     let mut guards = vec![Guard::private_dir(&data, mode)];
     if let Some(file) = &args.token_file
-        && std::fs::metadata(file).is_ok_and(|m| m.uid() == nix::unistd::geteuid().as_raw())
+        && let Some(real) = guarded_credential(file)
     {
-        guards.push(Guard::private_file(file));
+        guards.push(Guard::private_file(&real));
     }
     guards
+}
+
+/// The credential file to keep private (0600), when podhost can: the file the path leads to (a
+/// Kubernetes Secret's path is a link into its volume), when it is podhost's and on a file
+/// system that can be written. A file on a read-only mount (a Secret volume) cannot have its
+/// mode changed by a command either, so it needs no guard; one that other users may read is
+/// said once (a Secret volume's `defaultMode` sets it).
+fn guarded_credential(file: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let real = std::fs::canonicalize(file).ok()?;
+    let meta = std::fs::metadata(&real).ok()?;
+    let read_only = nix::sys::statvfs::statvfs(&real)
+        .is_ok_and(|v| v.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY));
+    if read_only {
+        if meta.mode() & 0o077 != 0 {
+            warn!(
+                path = %file.display(),
+                mode = format!("{:o}", meta.mode() & 0o777),
+                "the credential file is readable by other users and on a read-only mount, where \
+                 podhost cannot change its mode (a Kubernetes Secret: set its volume's \
+                 defaultMode, 0440 with the pod's fsGroup)"
+            );
+        }
+        return None;
+    }
+    (meta.uid() == nix::unistd::geteuid().as_raw()).then_some(real)
 }
 
 /// `podhost serve`: runs the endpoint until SIGINT or SIGTERM.

@@ -159,10 +159,14 @@ pub(super) async fn drive(inner: &Inner, id: &str, live: &Arc<Live>) {
         ),
         Ok(None) => return,
         Err(e) => {
-            // A command's sandbox failed (its session, its supervisor): the next turns' would
-            // too, until a probe shows otherwise. (A sandbox that could not be made at all
-            // was recorded where it was tried.)
-            if let SessionError::Tool(fault) = &e {
+            // A command's session or supervisor could not even start: the next turns' would
+            // not either, until a probe shows otherwise. (A sandbox that could not be made at
+            // all was recorded where it was tried.) A fault in the middle of a command (its
+            // supervisor died) fails this turn only: a session's own commands could cause it,
+            // and one session must not make the host refuse everyone's work.
+            if let SessionError::Tool(fault) = &e
+                && fault.nothing_ran()
+            {
                 inner.sandboxes.failed(&fault.to_string());
             }
             (Status::Failed, Some(e.to_string()), vec![])

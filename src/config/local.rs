@@ -168,13 +168,17 @@ pub struct McpArgs {
     /// Without a credential only a loopback address is allowed.
     #[arg(long, env = "PODHOST_MCP_LISTEN", value_name = "ADDR")]
     pub listen: Option<String>,
-    /// The credential HTTP clients send as `Authorization: Bearer …` (prefer the environment
-    /// or a file: a flag shows in the process list).
+    /// The credential HTTP clients send as `Authorization: Bearer …`, from the environment
+    /// (PODHOST_TOKEN) or --token-file: on the command line, where every process can read it, it
+    /// is refused.
     #[arg(long, env = "PODHOST_TOKEN", hide_env_values = true)]
     pub token: Option<Secret>,
     /// A file holding the credential (surrounding whitespace ignored).
     #[arg(long, env = "PODHOST_TOKEN_FILE", conflicts_with = "token")]
     pub token_file: Option<PathBuf>,
+    /// Which settings were given as flags (set after parsing).
+    #[arg(skip)]
+    pub origins: Origins,
     // The HTTP listener's timeouts and caps (with --listen), as for `podhost serve`.
     #[command(flatten)]
     pub http: HttpArgs,
@@ -288,9 +292,15 @@ impl ToolArgs {
 }
 
 impl McpArgs {
-    /// The plain configuration; pure.
-    pub fn config(&self) -> McpConfig {
-        McpConfig {
+    /// The plain configuration; pure. A credential given as a flag is refused (see
+    /// `secrets_on_the_command_line`).
+    pub fn config(&self) -> Result<McpConfig, String> {
+        let problems =
+            super::serve::secrets_on_the_command_line(&self.origins, self.token.as_ref(), None);
+        if let Some(problem) = problems.into_iter().next() {
+            return Err(problem);
+        }
+        Ok(McpConfig {
             workspace: self.workspace.clone(),
             listen: self.listen.clone(),
             token: self.token.clone(),
@@ -298,7 +308,7 @@ impl McpArgs {
             http: self.http.limits(),
             env: self.env.settings(),
             exec: self.exec.settings(),
-        }
+        })
     }
 }
 

@@ -194,6 +194,7 @@ impl Command {
             Command::Serve(args) => args.origins = origins,
             Command::Run(args) => args.origins = origins,
             Command::Pod(args) => args.origins = origins,
+            Command::Mcp(args) => args.origins = origins,
             _ => {}
         }
     }

@@ -26,7 +26,8 @@ pub struct ServeArgs {
     #[arg(long, env = "PODHOST_DATA", default_value = "./podhost-data")]
     pub data: PathBuf,
     /// The session store: a PostgreSQL URL (postgres://user:password@host:5432/db) for several
-    /// replicas; unset, SQLite in the data directory (one replica).
+    /// replicas; unset, SQLite in the data directory (one replica). A URL with a password is
+    /// refused here (a command line is readable by every process): give it in PODHOST_STORE.
     #[arg(long, env = "PODHOST_STORE", hide_env_values = true)]
     pub store: Option<Secret>,
     /// With a PostgreSQL store: seconds a replica's claim on a running turn holds unless renewed
@@ -35,8 +36,9 @@ pub struct ServeArgs {
     #[arg(long, env = "PODHOST_LEASE_SECS", default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(2..=20))]
     pub lease_secs: u64,
-    /// The credential callers send as `Authorization: Bearer …` (prefer the environment or a
-    /// file: a flag shows in the process list).
+    /// The credential callers send as `Authorization: Bearer …`, from the environment
+    /// (PODHOST_TOKEN) or --token-file: on the command line, where every process can read it, it
+    /// is refused.
     #[arg(long, env = "PODHOST_TOKEN", hide_env_values = true)]
     pub token: Option<Secret>,
     /// A file holding the credential (surrounding whitespace ignored).
@@ -91,6 +93,37 @@ pub struct ServeArgs {
     /// Which settings were given as flags (filled in by `Cli::parse_args`).
     #[arg(skip)]
     pub origins: Origins,
+}
+
+/// The secrets given as flags: a command line is readable by every process on the machine
+/// (`/proc/<pid>/cmdline`, `ps`), a session's commands included where no PID namespace hides
+/// podhost. The credential, and a store URL that holds a password, must come from the
+/// environment or a file.
+pub(super) fn secrets_on_the_command_line(
+    origins: &Origins,
+    token: Option<&Secret>,
+    store: Option<&Secret>,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    let flag = |var: &str| {
+        let name = origins.name(var);
+        name.starts_with("--").then_some(name)
+    };
+    if let (Some(flag), Some(_)) = (flag("PODHOST_TOKEN"), token) {
+        problems.push(format!(
+            "{flag}: a credential on the command line is readable by every process on this \
+             machine; give it in PODHOST_TOKEN or a file (--token-file)"
+        ));
+    }
+    if let (Some(flag), Some(url)) = (flag("PODHOST_STORE"), store)
+        && crate::byoh::store::holds_password(url.expose())
+    {
+        problems.push(format!(
+            "{flag}: the URL holds a password, and a command line is readable by every process \
+             on this machine; give the URL in PODHOST_STORE"
+        ));
+    }
+    problems
 }
 
 /// What `podhost serve` and `podhost run` know of the model's limits.
@@ -169,6 +202,11 @@ impl ServeArgs {
                 self.origins.name("PODHOST_TOKEN")
             ));
         }
+        problems.extend(secrets_on_the_command_line(
+            &self.origins,
+            self.token.as_ref(),
+            self.store.as_ref(),
+        ));
         if !problems.is_empty() {
             return Err(SettingsError::new("serve", problems));
         }

@@ -67,10 +67,12 @@ pub const CREDENTIAL_WORDS: [&str; 8] = [
 ];
 
 /// Cloud and registry variables that carry access without one of [`CREDENTIAL_WORDS`] in their
-/// names: connection strings with passwords, the cloud SDKs' session and profile settings,
-/// registry configuration that may embed a login.
-pub const CREDENTIAL_NAMES: [&str; 14] = [
+/// names: connection strings with passwords, clients' password variables (MySQL's, sshpass's),
+/// the cloud SDKs' session and profile settings, registry configuration that may embed a login.
+pub const CREDENTIAL_NAMES: [&str; 16] = [
     "DATABASE_URL",
+    "MYSQL_PWD",
+    "SSHPASS",
     "REDIS_URL",
     "MONGODB_URI",
     "AMQP_URL",
@@ -439,6 +441,8 @@ mod tests {
             ("GH_TOKEN", "gh"),
             ("aws_secret_access_key", "s"),
             ("PGPASSWORD", "p"),
+            ("MYSQL_PWD", "p"),
+            ("SSHPASS", "p"),
             ("SSH_AUTH_SOCK", "/run/ssh"),
             ("DATABASE_URL", "postgres://u:p@h/db"),
             ("SENTRY_DSN", "https://k@sentry"),
@@ -462,9 +466,11 @@ mod tests {
                     "AWS_PROFILE",
                     "DATABASE_URL",
                     "GH_TOKEN",
+                    "MYSQL_PWD",
                     "OPENAI_API_KEY",
                     "PGPASSWORD",
                     "SENTRY_DSN",
+                    "SSHPASS",
                     "SSH_AUTH_SOCK",
                     "aws_secret_access_key",
                 ]

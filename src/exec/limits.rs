@@ -19,19 +19,22 @@ use super::ResourceLimits;
 /// The `setrlimit` calls for one command.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Prepared {
-    calls: [Option<(Resource, u64)>; 4],
+    calls: [Option<(Resource, u64)>; 5],
 }
 
 impl Prepared {
-    /// Reads the current hard limits (in the parent, before forking) and clamps to them.
+    /// Reads the current hard limits (in the parent, before forking) and clamps to them. A
+    /// command never dumps core: a core is written outside its disk quota (by a root helper
+    /// where `core_pattern` is a pipe) and may hold what its memory held.
     pub fn new(limits: &ResourceLimits) -> Self {
         let wanted = [
             (Resource::RLIMIT_NOFILE, limits.open_files),
             (Resource::RLIMIT_NPROC, limits.processes),
             (Resource::RLIMIT_FSIZE, limits.file_size),
             (Resource::RLIMIT_CPU, limits.cpu_seconds),
+            (Resource::RLIMIT_CORE, Some(0)),
         ];
-        let mut calls = [None; 4];
+        let mut calls = [None; 5];
         for (slot, (resource, value)) in calls.iter_mut().zip(wanted) {
             if let Some(value) = value {
                 let value = match getrlimit(resource) {
@@ -58,7 +61,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn none_means_no_call_and_values_are_clamped_to_the_hard_limit() {
+    fn none_means_no_call_values_are_clamped_to_the_hard_limit_and_no_core_is_dumped() {
         let p = Prepared::new(&ResourceLimits {
             open_files: Some(u64::MAX),
             processes: None,
@@ -72,7 +75,8 @@ mod tests {
                 Some((Resource::RLIMIT_NOFILE, hard_nofile)),
                 None,
                 Some((Resource::RLIMIT_FSIZE, 1 << 20)),
-                None
+                None,
+                Some((Resource::RLIMIT_CORE, 0)),
             ]
         );
     }

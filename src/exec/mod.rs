@@ -93,11 +93,26 @@ pub const SUPERVISOR_BIN: &str = "podhost-exec";
 pub fn run_helper(arg: Option<&std::ffi::OsStr>) -> Option<std::process::ExitCode> {
     let arg = arg?.to_str()?;
     match arg {
-        SUPERVISOR_ARG => Some(supervise::main()),
-        session::holder::SESSION_ARG => Some(session::holder::main()),
+        SUPERVISOR_ARG => {
+            oom_first();
+            Some(supervise::main())
+        }
+        session::holder::SESSION_ARG => {
+            oom_first();
+            Some(session::holder::main())
+        }
         session::probe::PROBE_ARG => Some(session::probe::main()),
         _ => None,
     }
+}
+
+/// Makes this process (a supervisor or a session holder) and everything it starts the first the
+/// kernel's OOM killer takes, before podhost itself or anything else on the host: a command's
+/// memory is charged where the killer may not see it (System V shared memory counts in the
+/// cgroup, not in any process's size), and without this the killer may take podhost. Raising
+/// the score needs no privilege; a failure leaves the kernel's own choice.
+fn oom_first() {
+    let _ = std::fs::write("/proc/self/oom_score_adj", "1000");
 }
 
 /// The supervisor for this process's commands: `podhost-exec` beside podhost's own executable
@@ -248,6 +263,11 @@ impl Executor {
     }
 
     /// The disk quota, if any.
+    /// The image of the session's own disk, when its files live on one (`disk`).
+    pub fn disk_image(&self) -> Option<&Path> {
+        self.session.as_ref()?.disk_image()
+    }
+
     pub fn quota(&self) -> Option<&Arc<quota::DiskQuota>> {
         self.quota.as_ref()
     }
@@ -293,8 +313,8 @@ impl Executor {
         let oom_before = self.group.as_ref().map(|g| g.oom_kills());
         let session = self.session.as_deref();
         let Some(quota) = self.quota.clone() else {
-            let out = spawn::execute(&self.config, session, req).await?;
-            return Ok(self.note_oom(out, oom_before));
+            let out = spawn::execute(&self.config, session, req).await;
+            return self.oom_or(out, oom_before);
         };
         let measure = |q: Arc<quota::DiskQuota>| async move {
             tokio::task::spawn_blocking(move || q.measure())
@@ -329,7 +349,7 @@ impl Executor {
                 run.await
             }
         };
-        let mut out = self.note_oom(ended?, oom_before);
+        let mut out = self.oom_or(ended, oom_before)?;
         match over {
             Some(usage) if !outer.is_cancelled() => {
                 out.cancelled = false;
@@ -346,20 +366,43 @@ impl Executor {
         Ok(out)
     }
 
-    /// Says so when the session's memory limit killed a process during the command.
-    fn note_oom(&self, mut out: ExecOutput, before: Option<u64>) -> ExecOutput {
+    /// The command's end, saying so when the session's memory limit killed a process during
+    /// it. A supervisor that died without reporting while the session's memory limit killed
+    /// processes was killed for the command's memory (the kernel picks any process of the
+    /// group, and the commands' are the ones it prefers): that is the command's end, exit 137,
+    /// never a fault of podhost's — a command must not be able to make its host look broken.
+    fn oom_or(
+        &self,
+        ended: Result<ExecOutput, ExecError>,
+        before: Option<u64>,
+    ) -> Result<ExecOutput, ExecError> {
         let (Some(group), Some(before)) = (&self.group, before) else {
-            return out;
+            return ended;
         };
-        if group.oom_kills() > before {
-            out.limit_note = Some(format!(
-                "A process was killed: the session reached its memory limit{}.",
-                group
-                    .memory_limit()
-                    .map_or_else(String::new, |b| format!(" ({} MiB)", b >> 20))
-            ));
+        if group.oom_kills() <= before {
+            return ended;
         }
-        out
+        let note = format!(
+            "A process was killed: the session reached its memory limit{}.",
+            group
+                .memory_limit()
+                .map_or_else(String::new, |b| format!(" ({} MiB)", b >> 20))
+        );
+        match ended {
+            Ok(mut out) => {
+                out.limit_note = Some(note);
+                Ok(out)
+            }
+            Err(ExecError::Supervisor { .. }) => Ok(ExecOutput {
+                exit_code: 128 + libc::SIGKILL,
+                stdout: Captured::default(),
+                stderr: Captured::default(),
+                timed_out: false,
+                cancelled: false,
+                limit_note: Some(note),
+            }),
+            Err(e) => Err(e),
+        }
     }
 }
 

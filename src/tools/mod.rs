@@ -140,7 +140,7 @@ impl ToolError {
                 fault,
                 ExecError::Spawn { .. } | ExecError::Session { .. } | ExecError::NoCwd(_)
             ),
-            ToolError::Setup { .. } => true,
+            ToolError::Setup { .. } | ToolError::HostDiskFull { .. } => true,
             ToolError::Worker { .. } => false,
         }
     }
@@ -176,6 +176,15 @@ pub enum ToolError {
     /// The thread of a file tool or of a direct file operation ended without an answer.
     #[error("podhost's {what} worker failed: {message}")]
     Worker { what: &'static str, message: String },
+    /// A write found the session's disk full while its quota had room: the host's disk, where
+    /// the sessions' (sparse) disk images live, is full. Nothing was written.
+    #[error(
+        "the host's disk is full ({free_mib} MiB left in {dir}), where the sessions' disks live"
+    )]
+    HostDiskFull {
+        dir: std::path::PathBuf,
+        free_mib: u64,
+    },
 }
 
 /// Parses a tool's input, or explains to the model what is wrong with it.

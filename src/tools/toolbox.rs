@@ -296,11 +296,47 @@ impl Toolbox {
                 outcome
             }
             ToolName::Read => self.blocking(tool, input, ctx, read::read).await,
-            ToolName::Write => self.blocking(tool, input, ctx, write::write).await,
-            ToolName::Edit => self.blocking(tool, input, ctx, edit::edit).await,
+            ToolName::Write => {
+                let outcome = self.blocking(tool, input, ctx, write::write).await?;
+                self.host_disk_or(outcome)
+            }
+            ToolName::Edit => {
+                let outcome = self.blocking(tool, input, ctx, edit::edit).await?;
+                self.host_disk_or(outcome)
+            }
             ToolName::Grep => self.blocking(tool, input, ctx, grep::search).await,
             ToolName::Glob => self.blocking(tool, input, ctx, glob::find).await,
         }
+    }
+
+    /// A write that failed (its disk full, or an I/O error) when the session has a disk of its
+    /// own: its image is sparse, so the disk may fail because the host's is full (the sessions'
+    /// quotas together may exceed it), not because the session used its quota. That is a fault
+    /// of the host, never the model's to read: below [`HOST_DISK_RESERVE`] free where the
+    /// images live, the failed write is the host's fault.
+    fn host_disk_or(&self, outcome: ToolOutcome) -> Result<ToolOutcome, ToolError> {
+        // Full (ENOSPC), or the write-back into a backing file that could not grow (EIO).
+        let full = matches!(&outcome, ToolOutcome::Failed { code, .. }
+            if code == codes::QUOTA_EXCEEDED || code == codes::WRITE_FAILED);
+        let Some(dir) = self
+            .inner
+            .executor
+            .disk_image()
+            .and_then(Path::parent)
+            .filter(|_| full)
+        else {
+            return Ok(outcome);
+        };
+        let free = nix::sys::statvfs::statvfs(dir)
+            .map(|v| v.blocks_available().saturating_mul(v.fragment_size()))
+            .unwrap_or(u64::MAX);
+        if free >= HOST_DISK_RESERVE {
+            return Ok(outcome);
+        }
+        Err(ToolError::HostDiskFull {
+            dir: dir.to_path_buf(),
+            free_mib: free >> 20,
+        })
     }
 
     /// The refusal of a `write` or `edit` while the session is past its disk quota (as last
@@ -449,6 +485,10 @@ impl Toolbox {
         }
     }
 }
+
+/// Free bytes below which a session's full disk is taken for the host's: a session's own image
+/// fills with the host's disk when the host has less than this left.
+pub const HOST_DISK_RESERVE: u64 = 64 << 20;
 
 /// What the model is told when it calls a tool that does not exist: the tools it may call.
 pub fn unknown_tool(name: &str, tools: &[&str]) -> ToolOutcome {

@@ -208,3 +208,128 @@ fn json_log_lines_carry_their_fields_at_the_top_level() {
     );
     assert_eq!(listening["max_running"], 32);
 }
+
+/// A command line is readable by every process on the machine (`/proc/<pid>/cmdline`), a
+/// session's commands included where no PID namespace hides podhost: the credential, and a store
+/// URL that holds a password, are refused as flags and taken from the environment.
+#[test]
+fn secrets_on_the_command_line_are_refused_and_taken_from_the_environment() {
+    let (code, _, err) = run(&["serve", "--token", "s3cret-token"], &[]);
+    assert_eq!(
+        (code, err.as_str()),
+        (
+            Some(2),
+            "podhost serve: invalid serve configuration:\n  --token: a credential on the command \
+             line is readable by every process on this machine; give it in PODHOST_TOKEN or a \
+             file (--token-file)\n"
+        )
+    );
+    let (code, _, err) = run(
+        &["serve", "--store", "postgres://app:hunter2@db.example/p"],
+        &[],
+    );
+    assert_eq!(
+        (code, err.as_str()),
+        (
+            Some(2),
+            "podhost serve: invalid serve configuration:\n  --store: the URL holds a password, \
+             and a command line is readable by every process on this machine; give the URL in \
+             PODHOST_STORE\n"
+        )
+    );
+    let (code, _, err) = run(&["mcp", "--token", "s3cret-token"], &[]);
+    assert_eq!(
+        (code, err.as_str()),
+        (
+            Some(2),
+            "podhost mcp: --token: a credential on the command line is readable by every process \
+             on this machine; give it in PODHOST_TOKEN or a file (--token-file)\n"
+        )
+    );
+    // From the environment, the same values pass this check (the store then fails to connect,
+    // naming the variable, without the password).
+    let (code, _, err) = run(
+        &["serve"],
+        &[
+            (
+                "PODHOST_STORE",
+                "postgres://app:hunter2@127.0.0.1:9/p?connect_timeout=1",
+            ),
+            ("PODHOST_TOKEN", "s3cret-token"),
+        ],
+    );
+    assert_ne!(code, Some(0));
+    assert!(!err.contains("command line"), "{err}");
+    assert!(
+        !err.contains("hunter2") && !err.contains("s3cret-token"),
+        "{err}"
+    );
+}
+
+/// A Kubernetes Secret's file, as its volume lays it out: the path is a link into the volume's
+/// `..data`, the file is 0644 (the default mode) and the mount is read-only. serve starts,
+/// warns that other users may read the credential and how to set the mode, and serves with it.
+#[test]
+fn a_credential_from_a_kubernetes_secret_volume_is_served_with() {
+    use std::io::BufRead;
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::geteuid().is_root() {
+        println!("not root: no read-only bind mount to lay a Secret volume out (not exercised)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let volume = dir.path().join("secret");
+    std::fs::create_dir_all(volume.join("..data")).unwrap();
+    std::fs::write(volume.join("..data/token"), "k8s-secret-token\n").unwrap();
+    std::fs::set_permissions(
+        volume.join("..data/token"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("..data/token", volume.join("token")).unwrap();
+    let script = format!(
+        "mount --bind {v} {v} && mount -o remount,bind,ro {v} && exec \"$0\" serve",
+        v = volume.display()
+    );
+    let mut child = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .arg(podhost_bin())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("PODHOST_DATA", dir.path().join("data"))
+        .env("PODHOST_LISTEN", "127.0.0.1:0")
+        .env("PODHOST_TOKEN_FILE", volume.join("token"))
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut warned = false;
+    let addr = loop {
+        let Some(Ok(line)) = lines.next() else {
+            let _ = child.kill();
+            panic!("serve stopped before it listened (warned: {warned})");
+        };
+        warned |= line.contains("the credential file is readable by other users")
+            && line.contains("defaultMode, 0440 with the pod's fsGroup");
+        if let Some(rest) = line.split("listening on http://").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    let health = |token: &str| {
+        Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-H"])
+            .arg(format!("Authorization: Bearer {token}"))
+            .arg(format!("http://{addr}/healthz"))
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap()
+    };
+    let answers = (health("k8s-secret-token"), health("wrong"));
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(warned, "no warning about the credential file's mode");
+    assert_eq!(answers, ("200".to_owned(), "401".to_owned()));
+}

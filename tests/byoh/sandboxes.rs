@@ -324,3 +324,165 @@ async fn lending(disks: bool) {
     }
     assert_eq!(owner(&s.workspace("s2")), (0, 0o700));
 }
+
+/// Fills the session's memory cgroup with System V shared memory (charged to the group, to no
+/// process's size) up to `leave` MiB short of its limit, then writes into its `/dev/shm` until
+/// the kernel's OOM killer takes a process of the session.
+const OOM_ATTACK: &str = r#"python3 - <<'PY'
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+libc.shmget.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_int]
+line = [l for l in open('/proc/self/cgroup') if ':memory:' in l or l.startswith('0::')][0]
+path = line.split(':', 2)[2].strip()
+v1 = '/sys/fs/cgroup/memory' + path
+if __import__('os').path.exists(v1 + '/memory.limit_in_bytes'):
+    limit, usage = v1 + '/memory.limit_in_bytes', v1 + '/memory.usage_in_bytes'
+else:
+    limit, usage = '/sys/fs/cgroup' + path + '/memory.max', '/sys/fs/cgroup' + path + '/memory.current'
+lim = int(open(limit).read())
+while int(open(usage).read()) < lim - (8 << 20):
+    i = libc.shmget(0, 1 << 20, 0o1000 | 0o600)
+    if i < 0:
+        break
+    p = libc.shmat(i, None, 0)
+    ctypes.memset(p, 1, 1 << 20)
+    libc.shmdt(ctypes.c_void_p(p))
+PY
+exec dd if=/dev/zero of=/dev/shm/f bs=64k"#;
+
+/// A session that drives its own memory cgroup into the OOM killer (System V shared memory is
+/// charged where no process's size shows it, so the killer may take the command's supervisor):
+/// that is the command's end — a tool result the model reads, exit 137 with the memory limit
+/// named — never a fault of the host, which keeps taking work.
+#[tokio::test]
+async fn a_session_that_exhausts_its_own_memory_gets_a_tool_result_and_the_host_serves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeModel::start("fake-model", None).await;
+    runs(&fake, OOM_ATTACK);
+    let s = Serve::start_with(
+        dir.path(),
+        Options::default().env("PODHOST_LIMIT_MEMORY_MB", "96"),
+    );
+    let (_, health) = s.call("GET", "/healthz", None).await;
+    if health["confinement"]["cgroups"] == "none" || health["confinement"]["cgroups"] == "off" {
+        println!("no cgroups here: no session memory limit to exhaust (not exercised)");
+        return;
+    }
+    s.submit(start("s1", "i1", "go", &fake.base_url(), None))
+        .await;
+    s.wait_status("i1", "completed", T * 3).await;
+    let (_, out) = s.collect("i1").await;
+    let result: Value =
+        serde_json::from_str(out["messages"][1]["content"].as_str().unwrap_or_default())
+            .unwrap_or_default();
+    assert_eq!(result["exitCode"], 137, "{out}");
+    assert!(
+        result["stderr"]
+            .as_str()
+            .unwrap_or_default()
+            .ends_with("A process was killed: the session reached its memory limit (96 MiB)."),
+        "{result}"
+    );
+    assert_eq!(sandboxes(&s).await, json!({"ok": true}));
+    let (code, body) = s
+        .submit(start("s2", "i2", "go", &fake.base_url(), None))
+        .await;
+    assert_eq!(code, StatusCode::ACCEPTED, "{body}");
+}
+
+/// Unmounts a test's file system when dropped, also when the test fails first.
+struct Unmount(std::path::PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// The sessions' disks are sparse, so their quotas together may exceed the host's disk: a session
+/// within its quota whose write fails because the host's disk is full gets no tool result for
+/// it — the turn fails with what podhost could not do, and new work is refused until there is
+/// room — never `quota_exceeded` for a quota the session did not use.
+#[tokio::test]
+async fn a_write_the_hosts_full_disk_refuses_is_the_hosts_fault_not_the_sessions_quota() {
+    if !nix::unistd::geteuid().is_root() {
+        println!("not root: no session disks, no small file system to fill (not exercised)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let disks = dir.path().join("data/disks");
+    std::fs::create_dir_all(&disks).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=96m", "tmpfs"])
+        .arg(&disks)
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    let _unmount = Unmount(disks.clone());
+    let fake = FakeModel::start("fake-model", None).await;
+    fake.respond_with(|body| {
+        let tools = body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .count();
+        match tools {
+            0 => Reply::call(
+                "fill",
+                "bash",
+                json!({"command": "head -c 150M /dev/urandom > big; sync; du -sm . | cut -f1"}),
+            ),
+            1 => Reply::call(
+                "w",
+                "write",
+                json!({"path": "note.txt", "content": "x".repeat(4 << 20)}),
+            ),
+            _ => Reply::text("done"),
+        }
+    });
+    let s = Serve::start_with(
+        dir.path(),
+        Options::default().env("PODHOST_SESSION_DISK_MB", "200"),
+    );
+    let (_, health) = s.call("GET", "/healthz", None).await;
+    if health["confinement"]["disk_quota"] != "filesystem" {
+        println!("no session disks here (e2fsprogs missing?): not exercised");
+        return;
+    }
+    s.submit(start("s1", "i1", "go", &fake.base_url(), None))
+        .await;
+    let failed = s.wait_status("i1", "failed", T * 6).await;
+    let message = failed["error"]["message"].as_str().unwrap();
+    let tail = format!(
+        " MiB left in {}), where the sessions' disks live",
+        disks.display()
+    );
+    assert!(
+        message.starts_with("the host's disk is full (") && message.ends_with(&tail),
+        "{message}"
+    );
+    // The model saw the command's result, never a result for the write.
+    let answered: Vec<Vec<String>> = fake
+        .requests()
+        .iter()
+        .map(|r| {
+            r.body["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|m| m["tool_call_id"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .collect();
+    assert_eq!(answered, [vec![], vec!["fill".to_owned()]]);
+    until_sandboxes(&s, false).await;
+    let (code, _) = s
+        .submit(start("s2", "i2", "go", &fake.base_url(), None))
+        .await;
+    assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+}

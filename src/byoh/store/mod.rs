@@ -118,6 +118,11 @@ impl StoreSpec {
     }
 }
 
+/// Whether a connection string holds a password (which [`redact`] would hide).
+pub(crate) fn holds_password(url: &str) -> bool {
+    redact(url) != url
+}
+
 /// The connection string with its password (if any) replaced by `***`: in a URL's user
 /// information or `password=` query parameter, or a key=value string's `password`.
 fn redact(url: &str) -> String {

@@ -300,6 +300,11 @@ impl SessionSlot {
         self.request.disk.is_some()
     }
 
+    /// The image of the session's own disk, when it has one.
+    pub fn disk_image(&self) -> Option<&std::path::Path> {
+        self.request.disk.as_ref().map(|d| d.image.as_path())
+    }
+
     /// Hands the command's descriptors to the session's holder, starting (or restarting) it;
     /// the session it went to.
     pub async fn launch(&self, fds: [&OwnedFd; 3]) -> Result<Arc<Session>, ExecError> {
