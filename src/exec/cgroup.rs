@@ -127,6 +127,9 @@ impl Cgroups {
             if version == Version::V2 {
                 enable_controllers(&dir, &base.controllers)?;
             }
+            if base.controllers.contains(&"pids") {
+                cap_sessions_pids(&dir);
+            }
             bases.push(Base {
                 controllers: base.controllers,
                 dir,
@@ -184,6 +187,20 @@ impl Cgroups {
             write_limits(self.version, controllers, dir, &self.limits)?;
         }
         Ok(group)
+    }
+}
+
+/// Caps the processes of every session together (podhost's group, `dir`, which holds them all)
+/// at three quarters of the host's pid space: each session's own `pids.max` binds it alone, and
+/// enough sessions at their limits would otherwise leave the host no pid to fork with. A host
+/// whose group refuses the cap keeps going without it, said once.
+fn cap_sessions_pids(dir: &Path) {
+    let pid_max: u64 = fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(32_768);
+    if let Err(e) = write(&dir.join("pids.max"), &(pid_max / 4 * 3).to_string()) {
+        tracing::warn!(error = %e, "could not cap the sessions' processes together");
     }
 }
 

@@ -275,6 +275,29 @@ impl Drop for KillMarked {
     }
 }
 
+/// The `pids.max` of this process's group of sessions (`podhost-<pid>` in the pids hierarchy).
+fn sessions_pids_max() -> Option<String> {
+    let name = format!("podhost-{}", std::process::id());
+    let mut dirs = vec![(std::path::PathBuf::from("/sys/fs/cgroup"), 0)];
+    while let Some((dir, depth)) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).ok()?.flatten() {
+            let path = entry.path();
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            if entry.file_name() == name.as_str()
+                && let Ok(max) = std::fs::read_to_string(path.join("pids.max"))
+            {
+                return Some(max.trim().to_owned());
+            }
+            if depth < 4 {
+                dirs.push((path, depth + 1));
+            }
+        }
+    }
+    None
+}
+
 /// A fork bomb run as root (asked for) stops at the session's cgroup process limit, which binds
 /// root where RLIMIT_NPROC does not; nothing of it outlives the call. The bomb is kept from
 /// harming the machine or the tests beside it: its group holds at most 64 processes with a tenth
@@ -299,6 +322,16 @@ async fn a_fork_bomb_as_root_stops_at_the_cgroup_limit() {
         return;
     }
     assert_eq!(level.limits, "cgroup");
+    // The sessions together may hold three quarters of the host's pids, whatever each may.
+    let pid_max: u64 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        sessions_pids_max().as_deref(),
+        Some((pid_max / 4 * 3).to_string().as_str())
+    );
     let m = marker("bomb");
     let _kill = KillMarked(m.clone());
     let out = run(
