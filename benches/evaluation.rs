@@ -4,8 +4,9 @@
 //!   root, each session a uid of the default pool, a disk and a network of its own), each a
 //!   `write`, a `bash` that reads the file back with the uid it runs as, and an answer. Every
 //!   tool call must succeed. Reports sessions per second, what a session keeps on disk, and what
-//!   taking a uid from the store's free list costs (from serve's own debug log) for the first
-//!   and the last tenth of the sessions, with their ratio: flat is about 1.
+//!   taking a uid from the store's free list costs (its transaction's own time, from serve's
+//!   debug log, not the wait for the store's writer) for the first and the last tenth of the
+//!   sessions, with their ratio: flat is about 1.
 //! * **Takeovers**: three replicas on PostgreSQL, one held to 0.05 of a core (a cgroup v1 CPU
 //!   quota) and stopped twice for longer than its lease while turns run; the turns lost to
 //!   takeovers, as a count (goal 0), and the turns that did not complete.
@@ -72,7 +73,7 @@ impl Replica {
             .env("PODHOST_DATA", data)
             .env("PODHOST_TOKEN", TOKEN)
             .env("PODHOST_LOG_FORMAT", "json")
-            .env("RUST_LOG", "warn,podhost=info,podhost::byoh::sandbox=debug")
+            .env("RUST_LOG", "warn,podhost=info,podhost::byoh::store=debug")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -314,7 +315,7 @@ async fn sessions() {
         return;
     }
     let takes: Vec<(u64, f64)> = replica
-        .events("took the session's uid")
+        .events("took a uid from the pool")
         .iter()
         .map(|e| (e["uid"].as_u64().unwrap(), e["took_us"].as_f64().unwrap()))
         .collect();

@@ -123,7 +123,6 @@ async fn make(inner: &Inner, session_id: &str) -> Result<Toolbox, String> {
                 let (ws, tmp) = (workspace_dir(&data, lender), session_tmp_dir(&data, lender));
                 users::park(&[&ws, &tmp]).map_err(|e| e.to_string())
             });
-            let asked = std::time::Instant::now();
             let grant = inner
                 .store
                 .take_uid(session_id, &inner.terms.owner, range, park)
@@ -135,11 +134,6 @@ async fn make(inner: &Inner, session_id: &str) -> Result<Toolbox, String> {
                          running; widen the pool or lower --max-running"
                     )
                 })?;
-            tracing::debug!(
-                uid = grant.uid(),
-                took_us = asked.elapsed().as_micros() as u64,
-                "took the session's uid"
-            );
             if let UidGrant::Reclaimed { uid, .. } = &grant {
                 info!(
                     uid,

@@ -363,6 +363,19 @@ impl UidGrant {
 /// another session (`exec::confine::users::park`); its argument is that session's id.
 pub type Park = Arc<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
 
+/// Logs (at debug) what one take of a uid cost the store: its transaction alone, not the wait
+/// for a connection or the writer, so that the cost of the pool's free list shows, whatever the
+/// load (`cargo bench --bench evaluation` reads it).
+fn note_take(taken: &Result<Option<UidGrant>, StoreError>, took: Duration) {
+    if let Ok(Some(grant)) = taken {
+        tracing::debug!(
+            uid = grant.uid(),
+            took_us = took.as_micros() as u64,
+            "took a uid from the pool"
+        );
+    }
+}
+
 /// A uid read from the store as a grant; a value no uid can be (the store was written by hand)
 /// becomes `Corrupt`.
 fn grant(uid: i64, make: impl FnOnce(u32) -> UidGrant) -> Result<Option<UidGrant>, StoreError> {

@@ -836,96 +836,10 @@ impl Postgres {
         park: Park,
     ) -> Result<Option<UidGrant>, StoreError> {
         let mut c = self.client().await?;
-        let tx = c.transaction().await?;
-        let (first, last) = (i64::from(range.first), i64::from(range.last));
-        // One take for a session at a time, whichever replica asks.
-        tx.run(
-            "SELECT pg_advisory_xact_lock($1, hashtext($2))",
-            &[&UID_SESSION_LOCK, &session_id],
-        )
-        .await?;
-        if let Some(r) = tx
-            .opt(
-                "UPDATE session_uids SET used = nextval('uid_use') WHERE session_id = $1 \
-                 RETURNING uid",
-                &[&session_id],
-            )
-            .await?
-        {
-            tx.commit().await?;
-            return grant(r.try_get(0)?, UidGrant::Held);
-        }
-        let insert = async |tx: &deadpool_postgres::Transaction<'_>, uid: i64| {
-            let params: [&(dyn ToSql + Sync); 3] = [&uid, &session_id, &owner];
-            tx.run(
-                "INSERT INTO session_uids (uid, session_id, owner, claimed_ms, used) \
-                 VALUES ($1, $2, $3, podhost_now_ms(), nextval('uid_use')) ON CONFLICT DO NOTHING",
-                &params,
-            )
-            .await
-            .map(|n| n == 1)
-        };
-        // Given back, lowest first; a uid a session of another range holds is skipped.
-        while let Some(r) = tx
-            .opt(
-                "DELETE FROM uid_free WHERE uid = (SELECT uid FROM uid_free \
-                 WHERE uid BETWEEN $1 AND $2 ORDER BY uid LIMIT 1 FOR UPDATE SKIP LOCKED) \
-                 RETURNING uid",
-                &[&first, &last],
-            )
-            .await?
-        {
-            let uid: i64 = r.try_get(0)?;
-            if insert(&tx, uid).await? {
-                tx.commit().await?;
-                return grant(uid, UidGrant::Fresh);
-            }
-        }
-        // Never handed out yet.
-        while let Some(r) = tx
-            .opt(
-                "UPDATE uid_next SET next = next + 1 WHERE first = $1 AND next <= $2 \
-                 RETURNING next - 1",
-                &[&first, &last],
-            )
-            .await?
-        {
-            let uid: i64 = r.try_get(0)?;
-            if insert(&tx, uid).await? {
-                tx.commit().await?;
-                return grant(uid, UidGrant::Fresh);
-            }
-        }
-        // Lent by the idle session that used its uid least recently, parked first. Its row
-        // stays locked until the commit, so that session's own take (resumed meanwhile on any
-        // replica) waits, then finds no uid and takes another.
-        let Some(r) = tx
-            .opt(
-                "SELECT s.uid, s.session_id FROM session_uids s \
-                 WHERE s.uid BETWEEN $1 AND $2 AND NOT EXISTS (SELECT 1 FROM invocations i \
-                 WHERE i.session_id = s.session_id AND i.status IN ('queued', 'running')) \
-                 ORDER BY s.used LIMIT 1 FOR UPDATE OF s SKIP LOCKED",
-                &[&first, &last],
-            )
-            .await?
-        else {
-            return Ok(None);
-        };
-        let (uid, from): (i64, String) = (r.try_get(0)?, r.try_get(1)?);
-        let lender = from.clone();
-        tokio::task::spawn_blocking(move || park(&lender))
-            .await
-            .map_err(|e| StoreError::Park(e.to_string()))?
-            .map_err(StoreError::Park)?;
-        let params: [&(dyn ToSql + Sync); 3] = [&uid, &session_id, &owner];
-        tx.run(
-            "UPDATE session_uids SET session_id = $2, owner = $3, claimed_ms = podhost_now_ms(), \
-             used = nextval('uid_use') WHERE uid = $1",
-            &params,
-        )
-        .await?;
-        tx.commit().await?;
-        grant(uid, |uid| UidGrant::Reclaimed { uid, from })
+        let started = std::time::Instant::now();
+        let taken = take_uid(&mut c, session_id, owner, range, park).await;
+        super::note_take(&taken, started.elapsed());
+        taken
     }
 
     pub async fn release_uid(&self, session_id: &str) -> Result<(), StoreError> {
@@ -938,6 +852,106 @@ impl Postgres {
         .await?;
         Ok(())
     }
+}
+
+/// One take of a uid (see [`super::Store::take_uid`]), in one transaction.
+async fn take_uid(
+    c: &mut deadpool_postgres::Object,
+    session_id: &str,
+    owner: &str,
+    range: UidRange,
+    park: Park,
+) -> Result<Option<UidGrant>, StoreError> {
+    let tx = c.transaction().await?;
+    let (first, last) = (i64::from(range.first), i64::from(range.last));
+    // One take for a session at a time, whichever replica asks.
+    tx.run(
+        "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+        &[&UID_SESSION_LOCK, &session_id],
+    )
+    .await?;
+    if let Some(r) = tx
+        .opt(
+            "UPDATE session_uids SET used = nextval('uid_use') WHERE session_id = $1 \
+                 RETURNING uid",
+            &[&session_id],
+        )
+        .await?
+    {
+        tx.commit().await?;
+        return grant(r.try_get(0)?, UidGrant::Held);
+    }
+    let insert = async |tx: &deadpool_postgres::Transaction<'_>, uid: i64| {
+        let params: [&(dyn ToSql + Sync); 3] = [&uid, &session_id, &owner];
+        tx.run(
+            "INSERT INTO session_uids (uid, session_id, owner, claimed_ms, used) \
+                 VALUES ($1, $2, $3, podhost_now_ms(), nextval('uid_use')) ON CONFLICT DO NOTHING",
+            &params,
+        )
+        .await
+        .map(|n| n == 1)
+    };
+    // Given back, lowest first; a uid a session of another range holds is skipped.
+    while let Some(r) = tx
+        .opt(
+            "DELETE FROM uid_free WHERE uid = (SELECT uid FROM uid_free \
+                 WHERE uid BETWEEN $1 AND $2 ORDER BY uid LIMIT 1 FOR UPDATE SKIP LOCKED) \
+                 RETURNING uid",
+            &[&first, &last],
+        )
+        .await?
+    {
+        let uid: i64 = r.try_get(0)?;
+        if insert(&tx, uid).await? {
+            tx.commit().await?;
+            return grant(uid, UidGrant::Fresh);
+        }
+    }
+    // Never handed out yet.
+    while let Some(r) = tx
+        .opt(
+            "UPDATE uid_next SET next = next + 1 WHERE first = $1 AND next <= $2 \
+                 RETURNING next - 1",
+            &[&first, &last],
+        )
+        .await?
+    {
+        let uid: i64 = r.try_get(0)?;
+        if insert(&tx, uid).await? {
+            tx.commit().await?;
+            return grant(uid, UidGrant::Fresh);
+        }
+    }
+    // Lent by the idle session that used its uid least recently, parked first. Its row
+    // stays locked until the commit, so that session's own take (resumed meanwhile on any
+    // replica) waits, then finds no uid and takes another.
+    let Some(r) = tx
+        .opt(
+            "SELECT s.uid, s.session_id FROM session_uids s \
+                 WHERE s.uid BETWEEN $1 AND $2 AND NOT EXISTS (SELECT 1 FROM invocations i \
+                 WHERE i.session_id = s.session_id AND i.status IN ('queued', 'running')) \
+                 ORDER BY s.used LIMIT 1 FOR UPDATE OF s SKIP LOCKED",
+            &[&first, &last],
+        )
+        .await?
+    else {
+        return Ok(None);
+    };
+    let (uid, from): (i64, String) = (r.try_get(0)?, r.try_get(1)?);
+    let lender = from.clone();
+    tokio::task::spawn_blocking(move || park(&lender))
+        .await
+        .map_err(|e| StoreError::Park(e.to_string()))?
+        .map_err(StoreError::Park)?;
+    let params: [&(dyn ToSql + Sync); 3] = [&uid, &session_id, &owner];
+    tx.run(
+        "UPDATE session_uids SET session_id = $2, owner = $3, claimed_ms = podhost_now_ms(), \
+             used = nextval('uid_use') WHERE uid = $1",
+        &params,
+    )
+    .await?;
+    tx.commit().await?;
+    grant(uid, |uid| UidGrant::Reclaimed { uid, from })
 }
 
 /// Hears cancellations other replicas announce, for as long as the receiver lives;

@@ -806,87 +806,10 @@ impl Sqlite {
     ) -> Result<Option<UidGrant>, StoreError> {
         let (session_id, owner) = (session_id.to_owned(), owner.to_owned());
         self.write(move |c| {
-            let tx = begin(c)?;
-            let now = now_ms();
-            let (first, last) = (i64::from(range.first), i64::from(range.last));
-            // The order of use: one more than the last take's (an indexed maximum).
-            let used: i64 = tx.query_row(
-                "SELECT COALESCE(MAX(used), 0) + 1 FROM session_uids",
-                [],
-                |r| r.get(0),
-            )?;
-            let held: Option<i64> = tx
-                .query_row(
-                    "UPDATE session_uids SET used = ?2 WHERE session_id = ?1 RETURNING uid",
-                    params![session_id, used],
-                    |r| r.get(0),
-                )
-                .optional()?;
-            if let Some(uid) = held {
-                tx.commit()?;
-                return grant(uid, UidGrant::Held);
-            }
-            let insert = |tx: &Transaction<'_>, uid: i64| -> rusqlite::Result<bool> {
-                Ok(tx.execute(
-                    "INSERT OR IGNORE INTO session_uids (uid, session_id, owner, claimed_ms, \
-                     used) VALUES (?1, ?2, ?3, ?4, ?5)",
-                    params![uid, session_id, owner, now, used],
-                )? == 1)
-            };
-            // Given back, lowest first; a uid a session of another range holds is skipped.
-            loop {
-                let free: Option<i64> = tx
-                    .query_row(
-                        "DELETE FROM uid_free WHERE uid = (SELECT uid FROM uid_free \
-                         WHERE uid BETWEEN ?1 AND ?2 ORDER BY uid LIMIT 1) RETURNING uid",
-                        params![first, last],
-                        |r| r.get(0),
-                    )
-                    .optional()?;
-                let Some(uid) = free else { break };
-                if insert(&tx, uid)? {
-                    tx.commit()?;
-                    return grant(uid, UidGrant::Fresh);
-                }
-            }
-            // Never handed out yet.
-            loop {
-                let next: Option<i64> = tx
-                    .query_row(
-                        "UPDATE uid_next SET next = next + 1 WHERE first = ?1 AND next <= ?2 \
-                         RETURNING next - 1",
-                        params![first, last],
-                        |r| r.get(0),
-                    )
-                    .optional()?;
-                let Some(uid) = next else { break };
-                if insert(&tx, uid)? {
-                    tx.commit()?;
-                    return grant(uid, UidGrant::Fresh);
-                }
-            }
-            // Lent by the idle session that used its uid least recently, parked first.
-            let idle: Option<(i64, String)> = tx
-                .query_row(
-                    "SELECT s.uid, s.session_id FROM session_uids s \
-                     WHERE s.uid BETWEEN ?1 AND ?2 AND NOT EXISTS (SELECT 1 FROM invocations i \
-                     WHERE i.session_id = s.session_id AND i.status IN ('queued', 'running')) \
-                     ORDER BY s.used LIMIT 1",
-                    params![first, last],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .optional()?;
-            let Some((uid, from)) = idle else {
-                return Ok(None);
-            };
-            park(&from).map_err(StoreError::Park)?;
-            tx.execute(
-                "UPDATE session_uids SET session_id = ?2, owner = ?3, claimed_ms = ?4, \
-                 used = ?5 WHERE uid = ?1",
-                params![uid, session_id, owner, now, used],
-            )?;
-            tx.commit()?;
-            grant(uid, |uid| UidGrant::Reclaimed { uid, from })
+            let started = std::time::Instant::now();
+            let taken = take_uid(c, &session_id, &owner, range, &park);
+            super::note_take(&taken, started.elapsed());
+            taken
         })
         .await
     }
@@ -910,4 +833,95 @@ impl Sqlite {
         })
         .await
     }
+}
+
+/// One take of a uid (see [`super::Store::take_uid`]), in one transaction on the writer.
+fn take_uid(
+    c: &mut Connection,
+    session_id: &str,
+    owner: &str,
+    range: UidRange,
+    park: &Park,
+) -> Result<Option<UidGrant>, StoreError> {
+    let tx = begin(c)?;
+    let now = now_ms();
+    let (first, last) = (i64::from(range.first), i64::from(range.last));
+    // The order of use: one more than the last take's (an indexed maximum).
+    let used: i64 = tx.query_row(
+        "SELECT COALESCE(MAX(used), 0) + 1 FROM session_uids",
+        [],
+        |r| r.get(0),
+    )?;
+    let held: Option<i64> = tx
+        .query_row(
+            "UPDATE session_uids SET used = ?2 WHERE session_id = ?1 RETURNING uid",
+            params![session_id, used],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if let Some(uid) = held {
+        tx.commit()?;
+        return grant(uid, UidGrant::Held);
+    }
+    let insert = |tx: &Transaction<'_>, uid: i64| -> rusqlite::Result<bool> {
+        Ok(tx.execute(
+            "INSERT OR IGNORE INTO session_uids (uid, session_id, owner, claimed_ms, \
+                 used) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![uid, session_id, owner, now, used],
+        )? == 1)
+    };
+    // Given back, lowest first; a uid a session of another range holds is skipped.
+    loop {
+        let free: Option<i64> = tx
+            .query_row(
+                "DELETE FROM uid_free WHERE uid = (SELECT uid FROM uid_free \
+                     WHERE uid BETWEEN ?1 AND ?2 ORDER BY uid LIMIT 1) RETURNING uid",
+                params![first, last],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let Some(uid) = free else { break };
+        if insert(&tx, uid)? {
+            tx.commit()?;
+            return grant(uid, UidGrant::Fresh);
+        }
+    }
+    // Never handed out yet.
+    loop {
+        let next: Option<i64> = tx
+            .query_row(
+                "UPDATE uid_next SET next = next + 1 WHERE first = ?1 AND next <= ?2 \
+                     RETURNING next - 1",
+                params![first, last],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let Some(uid) = next else { break };
+        if insert(&tx, uid)? {
+            tx.commit()?;
+            return grant(uid, UidGrant::Fresh);
+        }
+    }
+    // Lent by the idle session that used its uid least recently, parked first.
+    let idle: Option<(i64, String)> = tx
+        .query_row(
+            "SELECT s.uid, s.session_id FROM session_uids s \
+                 WHERE s.uid BETWEEN ?1 AND ?2 AND NOT EXISTS (SELECT 1 FROM invocations i \
+                 WHERE i.session_id = s.session_id AND i.status IN ('queued', 'running')) \
+                 ORDER BY s.used LIMIT 1",
+            params![first, last],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    let Some((uid, from)) = idle else {
+        return Ok(None);
+    };
+    park(&from).map_err(StoreError::Park)?;
+    tx.execute(
+        "UPDATE session_uids SET session_id = ?2, owner = ?3, claimed_ms = ?4, \
+             used = ?5 WHERE uid = ?1",
+        params![uid, session_id, owner, now, used],
+    )?;
+    tx.commit()?;
+    grant(uid, |uid| UidGrant::Reclaimed { uid, from })
 }
