@@ -3,10 +3,11 @@
 //! * **Sessions**: 5,000 sessions through one replica with the default settings (SQLite; as
 //!   root, each session a uid of the default pool, a disk and a network of its own), each a
 //!   `write`, a `bash` that reads the file back with the uid it runs as, and an answer. Every
-//!   tool call must succeed. Reports sessions per second, what a session keeps on disk, and what
-//!   taking a uid from the store's free list costs (its transaction's own time, from serve's
-//!   debug log, not the wait for the store's writer) for the first and the last tenth of the
-//!   sessions, with their ratio: flat is about 1.
+//!   tool call must succeed. Reports sessions per second, serve's CPU per session (its own, and
+//!   its reaped children's: supervisors and session holders), what a session keeps on disk, and
+//!   what taking a uid from the store's free list costs (its transaction's own time, from
+//!   serve's debug log, not the wait for the store's writer) for the first and the last tenth
+//!   of the sessions, with their ratio: flat is about 1.
 //! * **Takeovers**: three replicas on PostgreSQL, one held to 0.05 of a core (a cgroup v1 CPU
 //!   quota) and stopped twice for longer than its lease while turns run; the turns lost to
 //!   takeovers, as a count (goal 0), and the turns that did not complete.
@@ -216,6 +217,30 @@ async fn run_all(urls: &[String], n: usize, base_url: &str) -> Vec<String> {
     Arc::try_unwrap(ends).unwrap().into_inner().unwrap()
 }
 
+/// CPU time of a process (user and system, in ms): its own, and its reaped children's.
+#[derive(Clone, Copy)]
+struct Cpu(f64, f64);
+
+impl Cpu {
+    fn delta(self, before: Cpu) -> (f64, f64) {
+        (self.0 - before.0, self.1 - before.1)
+    }
+}
+
+fn cpu_ms(pid: u32) -> Cpu {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command's name (which may hold spaces): the state is the first.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0.0))
+        .collect();
+    // Clock ticks of 10 ms (USER_HZ is 100 on Linux).
+    let at = |i: usize| f.get(i).copied().unwrap_or(0.0) * 10.0;
+    // utime, stime, cutime, cstime: fields 14 to 17 of the line, 11 to 14 after the name.
+    Cpu(at(11) + at(12), at(13) + at(14))
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -279,8 +304,10 @@ async fn sessions() {
         }
     );
     let started = Instant::now();
+    let cpu_before = cpu_ms(replica.child.id());
     let ends = run_all(std::slice::from_ref(&replica.url), n, &fake.base_url()).await;
     let took = started.elapsed();
+    let (own, children) = cpu_ms(replica.child.id()).delta(cpu_before);
     let completed = ends.iter().filter(|s| *s == "completed").count();
     let read = read_back.load(Ordering::Relaxed);
     println!(
@@ -289,6 +316,12 @@ async fn sessions() {
         took.as_secs_f64(),
         n as f64 / took.as_secs_f64(),
         failures.lock().unwrap().len()
+    );
+    println!(
+        "  serve's own CPU: {:.2} ms a session (three model calls, a write, a bash); its reaped \
+         children's (supervisors, session holders, their commands): {:.2} ms a session",
+        own / n as f64,
+        children / n as f64
     );
     smoke::check(
         completed == n,
