@@ -3,7 +3,7 @@
 //! Owns: `POST {gates}/nylorun/v1/model-calls` with the run token, the effect id as
 //! `Idempotency-Key` and the turn's `traceparent`; what each send of a call comes to ([`Sent`]);
 //! a model outcome or an unknown fate for every call; and the cancel route. Whether a call is
-//! sent again, and its fate after its last send, are [`resend`]'s.
+//! sent again, and its fate after its last send, are [`resend()`]'s.
 //!
 //! What one send comes to:
 //! * The gate's word on the call, not sent again: `200 {outcome}` (a candidate, or a failure,
@@ -28,7 +28,7 @@
 //!   `effect.outcome {error}`, the model effect becomes `uncertain`, and the next owner rejoins
 //!   it under the same key (v5 §4). A definite `transient` or `rate_limited` failure, which ends
 //!   the turn, is left for a call none of whose sends can have run.
-//! * The sends are bounded ([`resend`]): a few, with pauses of seconds paced by the pod's
+//! * The sends are bounded ([`resend()`]): a few, with pauses of seconds paced by the pod's
 //!   backoff or the gate's `Retry-After` (under a minute of waiting in all), each send within
 //!   [`MODEL_CALL_TIMEOUT`]. A cancellation ends a send or a pause at once ([`Stopped`]).
 //! * A call counts once in `podhost_model_calls_total`, with its final result; each re-send
