@@ -19,12 +19,13 @@ pub struct HttpArgs {
     #[arg(long, env = "PODHOST_HTTP_BODY_TIMEOUT_SECS", default_value_t = 60,
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub http_body_timeout_secs: u64,
-    /// Seconds a kept-alive connection may stay silent between requests.
+    /// Seconds a kept-alive connection may stay silent between requests, and a client may leave
+    /// its response unread.
     #[arg(long, env = "PODHOST_HTTP_IDLE_TIMEOUT_SECS", default_value_t = 60,
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub http_idle_timeout_secs: u64,
     /// Most connections open at once; at the cap, the oldest connection not inside a request is
-    /// closed to make room.
+    /// closed to make room, else the one whose request body has stalled longest.
     #[arg(long, env = "PODHOST_HTTP_MAX_CONNECTIONS", default_value_t = 4096,
           value_parser = clap::value_parser!(u64).range(16..=1_000_000))]
     pub http_max_connections: u64,

@@ -504,3 +504,51 @@ async fn stalled_bodies_past_the_cap_on_body_bytes_held_are_closed_and_healthz_s
     );
     assert_healthy(&s).await;
 }
+
+#[tokio::test]
+async fn at_the_connection_cap_slow_bodies_make_room_for_healthz() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Serve::start_with(
+        dir.path(),
+        Options::default()
+            .env("PODHOST_HTTP_MAX_CONNECTIONS", "16")
+            .env("PODHOST_HTTP_BODY_TIMEOUT_SECS", "60"),
+    );
+    let head = format!(
+        "POST /submit HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\
+         Content-Type: application/json\r\nContent-Length: 1000\r\nExpect: 100-continue\r\n\r\n"
+    );
+    // The cap filled with bodies that bring a byte and stall, each being read by its handler
+    // (the server asks for the body once the handler reads it).
+    let mut slow = Vec::new();
+    for _ in 0..16 {
+        let mut sock = TcpStream::connect(addr(&s)).await.unwrap();
+        sock.write_all(head.as_bytes()).await.unwrap();
+        let mut got = [0u8; 25];
+        tokio::time::timeout(T, sock.read_exact(&mut got))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            "HTTP/1.1 100 Continue\r\n\r\n"
+        );
+        sock.write_all(b"{").await.unwrap();
+        slow.push(sock);
+    }
+    // The first health check closes the body that has stalled longest, unanswered; the later
+    // ones find the room a finished check leaves (or close the next stalled body).
+    for _ in 0..3 {
+        assert_healthy(&s).await;
+    }
+    assert_probes_answer(&s).await;
+    assert_eq!(
+        closed_within(&mut slow[0], Duration::from_secs(5)).await,
+        ""
+    );
+    let open = slow.iter().filter(|sock| still_open(sock)).count();
+    assert!(
+        (11..=15).contains(&open),
+        "{open} of the 16 slow bodies are open"
+    );
+}

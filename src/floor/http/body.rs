@@ -14,12 +14,16 @@
 //!   connection, without an answer.
 //! * What a request took is given back once, when both its handler and its body are gone
 //!   ([`Hold`]'s drop), however they end.
+//! * A body's [`Arrival`] says it is still awaited from its start until its end is seen (the
+//!   end of the stream, or the last byte of its `Content-Length`) or the handler drops it; each
+//!   data frame in between is progress. The listener evicts, at its connection cap, the
+//!   connection whose body has made no progress for longest (see `listener`).
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
@@ -100,10 +104,57 @@ impl Drop for Hold {
     }
 }
 
+/// Whether a connection's current request body is still awaited from its client, and since
+/// when it has made no progress; written by [`Metered`], read by the listener's eviction.
+#[derive(Debug)]
+pub(super) struct Arrival {
+    /// The listener's epoch: times are milliseconds since it.
+    epoch: Instant,
+    /// When the awaited body started or last brought data; [`Arrival::NONE`] while no body is
+    /// awaited.
+    stalled_since: AtomicU64,
+}
+
+impl Arrival {
+    const NONE: u64 = u64::MAX;
+
+    pub(super) fn new(epoch: Instant) -> Arrival {
+        Arrival {
+            epoch,
+            stalled_since: AtomicU64::new(Self::NONE),
+        }
+    }
+
+    /// The body is awaited, and has just started or just brought data.
+    fn progress(&self) {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        self.stalled_since.store(now, Ordering::Release);
+    }
+
+    /// The body has arrived whole, or is no longer read.
+    fn arrived(&self) {
+        self.stalled_since.store(Self::NONE, Ordering::Release);
+    }
+
+    /// Since when (milliseconds since the epoch) the awaited body has brought nothing; `None`
+    /// when no body is awaited.
+    pub(super) fn stalled_since(&self) -> Option<u64> {
+        Some(self.stalled_since.load(Ordering::Acquire)).filter(|&t| t != Self::NONE)
+    }
+
+    #[cfg(test)]
+    pub(super) fn set_stalled_since(&self, ms: Option<u64>) {
+        self.stalled_since
+            .store(ms.unwrap_or(Self::NONE), Ordering::Release);
+    }
+}
+
 /// A request body, timed and counted (see the module doc).
 pub(super) struct Metered {
     inner: Incoming,
     hold: Arc<Hold>,
+    /// Told when the body makes progress and when it has arrived.
+    arrival: Arc<Arrival>,
     /// Cancelled to close the connection.
     close: CancellationToken,
     connection: u64,
@@ -118,14 +169,21 @@ impl Metered {
     pub(super) fn new(
         inner: Incoming,
         hold: Arc<Hold>,
+        arrival: Arc<Arrival>,
         close: CancellationToken,
         connection: u64,
         timeout: Duration,
     ) -> Metered {
         let deadline = (!inner.is_end_stream()).then(|| Box::pin(tokio::time::sleep(timeout)));
+        if deadline.is_some() {
+            arrival.progress();
+        } else {
+            arrival.arrived();
+        }
         Metered {
             inner,
             hold,
+            arrival,
             close,
             connection,
             deadline,
@@ -168,6 +226,13 @@ impl HttpBody for Metered {
                     );
                     return this.stop("held");
                 }
+                // Hyper counts a `Content-Length` down as it hands out data: the last byte
+                // ends the body before the stream says so.
+                if this.inner.is_end_stream() {
+                    this.arrival.arrived();
+                } else if n > 0 {
+                    this.arrival.progress();
+                }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Pending => {
@@ -185,7 +250,10 @@ impl HttpBody for Metered {
                 }
                 Poll::Pending
             }
-            end => end,
+            end => {
+                this.arrival.arrived();
+                end
+            }
         }
     }
 
@@ -195,6 +263,13 @@ impl HttpBody for Metered {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+impl Drop for Metered {
+    /// A body the handler no longer reads is not awaited from the client any more.
+    fn drop(&mut self) {
+        self.arrival.arrived();
     }
 }
 

@@ -3,7 +3,8 @@
 //! of the bearer credential.
 //!
 //! * [`listener`]: the accept loop, header, body and idle timeouts, the connection cap with the
-//!   eviction of connections not inside a request, the open-file limit.
+//!   eviction of connections not inside a request, then of stalled request bodies (never of a
+//!   request being handled or a response streaming), the open-file limit.
 //! * [`body`] (private to the listener): request bodies timed and counted against the cap on the
 //!   body bytes held across all connections.
 //! * [`guard`]: refuses a foreign `Host` (without a credential), a foreign `Origin`, and a `POST`
