@@ -1,5 +1,6 @@
 //! Tool benchmarks, each against a baseline measured in the same run: the grep tool vs `rg`, the
-//! glob tool vs `fd`, the bash tool vs a bare `bash -c true`; and what a session's walls (its
+//! glob tool vs `fd`, the bash tool vs a bare `bash -c true`; what a child's exit costs the
+//! reaper, with and without 1,000 idle processes on the host; and what a session's walls (its
 //! network namespace, its disk's file system) cost its start and its commands, against today's
 //! isolated session. Reports medians and their ratios.
 //!
@@ -12,6 +13,7 @@
 mod smoke;
 
 mod bash;
+mod reaper;
 mod search;
 mod walls;
 
@@ -22,6 +24,9 @@ fn main() {
         bash::main();
     } else if wants("syscall filter") {
         bash::syscall_filter_cost();
+    }
+    if wants("reaper") {
+        reaper::main();
     }
     if wants("session walls: network, disk") {
         walls::main();

@@ -121,7 +121,7 @@ pub(super) async fn execute(
         // is re-parented here: kill it now, not at the next SIGCHLD (a one-shot `podhost tool`
         // would have exited by then, handing it to init).
         if nix::sys::prctl::get_child_subreaper().unwrap_or(false) {
-            let _ = tokio::task::spawn_blocking(reaper::sweep).await;
+            let _ = tokio::task::spawn_blocking(reaper::sweep_all).await;
         }
     }
     let (out, err) = match captured {

@@ -614,6 +614,78 @@ async fn a_flood_of_half_open_connections_under_nofile_1024_does_not_keep_a_clie
     a_client_is_served(&server, Some(TOKEN)).await;
 }
 
+/// The official Python SDK's client calls `bash` with the command given; prints the result's
+/// stdout.
+const CALL_LONG: &str = r#"
+import json, sys
+import anyio
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+async def main():
+    url, token, command = sys.argv[1], sys.argv[2], sys.argv[3]
+    async with create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}) as http:
+        async with streamable_http_client(url, http_client=http) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                r = await session.call_tool("bash", {"command": command})
+    text = "".join(getattr(c, "text", "") for c in r.content)
+    print(json.dumps({"stdout": json.loads(text)["stdout"], "isError": r.is_error}))
+
+anyio.run(main)
+"#;
+
+/// A tool call streams its answer (an event stream that stays open until the command ends).
+/// It outlasts the idle timeout four times over while a flood of new connections fills the
+/// cap, and still arrives whole: a connection is inside its request until its answer is
+/// written, so neither the idle sweep nor the cap's eviction cuts it.
+#[tokio::test]
+async fn a_tool_call_longer_than_the_idle_timeout_is_answered_whole_through_a_flood() {
+    more_files();
+    let ws = tempfile::tempdir().unwrap();
+    let server = serve_http_with(
+        ws.path(),
+        &[
+            "--http-idle-timeout-secs",
+            "1",
+            "--http-max-connections",
+            "16",
+        ],
+        Some(TOKEN),
+        None,
+        &[],
+    )
+    .await;
+    let mut cmd = tokio::process::Command::new(python());
+    cmd.args(["-c", CALL_LONG, &server.url, TOKEN, "sleep 4; echo late"]);
+    let call = tokio::spawn(report(cmd));
+    // While the command sleeps: new connections, past the cap, each one half a request.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut socks = Vec::new();
+    for _ in 0..40 {
+        let mut sock = tokio::time::timeout(T, TcpStream::connect(server.addr()))
+            .await
+            .unwrap()
+            .unwrap();
+        sock.write_all(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            .await
+            .unwrap();
+        socks.push(sock);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = call.await.unwrap();
+    assert_eq!(r, json!({"stdout": "late\n", "isError": false}));
+    // The flood made room for itself: its oldest were closed, and podhost still serves.
+    let mut probe = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(5), socks[0].read(&mut probe)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "the flood's oldest connection is still open"
+    );
+    a_client_is_served(&server, Some(TOKEN)).await;
+}
+
 /// The official Python SDK's client calls `bash`; prints the result's text, or the JSON-RPC
 /// error it got instead.
 const CALL_OR_ERROR: &str = r#"
