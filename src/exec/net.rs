@@ -33,6 +33,12 @@
 //!     `PODHOST_SESSION_ALLOW_NETWORKS` ([`Network`]). The allow-list never lifts a "never".
 //! * Bounded per session: at most [`MAX_CONNECTIONS`] open, a request head of at most
 //!   [`MAX_HEAD`] bytes read within [`HEAD_TIMEOUT`]; every task ends with its session.
+//! * Bounded per process: each proxied connection costs podhost two descriptors, so all
+//!   sessions together hold at most [`Budget::process`] connections (a quarter of the soft
+//!   open-file limit, two descriptors each, at least [`MIN_BUDGET`]), so that podhost's own
+//!   listener, store and sandboxes keep theirs. Past it a new connection through any exit is
+//!   refused at once — the proxy answers `503` with the reason, the relay closes it — and a
+//!   warning is logged at most once per [`BUDGET_WARN_EVERY`]; nothing waits for room.
 //!
 //! Non-goals: UDP (DNS included: the proxy resolves names for the command), SOCKS, TLS
 //! interception, filtering by name (the egress proxy of a pod does that), an allow-list by name
@@ -43,12 +49,12 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::OwnedFd;
 use std::str::FromStr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::env::Egress;
@@ -62,6 +68,13 @@ pub const MAX_CONNECTIONS: usize = 256;
 pub const MAX_HEAD: usize = 64 << 10;
 /// How long a client may take to send its request head.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
+/// The fewest connections all sessions together may hold through their exits, whatever the
+/// open-file limit.
+pub const MIN_BUDGET: usize = 64;
+/// How often, at most, podhost warns that sessions hold all the connections it allows.
+pub const BUDGET_WARN_EVERY: Duration = Duration::from_secs(60);
+/// How long a request refused for the budget may take to arrive before it is answered.
+const OVER_BUDGET_READ: Duration = Duration::from_secs(2);
 /// How long a connection to a destination may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the host's own addresses are taken as known before they are read again.
@@ -77,8 +90,104 @@ pub enum Exit {
     Relay(Egress),
 }
 
-/// Serves a session's listening socket (made by its holder, in its namespace) until `stop`.
-pub fn serve(listener: OwnedFd, exit: Exit, stop: CancellationToken) -> io::Result<()> {
+/// The connections all sessions together may hold through their exits (see the module doc).
+/// Cheap to clone; clones share the budget.
+#[derive(Clone, Debug)]
+pub struct Budget {
+    inner: Arc<BudgetInner>,
+}
+
+#[derive(Debug)]
+struct BudgetInner {
+    slots: Arc<Semaphore>,
+    size: usize,
+    /// When podhost last warned that the budget was spent.
+    warned: Mutex<Option<Instant>>,
+}
+
+impl Budget {
+    /// A budget of `size` connections.
+    pub fn new(size: usize) -> Budget {
+        let size = size.min(Semaphore::MAX_PERMITS);
+        Budget {
+            inner: Arc::new(BudgetInner {
+                slots: Arc::new(Semaphore::new(size)),
+                size,
+                warned: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// The process's budget, sized from its soft open-file limit when first asked for (after
+    /// the fronts have raised it; see [`budget_for`]).
+    pub fn process() -> Budget {
+        static PROCESS: OnceLock<Budget> = OnceLock::new();
+        PROCESS
+            .get_or_init(|| {
+                use nix::sys::resource::{Resource, getrlimit};
+                let soft = getrlimit(Resource::RLIMIT_NOFILE).map_or(0, |(soft, _)| soft);
+                Budget::new(budget_for(soft))
+            })
+            .clone()
+    }
+
+    /// How many connections it holds at most.
+    pub fn size(&self) -> usize {
+        self.inner.size
+    }
+
+    /// How many more connections it has room for now.
+    pub fn available(&self) -> usize {
+        self.inner.slots.available_permits()
+    }
+
+    /// A connection's share, or `None` (and a warning, now and then) when none is left.
+    fn take(&self) -> Option<OwnedSemaphorePermit> {
+        if let Ok(permit) = self.inner.slots.clone().try_acquire_owned() {
+            return Some(permit);
+        }
+        let mut warned = self
+            .inner
+            .warned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if warn_due(&mut warned, Instant::now()) {
+            tracing::warn!(
+                budget = self.inner.size,
+                "sessions hold every connection podhost allows through their exits; refusing \
+                 new ones until some close (raise the open-file limit for more)"
+            );
+        }
+        None
+    }
+}
+
+/// Whether a warning last given at `last` may be given again at `now` (and notes it if so).
+fn warn_due(last: &mut Option<Instant>, now: Instant) -> bool {
+    match *last {
+        Some(at) if now.saturating_duration_since(at) < BUDGET_WARN_EVERY => false,
+        _ => {
+            *last = Some(now);
+            true
+        }
+    }
+}
+
+/// The budget for a soft open-file limit of `open_files`: a quarter of it, two descriptors per
+/// connection (the session's side and the destination's), at least [`MIN_BUDGET`].
+pub fn budget_for(open_files: u64) -> usize {
+    let budget = usize::try_from(open_files / 4 / 2).unwrap_or(usize::MAX);
+    budget.max(MIN_BUDGET)
+}
+
+/// Serves a session's listening socket (made by its holder, in its namespace) until `stop`, each
+/// connection counted against the session's cap and against `budget` (all sessions').
+pub fn serve(
+    listener: OwnedFd,
+    exit: Exit,
+    budget: Budget,
+    stop: CancellationToken,
+) -> io::Result<()> {
     let listener = std::net::TcpListener::from(listener);
     listener.set_nonblocking(true)?;
     let listener = TcpListener::from_std(listener)?;
@@ -101,10 +210,20 @@ pub fn serve(listener: OwnedFd, exit: Exit, stop: CancellationToken) -> io::Resu
             let Ok(slot) = slots.clone().try_acquire_owned() else {
                 continue;
             };
-            let (exit, stop) = (exit.clone(), stop.clone());
+            let share = budget.take();
+            if share.is_none() && matches!(exit, Exit::Relay(_)) {
+                // Bytes of an unknown protocol: closing is the only answer.
+                continue;
+            }
+            let (exit, stop, size) = (exit.clone(), stop.clone(), budget.size());
             tokio::spawn(async move {
                 tokio::select! {
-                    () = handle(conn, &exit) => {}
+                    () = async {
+                        match share {
+                            Some(_share) => handle(conn, &exit).await,
+                            None => over_budget(conn, size).await,
+                        }
+                    } => {}
                     () = stop.cancelled() => {}
                 }
                 drop(slot);
@@ -112,6 +231,21 @@ pub fn serve(listener: OwnedFd, exit: Exit, stop: CancellationToken) -> io::Resu
         }
     });
     Ok(())
+}
+
+/// A proxy request past the process's budget: read (briefly) and answered with `503`, so the
+/// client learns why instead of seeing a reset.
+async fn over_budget(mut conn: TcpStream, size: usize) {
+    if let Ok(Ok(Head::Closed) | Err(_)) =
+        tokio::time::timeout(OVER_BUDGET_READ, read_head(&mut conn)).await
+    {
+        return;
+    }
+    let why = format!(
+        "podhost's sessions hold all the {size} connections it allows through their exits; try \
+         again when some have closed"
+    );
+    let _ = answer(&mut conn, 503, &why).await;
 }
 
 async fn handle(conn: TcpStream, exit: &Exit) {
@@ -606,6 +740,7 @@ async fn answer(conn: &mut TcpStream, status: u16, why: &str) -> io::Result<()> 
         403 => "Forbidden",
         408 => "Request Timeout",
         431 => "Request Header Fields Too Large",
+        503 => "Service Unavailable",
         _ => "Bad Gateway",
     };
     let body = format!("podhost: {why}\n");
@@ -907,6 +1042,130 @@ mod tests {
         ] {
             assert_eq!(bad.parse::<Network>(), Err(why.to_owned()), "{bad}");
         }
+    }
+
+    #[test]
+    fn the_budget_follows_the_open_file_limit_and_warns_now_and_then() {
+        assert_eq!(budget_for(10_240), 1280);
+        assert_eq!(budget_for(1 << 20), 131_072);
+        assert_eq!(budget_for(256), MIN_BUDGET);
+        assert_eq!(budget_for(0), MIN_BUDGET);
+        let mut last = None;
+        let t0 = Instant::now();
+        assert!(warn_due(&mut last, t0));
+        assert!(!warn_due(&mut last, t0 + Duration::from_secs(1)));
+        assert!(warn_due(&mut last, t0 + BUDGET_WARN_EVERY));
+    }
+
+    /// A fake egress proxy that echoes what it reads, for relayed connections to reach.
+    async fn echo_server() -> Egress {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (mut r, mut w) = conn.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        Egress::new(Some(format!("http://127.0.0.1:{port}")))
+    }
+
+    /// A session's exit of `exit` on a loopback port, counted against `budget`.
+    fn exit_on_loopback(exit: Exit, budget: &Budget, stop: &CancellationToken) -> SocketAddr {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        serve(OwnedFd::from(listener), exit, budget.clone(), stop.clone()).unwrap();
+        addr
+    }
+
+    /// Writes `data` and reads its echo.
+    async fn echoes(conn: &mut TcpStream, data: &[u8]) -> bool {
+        let step = async {
+            conn.write_all(data).await?;
+            let mut back = vec![0u8; data.len()];
+            conn.read_exact(&mut back).await?;
+            io::Result::Ok(back == data)
+        };
+        matches!(
+            tokio::time::timeout(Duration::from_secs(5), step).await,
+            Ok(Ok(true))
+        )
+    }
+
+    /// Everything `conn` is sent until it is closed.
+    async fn read_all(conn: &mut TcpStream) -> String {
+        let mut out = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut out));
+        match read.await {
+            Ok(Ok(_)) => String::from_utf8(out).unwrap(),
+            Ok(Err(e)) => format!("{:?}", e.kind()),
+            Err(_) => "still open".to_owned(),
+        }
+    }
+
+    /// Two exits share a budget of two: once two relayed connections hold it, a CONNECT through
+    /// the proxy gets a 503 that says why and a third relayed connection is closed, while the
+    /// first two keep working; once they close, both exits serve again.
+    #[tokio::test]
+    async fn past_the_process_budget_new_connections_are_refused_and_old_ones_work() {
+        let budget = Budget::new(2);
+        let stop = CancellationToken::new();
+        let relay = exit_on_loopback(Exit::Relay(echo_server().await), &budget, &stop);
+        let proxy = exit_on_loopback(Exit::Proxy(Arc::from(Vec::new())), &budget, &stop);
+        let mut first = TcpStream::connect(relay).await.unwrap();
+        let mut second = TcpStream::connect(relay).await.unwrap();
+        assert!(echoes(&mut first, b"one").await);
+        assert!(echoes(&mut second, b"two").await);
+        assert_eq!(budget.available(), 0);
+
+        let mut refused = TcpStream::connect(proxy).await.unwrap();
+        refused
+            .write_all(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
+            .await
+            .unwrap();
+        let why = "podhost: podhost's sessions hold all the 2 connections it allows through \
+                   their exits; try again when some have closed\n";
+        assert_eq!(
+            read_all(&mut refused).await,
+            format!(
+                "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n\
+                 Content-Length: {}\r\nConnection: close\r\n\r\n{why}",
+                why.len()
+            )
+        );
+        let mut closed = TcpStream::connect(relay).await.unwrap();
+        let _ = closed.write_all(b"three").await;
+        assert!(
+            ["", "ConnectionReset"].contains(&read_all(&mut closed).await.as_str()),
+            "a relayed connection past the budget stayed open"
+        );
+        assert!(echoes(&mut first, b"still one").await);
+
+        drop((first, second, refused, closed));
+        let back = tokio::time::timeout(Duration::from_secs(5), budget.inner.slots.acquire_many(2));
+        drop(
+            back.await
+                .expect("the closed connections gave their share back"),
+        );
+        let mut again = TcpStream::connect(proxy).await.unwrap();
+        again
+            .write_all(b"CONNECT 127.0.0.1:1 HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        let answer = read_all(&mut again).await;
+        assert!(answer.starts_with("HTTP/1.1 403 Forbidden\r\n"), "{answer}");
+        assert!(
+            answer.ends_with(
+                "podhost: 127.0.0.1 is the host's loopback: a session's commands \
+                 cannot reach the host's own services\n"
+            ),
+            "{answer}"
+        );
+        let mut relayed = TcpStream::connect(relay).await.unwrap();
+        assert!(echoes(&mut relayed, b"four").await);
+        stop.cancel();
     }
 
     #[test]
