@@ -8,6 +8,7 @@ use clap::builder::BoolishValueParser;
 
 use crate::exec::cgroup::CgroupLimits;
 use crate::exec::confine::{Settings, UidRange};
+use crate::exec::net::Network;
 use crate::exec::protocol::CommandUser;
 use crate::exec::{ExecSettings, ResourceLimits};
 
@@ -81,6 +82,16 @@ pub struct ConfineArgs {
     /// through podhost's proxy, or a pod's egress proxy): on or off (the host's network).
     #[arg(long, env = "PODHOST_SESSION_NETWORK", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
     pub session_network: bool,
+    /// Pod and BYOH hosts: networks a session's proxy may reach although they are not global
+    /// (private, unique local, …), comma-separated, such as `10.20.0.0/16,fd00:1::/64`. Never
+    /// loopback, the host's own addresses, link-local (cloud metadata), multicast.
+    #[arg(
+        long,
+        env = "PODHOST_SESSION_ALLOW_NETWORKS",
+        value_delimiter = ',',
+        value_parser = clap::value_parser!(Network)
+    )]
+    pub session_allow_networks: Vec<Network>,
     /// Local use (`tool`, `run`, `mcp`): commands see the system read-only outside the
     /// workspace, the temporary directory and each --allow-write directory (a mount namespace,
     /// where the kernel allows one), so not even its metadata can change: on or off (Landlock
@@ -115,6 +126,7 @@ impl ConfineArgs {
             isolate: false,
             namespaces: self.namespaces,
             session_network: self.session_network,
+            allow_networks: self.session_allow_networks.clone(),
             read_only_system: self.read_only_system,
             helper: None,
             uid_pool: None,

@@ -264,6 +264,35 @@ mod tests {
         assert!(bash.contains("--max-running"), "{bash}");
     }
 
+    /// The allow-list of a session's proxy: comma-separated networks, each parsed strictly; a
+    /// bad one stops podhost at start-up with an error naming it.
+    #[test]
+    fn session_allow_networks_parse_strictly() {
+        let cli = Cli::try_parse_from([
+            "podhost",
+            "serve",
+            "--session-allow-networks",
+            "10.20.0.0/16,fd00:1::/64",
+        ])
+        .unwrap();
+        let s = cli.command.exec_args().unwrap().settings().confine;
+        let nets: Vec<String> = s.allow_networks.iter().map(|n| n.to_string()).collect();
+        assert_eq!(nets, ["10.20.0.0/16", "fd00:1::/64"]);
+        let e = Cli::parse_args(args(&[
+            "podhost",
+            "serve",
+            "--session-allow-networks",
+            "10.20.0.0/16,10.30.0.1/16",
+        ]))
+        .unwrap_err();
+        assert_eq!(
+            e.message.lines().next().unwrap_or_default(),
+            "error: invalid value '10.30.0.1/16' for '--session-allow-networks \
+             <SESSION_ALLOW_NETWORKS>': \"10.30.0.1/16\" has address bits set past its prefix, or \
+             is IPv4-mapped: write the network's first address (such as 10.20.0.0/16)"
+        );
+    }
+
     #[test]
     fn confinement_flags_parse_from_the_environment_names() {
         let cli = Cli::try_parse_from([

@@ -21,7 +21,7 @@ use std::os::unix::fs::DirBuilderExt;
 
 use super::confine::{Confinement, Isolation, WorkspaceRules, users};
 use super::disk::{self, SessionDisk};
-use super::net::{Exit, FORWARD_PORT};
+use super::net::{Exit, FORWARD_PORT, Network};
 use super::protocol::{CommandUser, SessionNetwork, SessionRequest};
 use super::quota::DiskQuota;
 use super::session::{Namespaces, SessionSlot};
@@ -135,7 +135,7 @@ impl Sandbox {
         let session = match rules.view.clone() {
             Some(view) => {
                 let (network, exit) = match iso.network {
-                    true => network(&mut config, &mut rules),
+                    true => network(&mut config, &mut rules, &iso.allow_networks),
                     false => (None, None),
                 };
                 let request = SessionRequest {
@@ -179,6 +179,7 @@ impl Sandbox {
 fn network(
     config: &mut ExecConfig,
     rules: &mut WorkspaceRules,
+    allowed: &Arc<[Network]>,
 ) -> (Option<SessionNetwork>, Option<Exit>) {
     if rules.command.deny_network {
         rules.command.deny_network = false;
@@ -186,7 +187,7 @@ fn network(
     }
     let exit = match &config.env.egress {
         Some(egress) if egress.proxy().is_some() => Exit::Relay(egress.clone()),
-        _ => Exit::Proxy,
+        _ => Exit::Proxy(allowed.clone()),
     };
     config.env.forward = Some(FORWARD_PORT);
     let network = SessionNetwork {

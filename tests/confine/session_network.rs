@@ -17,6 +17,7 @@ use serde_json::json;
 use crate::pg::TestPg;
 use crate::{Host, assert_still_works, bash, elsewhere, marker};
 use podhost::exec::confine::Level;
+use podhost::exec::net::Network;
 
 /// Whether sessions get a network namespace here; says so when they do not.
 fn has_session_network() -> bool {
@@ -253,6 +254,8 @@ struct Peer {
     name: String,
     server: Child,
     addr: String,
+    /// The pair's network: private (`10.213.0.0/16`), as a cluster's or a VPC's would be.
+    network: Network,
 }
 
 impl Peer {
@@ -318,6 +321,7 @@ impl Peer {
             name,
             server,
             addr: format!("{peer_ip}:8080"),
+            network: format!("10.213.{subnet}.0/30").parse().unwrap(),
         };
         // Ready once it answers from here.
         for _ in 0..100 {
@@ -345,7 +349,9 @@ impl Drop for Peer {
 }
 
 /// What lies beyond the host is reached through the session's proxy — a plain request and a
-/// CONNECT tunnel — and not around it: a connection that ignores the proxy has no route.
+/// CONNECT tunnel — and not around it: a connection that ignores the proxy has no route. The
+/// peer's network is private, so the host allows it as an operator would
+/// (`PODHOST_SESSION_ALLOW_NETWORKS`).
 #[tokio::test]
 async fn the_world_beyond_the_host_is_reached_through_the_proxy_only() {
     let host = Host::new();
@@ -356,7 +362,7 @@ async fn the_world_beyond_the_host_is_reached_through_the_proxy_only() {
     let Some(peer) = Peer::start() else {
         return;
     };
-    let tb = host.isolated(|_| {});
+    let tb = host.isolated(|s| s.allow_networks = vec![peer.network]);
     let out = bash(
         &host,
         &tb,
@@ -375,6 +381,63 @@ async fn the_world_beyond_the_host_is_reached_through_the_proxy_only() {
                 "hello from beyond\nhello from beyond\n{} OSError\n",
                 peer.addr
             ),
+            "stderr": ""
+        })
+    );
+    assert_still_works(&tb).await;
+}
+
+/// A private network beyond the host (a cluster's services, a VPC's databases) is refused by
+/// the proxy, with the reason and the setting that allows it, until the host allows it; an
+/// allowed network lifts nothing else.
+#[tokio::test]
+async fn a_private_network_beyond_the_host_is_refused_unless_allowed() {
+    let host = Host::new();
+    if !crate::has_namespaces() || !has_session_network() {
+        assert_eq!(level(&host, false).network, "host");
+        return;
+    }
+    let Some(peer) = Peer::start() else {
+        return;
+    };
+    let ip = peer.addr.split(':').next().unwrap();
+    let script = format!(
+        "curl -sS -m 10 http://{0}/index.html; curl -sS -m 10 -p -o /dev/null \
+         http://{0}/index.html 2>&1 | sed 's/ after .*//'",
+        peer.addr
+    );
+    let refused = bash(&host, &host.isolated(|_| {}), &script).await;
+    assert_eq!(
+        refused,
+        json!({
+            "exitCode": 0,
+            "stdout": format!(
+                "podhost: {ip} is a private address (10.0.0.0/8): a session's commands reach \
+                 a network that is not global only when the host's \
+                 PODHOST_SESSION_ALLOW_NETWORKS names it\n\
+                 curl: (56) CONNECT tunnel failed, response 403\n"
+            ),
+            "stderr": ""
+        })
+    );
+    // Allowing every IPv4 network still leaves the host's loopback out (`NO_PROXY` would keep
+    // loopback direct, into the session's own).
+    let everything: Network = "0.0.0.0/0".parse().unwrap();
+    let tb = host.isolated(|s| s.allow_networks = vec![everything]);
+    let out = bash(
+        &host,
+        &tb,
+        &format!(
+            "{script}; curl -sS -m 10 --noproxy '' -x http://127.0.0.1:3128 http://127.0.0.1:9/"
+        ),
+    )
+    .await;
+    assert_eq!(
+        out,
+        json!({
+            "exitCode": 0,
+            "stdout": "hello from beyond\npodhost: 127.0.0.1 is the host's loopback: a \
+                       session's commands cannot reach the host's own services\n",
             "stderr": ""
         })
     );

@@ -5,9 +5,11 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::{Confinement, SHM_BYTES, Settings, UidPool, canonical_lenient, push_unique};
 use crate::exec::cgroup::Cgroups;
+use crate::exec::net::Network;
 use crate::exec::protocol::View;
 use crate::exec::session::Namespaces;
 use crate::exec::session::view::RUN_DIRS;
@@ -22,6 +24,8 @@ pub struct Isolation {
     pub refused: Vec<String>,
     /// Each session gets a network namespace of its own (see `exec::net`).
     pub network: bool,
+    /// The networks a session's proxy reaches although they are not global.
+    pub allow_networks: Arc<[Network]>,
     /// The helper binary that holds sessions (`podhost-exec`).
     pub helper: PathBuf,
     /// One uid per session (a root BYOH host).
@@ -85,6 +89,7 @@ impl Isolation {
             namespaces,
             refused,
             network,
+            allow_networks: settings.allow_networks.clone().into(),
             helper,
             uid_pool: settings.uid_pool.map(UidPool::new),
             cgroups: Cgroups::set_up(settings.cgroup),

@@ -110,6 +110,7 @@ use std::sync::{Arc, OnceLock};
 use landlock::RulesetStatus;
 
 use super::cgroup::CgroupLimits;
+use super::net::Network;
 use super::protocol::{CommandUser, Confine, Landlock, View};
 use crate::floor::workspace::Workspace;
 
@@ -177,6 +178,9 @@ pub struct Settings {
     /// Give each session a network namespace of its own where namespaces are used
     /// (`PODHOST_SESSION_NETWORK`, default on; off leaves commands on the host's network).
     pub session_network: bool,
+    /// Networks a session's proxy reaches although they are not global
+    /// (`PODHOST_SESSION_ALLOW_NETWORKS`; see `exec::net`).
+    pub allow_networks: Vec<Network>,
     /// Local use: run commands in a mount namespace whose system is read-only outside the
     /// workspace, the temporary directory and the `--allow-write` directories, where the kernel
     /// allows one (`PODHOST_READ_ONLY_SYSTEM`).
@@ -216,6 +220,7 @@ impl Default for Settings {
             isolate: false,
             namespaces: true,
             session_network: true,
+            allow_networks: Vec::new(),
             read_only_system: false,
             helper: None,
             uid_pool: None,

@@ -150,7 +150,8 @@ impl Session {
             session.mntns = fds.next();
             match (fds.next(), exit, req.network.and_then(|n| n.forward_port)) {
                 (Some(listener), Some(exit), Some(_)) => {
-                    net::serve(listener, exit.clone(), session.exit.clone())?;
+                    let budget = net::Budget::process();
+                    net::serve(listener, exit.clone(), budget, session.exit.clone())?;
                 }
                 (None, _, None) if session.mntns.is_some() => {}
                 _ => {
