@@ -11,7 +11,8 @@
 //!   modification time, newest first, ties broken by path — the same for every thread schedule.
 //! * Only regular files are listed (no directories, no symlinks, see `walk`), by their path
 //!   relative to the workspace (`src/a.rs`), as every tool result names paths.
-//! * More than [`MAX_FILES`] matches are counted and said, never silently dropped.
+//! * Every match is counted, also past [`MAX_FILES`]: the output then says how many were left
+//!   out and how many matched in all, never silently drops them.
 //!
 //! Non-goals: listing directories; following symlinks.
 
@@ -39,8 +40,14 @@ pub struct GlobInput {
 
 /// The most paths one call returns.
 pub const MAX_FILES: usize = 500;
-/// Appended (after a newline) when more than [`MAX_FILES`] files matched.
-pub const MORE_HINT: &str = "… more files omitted; narrow the pattern.";
+/// The line appended (after a newline) when `matched` files matched and only the newest [`MAX_FILES`] are listed:
+/// how many were left out and how many matched in all, so the model knows the size of what it
+/// did not see.
+pub fn more_hint(matched: usize) -> String {
+    let left = matched.saturating_sub(MAX_FILES);
+    let files = if left == 1 { "file" } else { "files" };
+    format!("… {left} more {files} omitted ({matched} matched in all); narrow the pattern.")
+}
 /// The whole output when nothing matched.
 pub const NO_FILES: &str = "No files matched.";
 
@@ -103,7 +110,7 @@ fn find_files(
         .join("\n");
     if matched > MAX_FILES {
         out.push('\n');
-        out.push_str(MORE_HINT);
+        out.push_str(&more_hint(matched));
     }
     Ok(out)
 }

@@ -10,6 +10,10 @@
 //!   [`text::LINE_CHARS`] characters, and the searcher's buffer is capped at [`HEAP_LIMIT`].
 //! * The first line refused for lack of budget stops the walk, and only then is the "more
 //!   matches omitted" hint added: with exactly `max_results` results there is no hint.
+//! * Count mode walks the whole tree, whatever `max_results`: every listed count is the file's
+//!   whole count, and the last line gives the total (matching lines and files) of all of it. Only
+//!   the listing is cut, at the first `max_results` files by path (each thread keeps a bounded
+//!   heap of them, so memory does not grow with the tree).
 //! * Output is valid text (lossy UTF-8, NUL-free) and sorted by path, then line, so a given set of
 //!   matches always prints the same way — whichever thread found them.
 //! * Binary files (a NUL byte) are skipped, also when the NUL comes after some matches; UTF-16
@@ -21,6 +25,7 @@
 //! (`nylorun::turn::shaping`); PCRE features (look-around, backreferences) — the Rust regex syntax is the
 //! one the tool description promises.
 
+use std::collections::BinaryHeap;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -77,7 +82,7 @@ enum Mode {
     Content,
     /// One path per matching file.
     FilesWithMatches,
-    /// `path:N`, N matching lines.
+    /// `path:N`, N matching lines, then the total.
     Count,
 }
 
@@ -320,6 +325,8 @@ struct Searching<'a> {
     searcher: Searcher,
     matcher: RegexMatcher,
     found: Vec<FileHits>,
+    /// Count mode: the totals, and the first `max_results` files by path.
+    counted: Counted,
     failures: Failures,
     /// Files opened for searching.
     searched: usize,
@@ -334,6 +341,7 @@ impl<'a> Searching<'a> {
             // A clone per thread, as ripgrep does: each gets its own regex caches.
             matcher: shared.plan.matcher.clone(),
             found: Vec::new(),
+            counted: Counted::default(),
             failures: Failures::default(),
             searched: 0,
         }
@@ -366,7 +374,7 @@ impl<'a> Searching<'a> {
         let mode = self.shared.plan.mode;
         let stopped = self.shared.stopping();
         // Cut short for the budget or a cancel, lines already found are real; a partial count
-        // is not.
+        // is not (count mode is only ever cut by a cancel).
         let keep = match &result {
             _ if sink.binary => false,
             Ok(()) => !(sink.cut && mode == Mode::Count),
@@ -376,6 +384,11 @@ impl<'a> Searching<'a> {
                 false
             }
         };
+        if keep && mode == Mode::Count && sink.count > 0 {
+            self.counted
+                .add(path, sink.count, self.shared.plan.max_results);
+            return;
+        }
         if !keep || sink.taken == 0 {
             self.shared.give_back(sink.taken);
             return;
@@ -388,7 +401,8 @@ impl<'a> Searching<'a> {
                 Hits::Lines(sink.lines)
             }
             Mode::FilesWithMatches => Hits::Matched,
-            Mode::Count => Hits::Count(sink.count),
+            // Counted above.
+            Mode::Count => return,
         };
         self.found.push(FileHits {
             path: path.to_path_buf(),
@@ -437,6 +451,38 @@ impl Failures {
         {
             self.first = Some((p, m));
         }
+    }
+}
+
+/// Count mode's findings in one thread (or all of them, merged): the totals of every counted
+/// file, and the first `max_results` of those files by path.
+#[derive(Debug, Default)]
+struct Counted {
+    files: u64,
+    lines: u64,
+    /// A max-heap by path, so its top is the file to drop when one more is kept.
+    first: BinaryHeap<(PathBuf, u64)>,
+}
+
+impl Counted {
+    fn add(&mut self, path: &Path, count: u64, keep: usize) {
+        self.files += 1;
+        self.lines += count;
+        if self.first.len() == keep {
+            match self.first.peek() {
+                Some((last, _)) if path < last.as_path() => {
+                    self.first.pop();
+                }
+                _ => return,
+            }
+        }
+        self.first.push((path.to_path_buf(), count));
+    }
+
+    fn merge(&mut self, other: Counted) {
+        self.files += other.files;
+        self.lines += other.lines;
+        self.first.extend(other.first);
     }
 }
 
@@ -510,12 +556,10 @@ impl Sink for FileSink<'_> {
                 self.take();
                 Ok(false)
             }
+            // No budget: every file is counted whole, the listing is cut later.
             Mode::Count => {
-                if self.count == 0 && !self.take() {
-                    return Ok(false);
-                }
                 self.count += mat.lines().count() as u64;
-                if self.shared.stopping() {
+                if self.shared.cancel.is_cancelled() {
                     self.cut = true;
                     return Ok(false);
                 }
@@ -570,6 +614,23 @@ impl Read for Stoppable<'_> {
     }
 }
 
+/// Count mode's last line: the total of the whole tree, and how many files the listing left out.
+fn count_total(lines: u64, files: u64, listed: u64) -> String {
+    let plural = |n: u64, one: &'static str, many: &'static str| if n == 1 { one } else { many };
+    let total = format!(
+        "{lines} matching {} in {files} {}",
+        plural(lines, "line", "lines"),
+        plural(files, "file", "files")
+    );
+    match files.saturating_sub(listed) {
+        0 => format!("{total}."),
+        left => format!(
+            "… {left} more {} not listed; {total} in all. Narrow the search to list them.",
+            plural(left, "file", "files")
+        ),
+    }
+}
+
 /// A matched or context line as text: terminator dropped, valid UTF-8, clipped.
 fn line_text(bytes: &[u8]) -> String {
     let bytes = bytes.strip_suffix(b"\n").unwrap_or(bytes);
@@ -593,18 +654,30 @@ struct Found {
     context: usize,
     /// Files searched, all threads together.
     searched: usize,
+    /// Count mode: matching lines and files in the whole tree, listed or not.
+    totals: Option<(u64, u64)>,
 }
 
 impl Found {
     fn merge(visitors: Vec<Searching<'_>>, shared: &Shared<'_>) -> Found {
         let mut files = Vec::new();
         let mut failures = Failures::default();
+        let mut counted = Counted::default();
         let mut searched = 0;
         for v in visitors {
             files.extend(v.found);
+            counted.merge(v.counted);
             failures.merge(v.failures);
             searched += v.searched;
         }
+        let totals = (shared.plan.mode == Mode::Count).then_some((counted.lines, counted.files));
+        let mut first = counted.first.into_vec();
+        first.sort_unstable();
+        first.truncate(shared.plan.max_results);
+        files.extend(first.into_iter().map(|(path, n)| FileHits {
+            path,
+            hits: Hits::Count(n),
+        }));
         // Each file's lines are already in order; sorting the files makes the output
         // independent of which thread found what.
         files.sort_unstable_by(|a, b| a.path.cmp(&b.path));
@@ -614,6 +687,7 @@ impl Found {
             over: shared.over.load(Ordering::Relaxed),
             context: shared.plan.context,
             searched,
+            totals,
         }
     }
 
@@ -654,6 +728,9 @@ impl Found {
         }
         if out.is_empty() {
             out.push_str(NO_MATCHES);
+        } else if let Some((lines, files)) = self.totals {
+            out.push('\n');
+            out.push_str(&count_total(lines, files, self.files.len() as u64));
         }
         if self.over {
             out.push('\n');
@@ -711,7 +788,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!((all.searched, all.files.len(), all.over), (2000, 0, false));
-        for mode in ["content", "files_with_matches", "count"] {
+        for mode in ["content", "files_with_matches"] {
             let few = input(
                 serde_json::json!({"pattern": "needle", "max_results": 5, "output_mode": mode}),
             );
@@ -720,6 +797,21 @@ mod tests {
             // The sixth match stops every thread: a few files in flight, not the tree.
             assert!(found.searched < 50, "{mode}: searched {}", found.searched);
         }
+        // Count mode counts the whole tree and lists the first five files by path.
+        let few = input(
+            serde_json::json!({"pattern": "needle", "max_results": 5, "output_mode": "count"}),
+        );
+        let found = search_files(&tb, &few, &cancel).unwrap();
+        assert_eq!(
+            (found.searched, found.totals, found.over),
+            (2000, Some((2000, 2000)), false)
+        );
+        let listed: Vec<_> = found.files.iter().map(|f| f.path.clone()).collect();
+        let mut want: Vec<_> = (0..2000)
+            .map(|i| dir.path().join(format!("d{}/f{i}.txt", i % 20)))
+            .collect();
+        want.sort();
+        assert_eq!(listed, want[..5]);
     }
 
     #[test]

@@ -117,7 +117,7 @@ async fn grep_count_mode_counts_matching_lines_per_file() {
             json!({"pattern": "needle", "output_mode": "count", "ignore_case": true})
         )
         .await,
-        ".env.example:2\ndocs/guide.md:1\nsrc/lib/util.rs:1\nsrc/main.rs:2"
+        ".env.example:2\ndocs/guide.md:1\nsrc/lib/util.rs:1\nsrc/main.rs:2\n6 matching lines in 4 files."
     );
 }
 
@@ -184,7 +184,7 @@ async fn grep_multiline_matches_across_lines() {
             json!({"pattern": "A \\{\\n", "multiline": true, "output_mode": "count"})
         )
         .await,
-        "a.rs:1"
+        "a.rs:1\n1 matching line in 1 file."
     );
 }
 
@@ -467,19 +467,47 @@ async fn grep_stops_at_max_results_and_says_more_were_omitted() {
     });
     assert_eq!(sorted, lines[..5]);
 
-    for mode in ["files_with_matches", "count"] {
-        let out = grep(
-            &ws,
-            json!({"pattern": "needle", "max_results": 7, "output_mode": mode}),
-        )
-        .await;
-        let lines: Vec<&str> = out.lines().collect();
-        assert_eq!(lines.len(), 8, "{mode}: {out}");
-        assert_eq!(lines[7], grep::MORE_HINT);
-        if mode == "count" {
-            assert!(lines[..7].iter().all(|l| l.ends_with(".txt:2")), "{out}");
-        }
-    }
+    let out = grep(
+        &ws,
+        json!({"pattern": "needle", "max_results": 7, "output_mode": "files_with_matches"}),
+    )
+    .await;
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 8, "{out}");
+    assert_eq!(lines[7], grep::MORE_HINT);
+}
+
+#[tokio::test]
+async fn grep_count_mode_counts_every_file_and_lists_the_first_max_results() {
+    let ws = many_matches(400);
+    let out = grep(
+        &ws,
+        json!({"pattern": "needle", "max_results": 7, "output_mode": "count"}),
+    )
+    .await;
+    // The first seven files by path, each with its whole count, then the total of all 400.
+    let mut paths: Vec<String> = (0..400)
+        .map(|i| format!("d{}/f{i:03}.txt", i % 10))
+        .collect();
+    paths.sort();
+    let mut want: Vec<String> = paths[..7].iter().map(|p| format!("{p}:2")).collect();
+    want.push(
+        "… 393 more files not listed; 800 matching lines in 400 files in all. Narrow the search \
+         to list them."
+            .to_owned(),
+    );
+    assert_eq!(out, want.join("\n"));
+    // Exactly max_results files: all listed, and the total.
+    let ws = many_matches(3);
+    let out = grep(
+        &ws,
+        json!({"pattern": "needle one", "max_results": 3, "output_mode": "count"}),
+    )
+    .await;
+    assert_eq!(
+        out,
+        "d0/f000.txt:1\nd1/f001.txt:1\nd2/f002.txt:1\n3 matching lines in 3 files."
+    );
 }
 
 #[tokio::test]
@@ -833,7 +861,7 @@ async fn glob_caps_at_500_newest_and_says_so() {
     assert_eq!(
         out,
         format!(
-            "{}\n… more files omitted; narrow the pattern.",
+            "{}\n… 1 more file omitted (501 matched in all); narrow the pattern.",
             want.join("\n")
         )
     );
@@ -1017,7 +1045,11 @@ async fn a_200k_file_tree_with_a_large_ignored_directory() {
     let out = ws.run(ToolName::Glob, json!({"pattern": "**/*.txt"})).await;
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 501);
-    assert_eq!(lines[500], glob::MORE_HINT);
+    assert_eq!(
+        lines[500],
+        "… 500 more files omitted (1000 matched in all); narrow the pattern."
+    );
+    assert_eq!(lines[500], glob::more_hint(1000));
     assert!(lines[..500].iter().all(|l| l.starts_with("src/d")));
 
     // The ignored part is there, and searchable when asked for.
@@ -1044,6 +1076,10 @@ async fn a_200k_file_tree_with_a_large_ignored_directory() {
         ignored
             .iter()
             .map(|p| format!("{p}:1"))
+            .chain([format!(
+                "{n} matching lines in {n} files.",
+                n = ignored.len()
+            )])
             .collect::<Vec<_>>()
             .join("\n")
     );
