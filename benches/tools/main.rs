@@ -2,7 +2,8 @@
 //! glob tool vs `fd`, the bash tool vs a bare `bash -c true`; what a child's exit costs the
 //! reaper, with and without 1,000 idle processes on the host; and what a session's walls (its
 //! network namespace, its disk's file system) cost its start and its commands, against today's
-//! isolated session. Reports medians and their ratios.
+//! isolated session; and what the shipped binaries weigh once their symbols are split off.
+//! Reports medians and their ratios.
 //!
 //! Run with `cargo bench --bench tools` (the search part needs `rg` and `fd`/`fdfind` on PATH;
 //! without them it is skipped, and says so). `PODHOST_BENCH_SMOKE=1` runs every part at a tiny
@@ -15,6 +16,7 @@ mod smoke;
 mod bash;
 mod reaper;
 mod search;
+mod size;
 mod walls;
 
 fn main() {
@@ -33,6 +35,9 @@ fn main() {
     }
     if wants("grep") || wants("glob") || wants("search") {
         search::main();
+    }
+    if wants("shipped size") {
+        size::main();
     }
     smoke::finish("tools");
 }

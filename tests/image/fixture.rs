@@ -109,7 +109,7 @@ pub fn repo() -> &'static Path {
 
 /// Fails with a message that says what to install, or how to skip on purpose.
 fn check_prerequisites() {
-    let missing: Vec<&str> = ["podman", "runc", "debootstrap", "tar"]
+    let missing: Vec<&str> = ["podman", "runc", "debootstrap", "tar", "objcopy", "readelf"]
         .into_iter()
         .filter(|p| find_program(p).is_none())
         .collect();
@@ -125,8 +125,9 @@ fn check_prerequisites() {
         why.push("not running as root (debootstrap needs it)".to_owned());
     }
     panic!(
-        "the image tests need podman, runc and debootstrap, run as root: {}. Install them as \
-         .ci/run does (apt-get install podman buildah debootstrap runc uidmap slirp4netns), or \
+        "the image tests need podman, runc, debootstrap and binutils, run as root: {}. Install \
+         them as .ci/run does (apt-get install podman buildah debootstrap runc uidmap slirp4netns \
+         binutils), or \
          set PODHOST_SKIP_IMAGE_TESTS=1 to skip the image tests on purpose.",
         why.join("; ")
     );
@@ -161,6 +162,7 @@ async fn build() -> Image {
         ),
     };
     let context = build_context(&dir, &binary, &supervisor);
+    let shipped = context.path().join("target/release");
     let started = Instant::now();
     podman
         .ok(
@@ -219,12 +221,14 @@ async fn build() -> Image {
     let report = format!(
         "image tests: image {IMAGE} built in {:.1} s; {base_line}\n\
          image tests: image size {:.0} MB (base {:.0} MB, podhost binary {:.0} MB and \
-         podhost-exec {:.0} MB from {})\n",
+         podhost-exec {:.0} MB as shipped, stripped by image/strip-symbols, from {})\n",
         build_time.as_secs_f64(),
         mb(size(IMAGE).await),
         mb(size(BASE).await),
-        mb(std::fs::metadata(&binary).unwrap().len()),
-        mb(std::fs::metadata(&supervisor).unwrap().len()),
+        mb(std::fs::metadata(shipped.join("podhost")).unwrap().len()),
+        mb(std::fs::metadata(shipped.join("podhost-exec"))
+            .unwrap()
+            .len()),
         binary.display(),
     );
     eprint!("{report}");
@@ -321,9 +325,10 @@ fn assert_success(out: &Output, what: &str, log: &Path) {
     );
 }
 
-/// A build context like the one `podman build .` sees at the repository root: the
-/// Containerfile, `.dockerignore`, `image/` and the binaries at `target/release/podhost` and
-/// `target/release/podhost-exec`.
+/// A build context like the one `podman build .` sees at the repository root after the README's
+/// build steps: the Containerfile, `.dockerignore`, `image/` and the binaries at
+/// `target/release/podhost` and `target/release/podhost-exec`, stripped by `image/strip-symbols`
+/// as they are shipped (their symbols in `target/release/.debug`, which the image leaves out).
 fn build_context(dir: &Path, binary: &Path, supervisor: &Path) -> tempfile::TempDir {
     let context = tempfile::tempdir_in(dir).unwrap();
     for file in ["Containerfile", ".dockerignore"] {
@@ -345,7 +350,64 @@ fn build_context(dir: &Path, binary: &Path, supervisor: &Path) -> tempfile::Temp
             std::fs::copy(from, release.join(name)).unwrap();
         }
     }
+    let out = std::process::Command::new(repo().join("image/strip-symbols"))
+        .arg(&release)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "image/strip-symbols failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for name in ["podhost", "podhost-exec"] {
+        let sections = elf_sections(&release.join(name));
+        assert!(
+            sections.iter().any(|s| s == ".gnu_debuglink")
+                && !sections
+                    .iter()
+                    .any(|s| s.starts_with(".debug_") || s == ".symtab"),
+            "{name} is shipped with its symbols: {sections:?}"
+        );
+        let symbols = elf_sections(&release.join(".debug").join(format!("{name}.debug")));
+        assert!(
+            symbols.iter().any(|s| s == ".debug_line") && symbols.iter().any(|s| s == ".symtab"),
+            "{name}'s symbols file lacks its line tables or symbol table: {symbols:?}"
+        );
+        // The build's own binary is left as it was (a hard link is replaced, not rewritten).
+        let from = if name == "podhost" {
+            binary
+        } else {
+            supervisor
+        };
+        assert!(
+            elf_sections(from).iter().any(|s| s == ".debug_line"),
+            "{} lost its debug info",
+            from.display()
+        );
+    }
     context
+}
+
+/// The section names of an ELF file, as `readelf` (binutils, like `objcopy`) lists them.
+fn elf_sections(path: &Path) -> Vec<String> {
+    let out = std::process::Command::new("readelf")
+        .args(["-S", "-W"])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "readelf -S {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (_, rest) = l.split_once(']')?;
+            rest.split_whitespace().next().map(str::to_owned)
+        })
+        .collect()
 }
 
 /// The first mirror apt uses for `SUITE` itself (not `-updates` or `-security`), from the
