@@ -8,7 +8,12 @@
 //!   script pays: podhost's start-up, the supervisor, the shell);
 //! * **bare**: `bash -c true` spawned with `std::process`.
 //!
-//! Reports medians over rounds and the ratios mcp/bare, tool/bare and mcp/tool. Run with
+//! Each round is measured on a quiet host, then again with 1,000 idle processes on it (`sleep`s
+//! the bench starts and ends): a command's cost must not grow with the host's process count.
+//!
+//! Reports every round, medians over rounds and the ratios mcp/bare, tool/bare and mcp/tool,
+//! against the goals (mcp/bare ≤ 1.5×, tool/bare ≤ 2×), and how much the idle processes moved
+//! each ratio. Run with
 //! `cargo bench --bench local`. On a machine shared with other CPU-bound work, wall times
 //! measure the run queue too; compare ratios, not milliseconds. `PODHOST_BENCH_SMOKE=1` runs a
 //! few calls of each, checked (see `benches/support/smoke.rs`).
@@ -27,6 +32,91 @@ use serde_json::{Value, json};
 /// Rounds, calls of each kind per round, and warm-up calls: a measurement's, or a smoke run's.
 fn scale() -> (usize, usize, usize) {
     smoke::pick((5, 40, 5), (1, 3, 1))
+}
+
+/// Idle processes started for the second half.
+fn idle_processes() -> usize {
+    smoke::pick(1000, 20)
+}
+
+/// Processes that sleep until dropped.
+struct Idle(Vec<Child>);
+
+impl Idle {
+    fn start(n: usize) -> Idle {
+        Idle(
+            (0..n)
+                .map(|_| {
+                    Command::new("sleep")
+                        .arg("3600")
+                        .stdin(Stdio::null())
+                        .spawn()
+                        .unwrap()
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for Idle {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+        }
+        for c in &mut self.0 {
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The three medians of one condition (ms): mcp, tool, bare.
+type Medians = (f64, f64, f64);
+
+/// Rounds of interleaved calls; prints every round and the medians.
+fn measure(
+    label: &str,
+    calls: &mut [&mut dyn FnMut() -> Duration; 3],
+    (rounds, iterations, warm_up): (usize, usize, usize),
+) -> Medians {
+    for _ in 0..warm_up {
+        for c in calls.iter_mut() {
+            c();
+        }
+    }
+    let mut all = [Vec::new(), Vec::new(), Vec::new()];
+    println!(
+        "bash call through local use vs bare `bash -c true`, {label} ({rounds} rounds × \
+         {iterations})"
+    );
+    for round in 1..=rounds {
+        let mut this = [Vec::new(), Vec::new(), Vec::new()];
+        for _ in 0..iterations {
+            for (c, v) in calls.iter_mut().zip(this.iter_mut()) {
+                v.push(c());
+            }
+        }
+        let [mm, tm, bm] = this.clone().map(median);
+        println!(
+            "  round {round}: mcp {mm:.3} ms, tool {tm:.3} ms, bare {bm:.3} ms; mcp/bare {:.2}×, \
+             tool/bare {:.2}×, mcp/tool {:.2}×",
+            mm / bm,
+            tm / bm,
+            mm / tm
+        );
+        for (a, v) in all.iter_mut().zip(this) {
+            a.extend(v);
+        }
+    }
+    let [mm, tm, bm] = all.map(median);
+    smoke::check_positive("mcp, tool and bare", &[mm, tm, bm]);
+    println!(
+        "median, {label}: mcp {mm:.3} ms, tool {tm:.3} ms, bare {bm:.3} ms; mcp/bare {:.2}× \
+         (goal ≤ 1.5×), tool/bare {:.2}× (goal ≤ 2×), mcp/tool {:.2}×",
+        mm / bm,
+        tm / bm,
+        mm / tm
+    );
+    (mm, tm, bm)
 }
 
 /// A `podhost mcp` session on stdio.
@@ -104,7 +194,6 @@ fn median(mut v: Vec<Duration>) -> f64 {
 }
 
 fn main() {
-    let (rounds, iterations, warm_up) = scale();
     let podhost = Path::new(env!("CARGO_BIN_EXE_podhost"));
     let dir = tempfile::tempdir().unwrap();
     let mut session = Session::start(podhost, dir.path());
@@ -127,7 +216,7 @@ fn main() {
         );
         took
     };
-    let tool = || {
+    let mut tool = || {
         let t = Instant::now();
         let out = Command::new(podhost)
             .args(["tool", "bash", "--input", &input, "--workspace"])
@@ -144,7 +233,7 @@ fn main() {
         );
         took
     };
-    let bare = || {
+    let mut bare = || {
         let t = Instant::now();
         let status = Command::new("bash")
             .args(["-c", "true"])
@@ -157,40 +246,20 @@ fn main() {
         took
     };
 
-    for _ in 0..warm_up {
-        mcp();
-        tool();
-        bare();
-    }
-    let (mut m_all, mut t_all, mut b_all) = (Vec::new(), Vec::new(), Vec::new());
-    println!("bash call through local use vs bare `bash -c true` ({rounds} rounds × {iterations})");
-    for round in 1..=rounds {
-        let (mut m, mut t, mut b) = (Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..iterations {
-            m.push(mcp());
-            t.push(tool());
-            b.push(bare());
-        }
-        let (mm, tm, bm) = (median(m.clone()), median(t.clone()), median(b.clone()));
-        println!(
-            "  round {round}: mcp {mm:.3} ms, tool {tm:.3} ms, bare {bm:.3} ms; mcp/bare {:.2}×, \
-             tool/bare {:.2}×, mcp/tool {:.2}×",
-            mm / bm,
-            tm / bm,
-            mm / tm
-        );
-        m_all.extend(m);
-        t_all.extend(t);
-        b_all.extend(b);
-    }
-    let (mm, tm, bm) = (median(m_all), median(t_all), median(b_all));
-    smoke::check_positive("mcp, tool and bare", &[mm, tm, bm]);
+    let mut calls: [&mut dyn FnMut() -> Duration; 3] = [&mut mcp, &mut tool, &mut bare];
+    let quiet = measure("quiet host", &mut calls, scale());
+    let idle = Idle::start(idle_processes());
+    let busy = measure(
+        &format!("{} idle processes on the host", idle.0.len()),
+        &mut calls,
+        scale(),
+    );
+    drop(idle);
+    let moved = |a: Medians, b: Medians, f: fn(Medians) -> f64| f(b) / f(a);
     println!(
-        "median: mcp {mm:.3} ms, tool {tm:.3} ms, bare {bm:.3} ms; mcp/bare {:.2}×, tool/bare \
-         {:.2}×, mcp/tool {:.2}×",
-        mm / bm,
-        tm / bm,
-        mm / tm
+        "the idle processes moved mcp/bare by {:.2}× and tool/bare by {:.2}× (flat: 1.00×)",
+        moved(quiet, busy, |(m, _, b)| m / b),
+        moved(quiet, busy, |(_, t, b)| t / b),
     );
     drop(session);
     smoke::finish("local");
