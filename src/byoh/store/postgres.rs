@@ -51,6 +51,12 @@ use crate::exec::confine::UidRange;
 
 /// Connections the writes' pool opens at most.
 pub(super) const POOL_SIZE: usize = 16;
+/// How long a request waits for a free connection of a pool before it fails. Every connection
+/// busy means the server is answering, only slowly — a replica starved of CPU, or paused, finds
+/// all its connections taken by its own turns — so the wait is long: a turn must not fail for
+/// the replica's own slowness while its lease (checked by every write) is still its own. A
+/// server that does not answer at all fails sooner, at `create_timeout`.
+const POOL_WAIT: Duration = Duration::from_secs(60);
 /// Connections the reads' pool opens at most.
 const READ_POOL_SIZE: usize = 4;
 /// The channel cancellations are announced on.
@@ -278,7 +284,7 @@ impl Postgres {
             Pool::builder(manager)
                 .max_size(size)
                 .runtime(Runtime::Tokio1)
-                .wait_timeout(Some(Duration::from_secs(10)))
+                .wait_timeout(Some(POOL_WAIT))
                 .create_timeout(Some(Duration::from_secs(10)))
                 .recycle_timeout(Some(Duration::from_secs(5)))
                 .build()
