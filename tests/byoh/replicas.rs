@@ -47,13 +47,23 @@ async fn until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
 /// Submits `body` to `s` until it is accepted, retrying a busy answer (409 without an
 /// invocation id) as Oumi does.
 async fn submit_accepted(s: &Serve, body: &Value) -> (StatusCode, Value) {
+    // As Oumi does (protocol, "Errors"): a 409 without an invocation id (busy), a 429, any 5xx,
+    // a timeout or a dropped connection is retried with the same invocation id. A starved
+    // replica may answer so; what it must not do is lose or repeat the turn (checked below).
     let deadline = Instant::now() + T * 6;
     loop {
-        let (code, answer) = s.submit(body.clone()).await;
-        if code != StatusCode::CONFLICT || answer.get("invocation_id").is_some() {
-            return (code, answer);
-        }
-        assert!(Instant::now() < deadline, "busy for too long: {answer}");
+        let why = match s.try_submit(body.clone()).await {
+            Ok((code, answer))
+                if (code == StatusCode::CONFLICT && answer.get("invocation_id").is_none())
+                    || code == StatusCode::TOO_MANY_REQUESTS
+                    || code.is_server_error() =>
+            {
+                format!("{code}: {answer}")
+            }
+            Ok(answered) => return answered,
+            Err(e) => e,
+        };
+        assert!(Instant::now() < deadline, "no answer for too long: {why}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
