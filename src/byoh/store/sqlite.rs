@@ -39,6 +39,8 @@ type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 
 /// Read-only connections, all open while the store is.
 const READERS: usize = 8;
+/// Prepared statements the writer's connection keeps.
+const WRITER_STATEMENTS: usize = 64;
 /// How long a statement waits for a lock another connection holds.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -117,6 +119,22 @@ fn lock_dir(path: &Path) -> Result<Flock<File>, StoreError> {
     })
 }
 
+/// Runs `sql` as a statement from the connection's cache: a turn's statements are parsed once
+/// per connection, not at every write.
+fn exec(c: &Connection, sql: &str, params: impl rusqlite::Params) -> rusqlite::Result<usize> {
+    c.prepare_cached(sql)?.execute(params)
+}
+
+/// The first row of `sql` (a statement from the connection's cache), as `f` reads it.
+fn query_row<T>(
+    c: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+    f: impl FnOnce(&Row<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    c.prepare_cached(sql)?.query_row(params, f)
+}
+
 fn read_row(r: &Row<'_>, now: i64) -> rusqlite::Result<Result<InvocationRow, StoreError>> {
     let status: String = r.get(2)?;
     let connection: String = r.get(4)?;
@@ -146,7 +164,8 @@ fn read_row(r: &Row<'_>, now: i64) -> rusqlite::Result<Result<InvocationRow, Sto
 
 fn get(c: &Connection, id: &str) -> Result<Option<InvocationRow>, StoreError> {
     let now = now_ms();
-    c.query_row(
+    query_row(
+        c,
         &format!("SELECT {COLUMNS} FROM invocations WHERE invocation_id = ?1"),
         [id],
         |r| read_row(r, now),
@@ -160,7 +179,8 @@ fn must_get(c: &Connection, id: &str) -> Result<InvocationRow, StoreError> {
 }
 
 fn append(c: &Connection, id: &str, messages: &[ChatMessage]) -> Result<usize, StoreError> {
-    let mut next: i64 = c.query_row(
+    let mut next: i64 = query_row(
+        c,
         "SELECT COALESCE(MAX(seq) + 1, 0) FROM messages WHERE invocation_id = ?1",
         [id],
         |r| r.get(0),
@@ -204,6 +224,9 @@ impl Sqlite {
             .map_err(open_err(path))?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(open_err(path))?;
         let conn = migrate::sqlite(conn, None)?;
+        // Room for every statement the writer runs (a turn's, a submission's, a uid's take,
+        // the sweeper's), so none is parsed again after the first time.
+        conn.set_prepared_statement_cache_capacity(WRITER_STATEMENTS);
         Self::start(path, conn, lock)
     }
 
@@ -270,9 +293,9 @@ impl Sqlite {
         F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
     {
         self.write(move |c| {
-            c.pragma_update(None, "synchronous", "FULL")?;
+            exec(c, "PRAGMA synchronous = FULL", [])?;
             let r = f(c);
-            c.pragma_update(None, "synchronous", "NORMAL")?;
+            exec(c, "PRAGMA synchronous = NORMAL", [])?;
             r
         })
         .await
@@ -329,7 +352,7 @@ impl Sqlite {
 
     pub async fn count(&self) -> Result<u64, StoreError> {
         self.read(|c| {
-            Ok(c.query_row("SELECT COUNT(*) FROM invocations", [], |r| {
+            Ok(query_row(c, "SELECT COUNT(*) FROM invocations", [], |r| {
                 r.get::<_, i64>(0)
             })? as u64)
         })
@@ -394,7 +417,8 @@ impl Sqlite {
                 return Ok(StartOutcome::SessionTaken(other));
             }
             let now = now_ms();
-            tx.execute(
+            exec(
+                &tx,
                 "INSERT INTO invocations (invocation_id, session_id, status, connection, \
                  needs_key, output_start, created_ms, updated_ms, owner, epoch, lease_until_ms) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8, 1, ?9)",
@@ -439,7 +463,8 @@ impl Sqlite {
             }
             let end = append(&tx, &id, &messages)?;
             let now = now_ms();
-            tx.execute(
+            exec(
+                &tx,
                 "UPDATE invocations SET status = ?2, pending = '[]', last_resume = ?3, \
                  output_start = ?4, connection = ?5, needs_key = ?6, updated_ms = ?7, \
                  owner = ?8, epoch = ?9, lease_until_ms = ?10 WHERE invocation_id = ?1",
@@ -474,7 +499,8 @@ impl Sqlite {
         self.write(move |c| {
             let tx = begin(c)?;
             let now = now_ms();
-            let n = tx.execute(
+            let n = exec(
+                &tx,
                 "UPDATE invocations SET owner = ?2, epoch = epoch + 1, lease_until_ms = ?3, \
                  updated_ms = ?4 WHERE invocation_id = ?1 AND epoch = ?5 \
                  AND status IN ('queued', 'running') \
@@ -503,36 +529,44 @@ impl Sqlite {
     ) -> Result<(bool, Option<InvocationRow>), StoreError> {
         let id = id.to_owned();
         let fence = fence.cloned();
-        let op =
-            move |c: &mut Connection| {
-                if to != Status::Running && crate::failpoint_fails!("serve.store_full") {
-                    return Err(rusqlite::Error::SqliteFailure(
-                        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
-                        Some("database or disk is full".to_owned()),
-                    )
-                    .into());
-                }
-                let tx = begin(c)?;
-                let Some(row) = get(&tx, &id)? else {
-                    return Ok((false, None));
-                };
-                if !judge_transition(&row, from, fence.as_ref())? {
-                    return Ok((false, Some(row)));
-                }
-                let now = now_ms();
-                let finished = to.is_terminal().then_some(now);
-                // A lease lives while the turn is open; any other status ends it.
-                let open = super::OPEN.contains(&to);
-                tx.execute(
+        let op = move |c: &mut Connection| {
+            if to != Status::Running && crate::failpoint_fails!("serve.store_full") {
+                return Err(rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+                    Some("database or disk is full".to_owned()),
+                )
+                .into());
+            }
+            let tx = begin(c)?;
+            let Some(row) = get(&tx, &id)? else {
+                return Ok((false, None));
+            };
+            if !judge_transition(&row, from, fence.as_ref())? {
+                return Ok((false, Some(row)));
+            }
+            let now = now_ms();
+            let finished = to.is_terminal().then_some(now);
+            // A lease lives while the turn is open; any other status ends it.
+            let open = super::OPEN.contains(&to);
+            exec(
+                &tx,
                 "UPDATE invocations SET status = ?2, error = ?3, pending = ?4, updated_ms = ?5, \
                  finished_ms = ?6, lease_until_ms = CASE WHEN ?7 THEN lease_until_ms END \
                  WHERE invocation_id = ?1",
-                params![id, to.as_str(), error, to_json(&pending)?, now, finished, open],
+                params![
+                    id,
+                    to.as_str(),
+                    error,
+                    to_json(&pending)?,
+                    now,
+                    finished,
+                    open
+                ],
             )?;
-                let row = get(&tx, &id)?;
-                tx.commit()?;
-                Ok((true, row))
-            };
+            let row = get(&tx, &id)?;
+            tx.commit()?;
+            Ok((true, row))
+        };
         // End states and questions are what callers act on: sync them; `running` need not be.
         if to == Status::Running {
             self.write(op).await
@@ -552,7 +586,8 @@ impl Sqlite {
         self.write(move |c| {
             let tx = begin(c)?;
             let now = now_ms();
-            let held = tx.execute(
+            let held = exec(
+                &tx,
                 "UPDATE invocations SET updated_ms = ?2 WHERE invocation_id = ?1 AND owner = ?3 \
                  AND epoch = ?4 AND status IN ('queued', 'running')",
                 params![id, now, &*fence.owner, fence.epoch],
@@ -578,7 +613,8 @@ impl Sqlite {
         self.durable(move |c| {
             let tx = begin(c)?;
             let now = now_ms();
-            let held = tx.execute(
+            let held = exec(
+                &tx,
                 "UPDATE invocations SET updated_ms = ?2 WHERE invocation_id = ?1 AND owner = ?3 \
                  AND epoch = ?4 AND status IN ('queued', 'running')",
                 params![id, now, &*fence.owner, fence.epoch],
@@ -586,7 +622,8 @@ impl Sqlite {
             if held == 0 {
                 return Err(StoreError::Fenced(id));
             }
-            tx.execute(
+            exec(
+                &tx,
                 "INSERT INTO contexts (invocation_id, view) VALUES (?1, ?2) \
                  ON CONFLICT (invocation_id) DO UPDATE SET view = excluded.view",
                 params![id, view],
@@ -600,7 +637,8 @@ impl Sqlite {
     pub async fn view(&self, id: &str) -> Result<Option<String>, StoreError> {
         let id = id.to_owned();
         self.read(move |c| {
-            Ok(c.query_row(
+            Ok(query_row(
+                c,
                 "SELECT view FROM contexts WHERE invocation_id = ?1",
                 [&id],
                 |r| r.get(0),
@@ -641,7 +679,8 @@ impl Sqlite {
         let id = id.to_owned();
         let fence = fence.clone();
         self.write(move |c| {
-            c.execute(
+            exec(
+                c,
                 "UPDATE invocations SET lease_until_ms = ?2 WHERE invocation_id = ?1 \
                  AND owner = ?3 AND epoch = ?4",
                 params![id, now_ms(), &*fence.owner, fence.epoch],
@@ -686,7 +725,8 @@ impl Sqlite {
         let id = id.to_owned();
         self.durable(move |c| {
             let now = now_ms();
-            let n = c.execute(
+            let n = exec(
+                c,
                 "UPDATE invocations SET status = 'failed', error = ?2, updated_ms = ?3, \
                  finished_ms = ?3, epoch = epoch + 1, lease_until_ms = NULL \
                  WHERE invocation_id = ?1 AND epoch = ?4 AND status IN ('queued', 'running') \
@@ -700,7 +740,8 @@ impl Sqlite {
 
     pub async fn expire_leases(&self) -> Result<usize, StoreError> {
         self.write(|c| {
-            Ok(c.execute(
+            Ok(exec(
+                c,
                 "UPDATE invocations SET lease_until_ms = ?1 \
                  WHERE status IN ('queued', 'running')",
                 [now_ms()],
@@ -721,9 +762,10 @@ impl Sqlite {
                 rows.collect::<rusqlite::Result<_>>()?
             };
             for (id, _) in &sessions {
-                tx.execute("DELETE FROM messages WHERE invocation_id = ?1", [id])?;
-                tx.execute("DELETE FROM contexts WHERE invocation_id = ?1", [id])?;
-                tx.execute(
+                exec(&tx, "DELETE FROM messages WHERE invocation_id = ?1", [id])?;
+                exec(&tx, "DELETE FROM contexts WHERE invocation_id = ?1", [id])?;
+                exec(
+                    &tx,
                     "UPDATE invocations SET swept = 1, pending = '[]', last_resume = '[]' \
                      WHERE invocation_id = ?1",
                     [id],
@@ -737,7 +779,8 @@ impl Sqlite {
 
     pub async fn uid_range_known(&self, first: u32) -> Result<bool, StoreError> {
         self.read(move |c| {
-            Ok(c.query_row(
+            Ok(query_row(
+                c,
                 "SELECT EXISTS (SELECT 1 FROM uid_next WHERE first = ?1)",
                 [i64::from(first)],
                 |r| r.get(0),
@@ -757,7 +800,8 @@ impl Sqlite {
             let tx = begin(c)?;
             let now = now_ms();
             let (first, last) = (i64::from(range.first), i64::from(range.last));
-            let known: bool = tx.query_row(
+            let known: bool = query_row(
+                &tx,
                 "SELECT EXISTS (SELECT 1 FROM uid_next WHERE first = ?1)",
                 [first],
                 |r| r.get(0),
@@ -766,28 +810,32 @@ impl Sqlite {
                 return Ok(());
             }
             for (session, uid) in &held {
-                tx.execute(
+                exec(
+                    &tx,
                     "INSERT OR IGNORE INTO session_uids (uid, session_id, owner, claimed_ms, \
                      used) VALUES (?1, ?2, ?3, ?4, (SELECT COALESCE(MAX(used), 0) + 1 \
                      FROM session_uids))",
                     params![i64::from(*uid), session, owner, now],
                 )?;
             }
-            let top: Option<i64> = tx.query_row(
+            let top: Option<i64> = query_row(
+                &tx,
                 "SELECT MAX(uid) FROM session_uids WHERE uid BETWEEN ?1 AND ?2",
                 params![first, last],
                 |r| r.get(0),
             )?;
             let next = top.map_or(first, |t| t + 1);
             // The uids below the first never handed out that no session holds are free.
-            tx.execute(
+            exec(
+                &tx,
                 "WITH RECURSIVE u(uid) AS (SELECT ?1 UNION ALL SELECT uid + 1 FROM u \
                  WHERE uid + 1 < ?2) \
                  INSERT OR IGNORE INTO uid_free (uid) SELECT uid FROM u WHERE uid < ?2 \
                  AND uid NOT IN (SELECT uid FROM session_uids)",
                 params![first, next],
             )?;
-            tx.execute(
+            exec(
+                &tx,
                 "INSERT OR IGNORE INTO uid_next (first, next) VALUES (?1, ?2)",
                 params![first, next],
             )?;
@@ -826,7 +874,11 @@ impl Sqlite {
                 )
                 .optional()?;
             if let Some(uid) = uid {
-                tx.execute("INSERT OR IGNORE INTO uid_free (uid) VALUES (?1)", [uid])?;
+                exec(
+                    &tx,
+                    "INSERT OR IGNORE INTO uid_free (uid) VALUES (?1)",
+                    [uid],
+                )?;
             }
             tx.commit()?;
             Ok(())
@@ -847,7 +899,8 @@ fn take_uid(
     let now = now_ms();
     let (first, last) = (i64::from(range.first), i64::from(range.last));
     // The order of use: one more than the last take's (an indexed maximum).
-    let used: i64 = tx.query_row(
+    let used: i64 = query_row(
+        &tx,
         "SELECT COALESCE(MAX(used), 0) + 1 FROM session_uids",
         [],
         |r| r.get(0),
@@ -864,7 +917,8 @@ fn take_uid(
         return grant(uid, UidGrant::Held);
     }
     let insert = |tx: &Transaction<'_>, uid: i64| -> rusqlite::Result<bool> {
-        Ok(tx.execute(
+        Ok(exec(
+            tx,
             "INSERT OR IGNORE INTO session_uids (uid, session_id, owner, claimed_ms, \
                  used) VALUES (?1, ?2, ?3, ?4, ?5)",
             params![uid, session_id, owner, now, used],
@@ -917,7 +971,8 @@ fn take_uid(
         return Ok(None);
     };
     park(&from).map_err(StoreError::Park)?;
-    tx.execute(
+    exec(
+        &tx,
         "UPDATE session_uids SET session_id = ?2, owner = ?3, claimed_ms = ?4, \
              used = ?5 WHERE uid = ?1",
         params![uid, session_id, owner, now, used],
