@@ -47,6 +47,8 @@ use super::{ExecError, reaper, sys};
 
 /// How long a holder may take to build its view.
 const START_BOUND: Duration = Duration::from_secs(10);
+/// How long a holder asked to stop may take before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// The level this host allows, asked once per process of the helper binary `helper`
 /// (`podhost-exec`, see [`probe`]). A helper that cannot be run counts as "no namespaces", with
@@ -224,22 +226,45 @@ impl Session {
 }
 
 impl Drop for Session {
-    /// The toolbox is gone: so is the session, and with it every process in it.
+    /// The toolbox is gone: so is the session, and with it every process in it. The holder is
+    /// asked to stop (SIGTERM: O SIGKILLs H, pid 1 of the session, and reaps it), and killed
+    /// after [`STOP_GRACE`] if it has not. Killing O outright would leave H, dying, to
+    /// re-parent to podhost as an adopted orphan, whose reaping walks all of `/proc`
+    /// (`reaper::sweep_all`) at every session's end.
     fn drop(&mut self) {
         self.exit.cancel();
         let Some(mut child) = self.holder.take() else {
             return;
         };
-        let _ = child.start_kill();
         let pid = self.pid;
         match tokio::runtime::Handle::try_current() {
+            Ok(rt) if pid > 0 => {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+                rt.spawn(async move {
+                    if tokio::time::timeout(STOP_GRACE, child.wait())
+                        .await
+                        .is_err()
+                    {
+                        let _ = child.start_kill();
+                        let _ = child.wait().await;
+                    }
+                    reaper::deregister(pid);
+                });
+            }
             Ok(rt) => {
+                let _ = child.start_kill();
                 rt.spawn(async move {
                     let _ = child.wait().await;
                     reaper::deregister(pid);
                 });
             }
-            Err(_) => reaper::deregister(pid),
+            Err(_) => {
+                let _ = child.start_kill();
+                reaper::deregister(pid);
+            }
         }
     }
 }
