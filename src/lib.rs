@@ -43,7 +43,8 @@
 //! Commands run by the tools are untrusted. In a pod and on the BYOH endpoint they get a clean
 //! environment (no tokens, no `NYLORUN_*`); in local use they get the user's own, minus every
 //! variable that looks like a credential. They start in their own session under a supervisor
-//! that kills their whole tree, and never see the host token, join token, run tokens or model
+//! that kills their whole tree (for `podhost tool bash`, podhost itself, see
+//! [`exec::oneshot`]), and never see the host token, join token, run tokens or model
 //! API keys.
 //! They and the file tools run under Landlock ([`exec::confine`]): the system read-only, their
 //! workspace writable, podhost's state and other sessions' workspaces out of reach; podhost

@@ -69,6 +69,12 @@ fn main() -> ExitCode {
     {
         return ExitCode::from(exit::FAILURE as u8);
     }
+    // `podhost tool` runs one call and exits: it starts as small as the command supervisor,
+    // without the multi-threaded runtime (see `tool`).
+    let front = match front {
+        Front::Tool(config) => return ExitCode::from(tool(config) as u8),
+        front => front,
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -245,6 +251,42 @@ async fn dispatch(front: Front) -> anyhow::Result<i32> {
         Front::Health(args) => Ok(health(&args)),
         Front::Done(code) => Ok(code),
     }
+}
+
+/// `podhost tool`: a `bash` call runs on this thread with podhost as its command's supervisor
+/// (no async runtime, no supervisor process, see `exec::oneshot`); any other call (or a command
+/// in a session) on a current-thread runtime. The exit code.
+fn tool(config: ToolConfig) -> i32 {
+    let call = match podhost::local::tool::prepare(config) {
+        Ok(call) => call,
+        Err(e) => return local("tool", Err(e)),
+    };
+    if let Some(result) = call.run_here() {
+        return local("tool", result);
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("podhost: could not start the async runtime: {e}");
+            return exit::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        // Orphans of commands whose supervisor died re-parent to podhost, which kills them.
+        if let Err(e) = exec::reaper::start() {
+            tracing::warn!("could not become a child subreaper: {e}");
+        }
+        match on_signals() {
+            Ok(stop) => local("tool", call.run(stop).await),
+            Err(e) => {
+                eprintln!("podhost tool: {}", error_chain(e.as_ref()));
+                exit::FAILURE
+            }
+        }
+    })
 }
 
 /// Stops a local command on SIGINT or SIGTERM (its command's process tree killed, exit 130 or

@@ -32,6 +32,14 @@
 //!   `setsid`, starts the shell with the limits ([`limits`]), `PR_SET_NO_NEW_PRIVS` and the
 //!   confinement ([`confine`]: Landlock, the network filter, the command user), reaps, and kills
 //!   every descendant ([`procs`]) before reporting the shell's status and exiting.
+//! * [`oneshot`]: `podhost tool bash`'s one command, supervised in podhost's own process by the
+//!   same code ([`supervise::Tree`]) — no supervisor process, no control socket, no async
+//!   runtime; it also reads the pipes and keeps the timeout and the stop signals itself:
+//!
+//! ```text
+//! podhost tool ──fork, confine, exec──► <shell> -c <command> ──► …   (own session, own group)
+//! ```
+//!
 //! * [`reaper`]: podhost itself as a child subreaper, reaping what a failed supervisor left.
 //! * [`env`](mod@env): the command's environment; [`egress`]: the CA bundle file its trust
 //!   variables name.
@@ -59,6 +67,7 @@ pub(crate) mod env;
 pub mod init;
 pub(crate) mod limits;
 pub mod net;
+pub mod oneshot;
 pub(crate) mod procs;
 pub mod protocol;
 pub mod quota;
@@ -286,6 +295,34 @@ impl Executor {
     /// The pid of the session holder commands run under, while one runs.
     pub fn session_holder_pid(&self) -> Option<i32> {
         self.session.as_ref()?.holder_pid()
+    }
+
+    /// Whether [`execute_here`](Self::execute_here) can run this executor's commands: no
+    /// cgroup or disk quota to watch, and no session or one whose view this process can build
+    /// in itself (local use with a read-only system, podhost root: see [`oneshot`]).
+    pub fn supervises_here(&self) -> bool {
+        self.group.is_none()
+            && self.quota.is_none()
+            && self
+                .session
+                .as_ref()
+                .is_none_or(|s| s.view_only().is_some())
+    }
+
+    /// Runs one command with this process as its supervisor (`podhost tool`, see [`oneshot`]):
+    /// no supervisor process, no async runtime. Only for a single-threaded process and an
+    /// executor that [`supervises_here`](Self::supervises_here); otherwise an error that says
+    /// to use [`execute`](Self::execute).
+    pub fn execute_here(&self, req: ExecRequest) -> Result<oneshot::OneShot, ExecError> {
+        if !self.supervises_here() {
+            return Err(ExecError::Supervisor {
+                message: "this executor's commands run in a session or are watched (a cgroup, \
+                          a disk quota): run them with Executor::execute"
+                    .to_owned(),
+            });
+        }
+        let view = self.session.as_ref().and_then(|s| s.view_only());
+        oneshot::execute(&self.config, view, req)
     }
 
     /// The same executor with another confinement policy.

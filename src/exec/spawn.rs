@@ -62,33 +62,7 @@ pub(super) async fn execute(
     session: Option<&SessionSlot>,
     req: ExecRequest,
 ) -> Result<ExecOutput, ExecError> {
-    super::validate_command(&req.command).map_err(ExecError::InvalidCommand)?;
-    if !req.cwd.is_dir() {
-        return Err(ExecError::NoCwd(req.cwd));
-    }
-    let request = Request {
-        parent: std::process::id(),
-        shell: config.shell.clone(),
-        command: req.command,
-        cwd: req.cwd,
-        // execve cannot carry a NUL; such a variable could only fail the start.
-        env: config
-            .env
-            .build(&req.env)
-            .into_iter()
-            .filter(|(_, v)| !v.contains('\0'))
-            .collect(),
-        limits: {
-            let mut limits = config.limits.clone();
-            if let Some(cap) = req.file_size_cap {
-                limits.file_size = Some(limits.file_size.map_or(cap, |f| f.min(cap)));
-            }
-            limits
-        },
-        confine: req.confine,
-    }
-    .encode()
-    .map_err(io::Error::other)?;
+    let request = request(config, &req)?.encode().map_err(io::Error::other)?;
 
     let (ctl, sent, mut sup, stdout, stderr) = match session {
         None => {
@@ -147,6 +121,36 @@ pub(super) async fn execute(
         timed_out,
         cancelled,
         limit_note: None,
+    })
+}
+
+/// The supervisor's request for `req`, checked: a command `exec` can start, a working directory
+/// that exists. `podhost tool`, which supervises its one command itself, builds the same.
+pub(super) fn request(config: &ExecConfig, req: &ExecRequest) -> Result<Request, ExecError> {
+    super::validate_command(&req.command).map_err(ExecError::InvalidCommand)?;
+    if !req.cwd.is_dir() {
+        return Err(ExecError::NoCwd(req.cwd.clone()));
+    }
+    Ok(Request {
+        parent: std::process::id(),
+        shell: config.shell.clone(),
+        command: req.command.clone(),
+        cwd: req.cwd.clone(),
+        // execve cannot carry a NUL; such a variable could only fail the start.
+        env: config
+            .env
+            .build(&req.env)
+            .into_iter()
+            .filter(|(_, v)| !v.contains('\0'))
+            .collect(),
+        limits: {
+            let mut limits = config.limits.clone();
+            if let Some(cap) = req.file_size_cap {
+                limits.file_size = Some(limits.file_size.map_or(cap, |f| f.min(cap)));
+            }
+            limits
+        },
+        confine: req.confine.clone(),
     })
 }
 

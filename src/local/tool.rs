@@ -4,14 +4,22 @@
 //! Exit codes: 0 when the tool ran (its outcome may be a failure: a command's non-zero exit, no
 //! match), 2 when the input was refused before it could run, 130 or 143 when a signal stopped
 //! it (the command's whole process tree killed; the outcome so far is still printed).
+//!
+//! A `bash` call runs without an async runtime, podhost itself its command's supervisor
+//! ([`Call::run_here`], see `exec::oneshot`): one process between the caller and the shell, as
+//! small at its start as the supervisor binary. The file tools (and a command in a session
+//! whose holder podhost cannot be itself) run on a current-thread runtime ([`Call::run`]).
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
 
-use super::{LocalEnv, LocalError, Stop, toolbox, withheld_note};
+use nix::sys::signal::Signal;
+use tokio_util::sync::CancellationToken;
+
+use super::{LocalEnv, LocalError, Stop, StopSignal, toolbox, withheld_note};
 use crate::exec::ExecSettings;
 use crate::floor::codes::exit;
-use crate::tools::{CallContext, ToolName, ToolOutcome, codes};
+use crate::tools::{CallContext, ToolName, ToolOutcome, Toolbox, codes};
 
 /// `podhost tool`'s configuration.
 #[derive(Clone, Debug)]
@@ -29,7 +37,16 @@ pub struct ToolConfig {
 /// The most bytes of input read from stdin.
 const MAX_INPUT_BYTES: u64 = 16 << 20;
 
-pub async fn tool(args: ToolConfig, stop: Stop) -> Result<i32, LocalError> {
+/// A `podhost tool` call ready to run: the tool, its input and the workspace's toolbox.
+pub struct Call {
+    name: ToolName,
+    input: serde_json::Value,
+    toolbox: Toolbox,
+}
+
+/// Checks the tool's name and input (read from stdin for `-`) and builds the workspace's
+/// toolbox; says on stderr which `--env` variables are not set. Needs no async runtime.
+pub fn prepare(args: ToolConfig) -> Result<Call, LocalError> {
     let name: ToolName = args.name.parse().map_err(LocalError::Usage)?;
     let raw = if args.input == "-" {
         let mut s = String::new();
@@ -42,7 +59,7 @@ pub async fn tool(args: ToolConfig, stop: Stop) -> Result<i32, LocalError> {
             })?;
         s
     } else {
-        args.input.clone()
+        args.input
     };
     let input: serde_json::Value = match serde_json::from_str(&raw) {
         Ok(v @ serde_json::Value::Object(_)) => v,
@@ -60,26 +77,72 @@ pub async fn tool(args: ToolConfig, stop: Stop) -> Result<i32, LocalError> {
     {
         eprintln!("podhost tool: {note}");
     }
-    let outcome = toolbox
-        .call(
-            name.as_str(),
-            &input,
-            &CallContext::new(stop.token().child_token()),
-        )
-        .await?;
+    Ok(Call {
+        name,
+        input,
+        toolbox,
+    })
+}
+
+impl Call {
+    /// Runs a `bash` call with this process as its command's supervisor, without an async
+    /// runtime (see `exec::oneshot`); the exit code. The caller must be single-threaded: the
+    /// stop signals are blocked and read here. `None` for any other call, or when the
+    /// workspace's commands run in a session: then use [`run`](Self::run).
+    ///
+    /// SIGINT and SIGTERM end the command (its whole tree killed) and the call with 130 or 143,
+    /// the outcome so far printed; SIGHUP and SIGQUIT kill the tree, then end podhost as they
+    /// would have without it.
+    pub fn run_here(&self) -> Option<Result<i32, LocalError>> {
+        if self.name != ToolName::Bash {
+            return None;
+        }
+        let ctx = CallContext::new(CancellationToken::new());
+        let (outcome, stopped_by) = self.toolbox.bash_here(&self.input, &ctx)?;
+        let stop = match stopped_by {
+            None => None,
+            Some(Signal::SIGINT) => Some(StopSignal::Interrupt),
+            Some(Signal::SIGTERM) => Some(StopSignal::Terminate),
+            Some(other) => crate::exec::oneshot::die_of(other),
+        };
+        Some(outcome.map_err(LocalError::from).map(|o| report(&o, stop)))
+    }
+
+    /// Runs the call on the async runtime (file tools, or commands in a session); `stop` ends
+    /// it early.
+    pub async fn run(self, stop: Stop) -> Result<i32, LocalError> {
+        let outcome = self
+            .toolbox
+            .call(
+                self.name.as_str(),
+                &self.input,
+                &CallContext::new(stop.token().child_token()),
+            )
+            .await?;
+        Ok(report(&outcome, stop.signal()))
+    }
+}
+
+/// Runs one call on the async runtime: [`prepare`], then [`Call::run`].
+pub async fn tool(args: ToolConfig, stop: Stop) -> Result<i32, LocalError> {
+    prepare(args)?.run(stop).await
+}
+
+/// Prints the outcome on stdout; the exit code.
+fn report(outcome: &ToolOutcome, stopped: Option<StopSignal>) -> i32 {
     // A closed stdout (`… | head -c 1`) ends quietly: whoever stopped reading wants no more.
     {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "{}", serde_json::json!(outcome)).and_then(|()| out.flush());
     }
-    if let Some(signal) = stop.signal() {
-        return Ok(signal.exit_code());
+    if let Some(signal) = stopped {
+        return signal.exit_code();
     }
-    Ok(match &outcome {
+    match outcome {
         ToolOutcome::Failed { code, message, .. } if code == codes::INVALID_INPUT => {
             eprintln!("podhost tool: {message}");
             exit::USAGE
         }
         _ => exit::OK,
-    })
+    }
 }

@@ -38,11 +38,46 @@ pub async fn execute(
     input: BashInput,
     ctx: &CallContext,
 ) -> Result<ToolOutcome, ToolError> {
+    let (req, timeout) = match request(tb, input, ctx) {
+        Ok(r) => r,
+        Err(refused) => return Ok(refused),
+    };
+    outcome(tb.executor().execute(req).await, timeout)
+}
+
+/// [`execute`] with this process as the command's supervisor (`podhost tool`, see
+/// `exec::oneshot`): no async runtime, no supervisor process. The signal that stopped the
+/// command comes back beside the outcome. Only where the executor `supervises_here`.
+pub fn execute_here(
+    tb: &Toolbox,
+    input: BashInput,
+    ctx: &CallContext,
+) -> (
+    Result<ToolOutcome, ToolError>,
+    Option<nix::sys::signal::Signal>,
+) {
+    let (req, timeout) = match request(tb, input, ctx) {
+        Ok(r) => r,
+        Err(refused) => return (Ok(refused), None),
+    };
+    match tb.executor().execute_here(req) {
+        Ok(one) => (outcome(Ok(one.output), timeout), one.stopped_by),
+        Err(e) => (outcome(Err(e), timeout), None),
+    }
+}
+
+/// The command a call asks for and its timeout in seconds, or the outcome that refuses its
+/// input.
+fn request(
+    tb: &Toolbox,
+    input: BashInput,
+    ctx: &CallContext,
+) -> Result<(ExecRequest, u64), ToolOutcome> {
     let timeout = match input.timeout {
         None => DEFAULT_TIMEOUT_SECS,
         Some(t @ 1..=MAX_TIMEOUT_SECS) => t,
         Some(t) => {
-            return Ok(ToolOutcome::failed(
+            return Err(ToolOutcome::failed(
                 codes::INVALID_INPUT,
                 format!(
                     "Invalid bash input: timeout must be between 1 and {MAX_TIMEOUT_SECS} \
@@ -52,7 +87,7 @@ pub async fn execute(
         }
     };
     if let Err(message) = validate_command(&input.command) {
-        return Ok(ToolOutcome::failed(codes::INVALID_INPUT, message));
+        return Err(ToolOutcome::failed(codes::INVALID_INPUT, message));
     }
     // A private temporary directory is the default; the call's own variables may still say
     // otherwise (writes elsewhere then fail loudly).
@@ -74,7 +109,12 @@ pub async fn execute(
         confine: tb.rules().command.clone(),
         file_size_cap: None,
     };
-    match tb.executor().execute(req).await {
+    Ok((req, timeout))
+}
+
+/// The call's outcome from how its command ended.
+fn outcome(ended: Result<ExecOutput, ExecError>, timeout: u64) -> Result<ToolOutcome, ToolError> {
+    match ended {
         Ok(out) => Ok(ToolOutcome::completed(output(out, timeout))),
         Err(ExecError::InvalidCommand(message)) => {
             Ok(ToolOutcome::failed(codes::INVALID_INPUT, message))

@@ -259,6 +259,41 @@ impl Toolbox {
         result
     }
 
+    /// A `bash` call with this process as its command's supervisor (see `exec::oneshot`):
+    /// `podhost tool bash` in a single-threaded process, without an async runtime. `None` when
+    /// this toolbox's commands cannot run that way (they run in a session, or are watched by a
+    /// cgroup or a quota): then use [`call`](Self::call). Beside the outcome, the signal that
+    /// stopped the command, if one did.
+    pub fn bash_here(
+        &self,
+        input: &Value,
+        ctx: &CallContext,
+    ) -> Option<(
+        Result<ToolOutcome, ToolError>,
+        Option<nix::sys::signal::Signal>,
+    )> {
+        if !self.inner.executor.supervises_here() || self.inner.commands.is_some() {
+            return None;
+        }
+        if ctx.cancel.is_cancelled() {
+            let cancelled =
+                ToolOutcome::failed(codes::CANCELLED, "The call was cancelled before it ran.");
+            return Some((Ok(cancelled), None));
+        }
+        let input = match parse(ToolName::Bash, input) {
+            Ok(i) => i,
+            Err(refused) => return Some((Ok(refused), None)),
+        };
+        let ended = bash::execute_here(self, input, ctx);
+        let guards = self.inner.executor.confinement().guards();
+        if !guards.is_empty()
+            && let Err(e) = crate::exec::confine::state::check(guards)
+        {
+            tracing::error!(error = %e, "podhost's state is exposed and could not be repaired");
+        }
+        Some(ended)
+    }
+
     async fn dispatch(
         &self,
         name: &str,

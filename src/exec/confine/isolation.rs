@@ -108,7 +108,7 @@ impl Isolation {
             .helper
             .clone()
             .or_else(|| crate::exec::find_supervisor().ok())?;
-        let probe = crate::exec::session::probe_host(&helper);
+        let probe = crate::exec::session::probe_namespaces(&helper);
         probe.namespaces.any().then_some(probe.namespaces)
     }
 }

@@ -55,28 +55,39 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 /// the reason.
 pub fn probe_host(helper: &Path) -> Probe {
     static PROBE: OnceLock<Probe> = OnceLock::new();
+    PROBE.get_or_init(|| run_probe(helper, &[])).clone()
+}
+
+/// The namespaces level alone (no network, no disk: see [`probe::run_namespaces`]), asked once
+/// per process: what local use's read-only system needs.
+pub fn probe_namespaces(helper: &Path) -> Probe {
+    static PROBE: OnceLock<Probe> = OnceLock::new();
     PROBE
-        .get_or_init(|| {
-            let none = |why: String| Probe {
-                namespaces: Namespaces::None,
-                refused: vec![why.clone()],
-                network: false,
-                disk: Err(why),
-            };
-            let out = std::process::Command::new(helper)
-                .arg(probe::PROBE_ARG)
-                .env_clear()
-                .stdin(Stdio::null())
-                .stderr(Stdio::null())
-                .output();
-            match out {
-                Ok(out) if out.status.success() => serde_json::from_slice(&out.stdout)
-                    .unwrap_or_else(|e| none(format!("the probe's answer: {e}"))),
-                Ok(out) => none(format!("the probe ended with {}", out.status)),
-                Err(e) => none(format!("could not run {}: {e}", helper.display())),
-            }
-        })
+        .get_or_init(|| run_probe(helper, &[probe::NAMESPACES_ONLY]))
         .clone()
+}
+
+/// Runs the probe helper with `args` after its own argument.
+fn run_probe(helper: &Path, args: &[&str]) -> Probe {
+    let none = |why: String| Probe {
+        namespaces: Namespaces::None,
+        refused: vec![why.clone()],
+        network: false,
+        disk: Err(why),
+    };
+    let out = std::process::Command::new(helper)
+        .arg(probe::PROBE_ARG)
+        .args(args)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output();
+    match out {
+        Ok(out) if out.status.success() => serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| none(format!("the probe's answer: {e}"))),
+        Ok(out) => none(format!("the probe ended with {}", out.status)),
+        Err(e) => none(format!("could not run {}: {e}", helper.display())),
+    }
 }
 
 /// A running holder: its socket and its process.
@@ -287,6 +298,20 @@ impl SessionSlot {
             exit,
             current: tokio::sync::Mutex::new(None),
         }
+    }
+
+    /// The session's request when a single-threaded process can build its view in itself, as
+    /// `podhost tool bash` does for its one command (see `exec::oneshot`): a view alone — no user
+    /// or PID namespace (podhost is root), no network, disk or cgroup of the session's own.
+    pub(crate) fn view_only(&self) -> Option<&SessionRequest> {
+        let r = &self.request;
+        (r.userns.is_none()
+            && !r.pid_namespace
+            && r.network.is_none()
+            && r.disk.is_none()
+            && r.cgroup_procs.is_empty()
+            && self.exit.is_none())
+        .then_some(r)
     }
 
     /// The pid of the running holder (podhost's child), if one runs: for diagnostics and tests.

@@ -72,10 +72,20 @@ pub struct Probe {
     pub disk: Result<(), String>,
 }
 
+/// `argv[2]` that asks for the namespaces level alone ([`run_namespaces`]): what local use needs.
+pub const NAMESPACES_ONLY: &str = "namespaces";
+
 /// The probe's `main`: prints one JSON line.
 pub fn main() -> ExitCode {
     sys::close_from(3);
-    let probe = run();
+    let only_namespaces = std::env::args_os()
+        .nth(2)
+        .is_some_and(|a| a == NAMESPACES_ONLY);
+    let probe = if only_namespaces {
+        run_namespaces()
+    } else {
+        run()
+    };
     match serde_json::to_string(&probe) {
         Ok(line) => {
             println!("{line}");
@@ -128,6 +138,44 @@ pub fn run() -> Probe {
         refused,
         network: false,
         disk: Err("no namespaces".to_owned()),
+    }
+}
+
+/// The strongest level alone, tried as [`run`] tries it, without the network namespace and the
+/// disk that only isolated sessions use (local use's read-only system needs neither, and the
+/// disk's `mkfs` costs a one-shot `podhost tool` more than its command does).
+pub fn run_namespaces() -> Probe {
+    let mut refused = Vec::new();
+    let mut levels = Vec::new();
+    if nix::unistd::geteuid().is_root() {
+        levels.push((Namespaces::Root, false, true, "namespaces as root"));
+    }
+    levels.push((Namespaces::Userns, true, true, "a user namespace"));
+    levels.push((
+        Namespaces::UsernsNoproc,
+        true,
+        false,
+        "a user namespace without /proc",
+    ));
+    let not_tried = || Err("not probed".to_owned());
+    for (namespaces, userns, pid, what) in levels {
+        match attempt(userns, pid, false) {
+            Ok(()) => {
+                return Probe {
+                    namespaces,
+                    refused,
+                    network: false,
+                    disk: not_tried(),
+                };
+            }
+            Err(e) => refused.push(format!("{what}: {e}")),
+        }
+    }
+    Probe {
+        namespaces: Namespaces::None,
+        refused,
+        network: false,
+        disk: not_tried(),
     }
 }
 

@@ -1,0 +1,384 @@
+//! One command supervised by podhost's own process: `podhost tool bash`, which runs one command
+//! and exits, is its command's supervisor itself — no second program, no control socket.
+//!
+//! Owns: running one [`ExecRequest`] in this process the way the supervisor binary runs it (the
+//! same [`supervise::Tree`]: child subreaper, the confinement applied in the forked shell before
+//! it execs, the system-call filter last, reaping, killing every descendant), plus what podhost's
+//! side of a command owns elsewhere ([`spawn`](super::spawn)): the timeout, the stop signals
+//! (SIGINT, SIGTERM, SIGHUP, SIGQUIT, waited for on a `signalfd`, never by handlers) and the
+//! bounded capture of stdout and stderr ([`StreamCapture`], the same caps as the bash tool's).
+//!
+//! ```text
+//! podhost tool ──fork, confine, exec──► <shell> -c <command> ──► …   (own session, own group)
+//!   │  poll: signalfd (SIGCHLD, stop signals), stdout and stderr pipes, the deadline
+//!   └─ the shell exits, times out or a stop signal comes → every descendant killed, then the
+//!      outcome
+//! ```
+//!
+//! Invariants:
+//! * The process is single-threaded when [`execute`] is called (no async runtime was started):
+//!   the fork's pre-exec code and the blocked signals rely on it.
+//! * A second stop signal, while the tree is being killed, skips the SIGTERM grace: what is
+//!   left is SIGKILLed at once, and the outcome is still printed.
+//! * The shell runs in a session of its own (podhost keeps its terminal and process group, so
+//!   Ctrl-C still reaches podhost); every process it starts is re-parented here and killed
+//!   before [`execute`] returns, also on the timeout or a stop signal.
+//! * The command gets the same walls as under the supervisor binary: the same request (built by
+//!   `spawn::request`), a fresh session keyring, descriptors above stderr closed at its exec,
+//!   and `oom_score_adj` 1000. podhost's own environment stays unreadable to it (podhost is
+//!   non-dumpable, see `confine::harden_process`).
+//!
+//! Local use's read-only system (a session whose holder would build a view alone, podhost
+//! root): this process enters fresh mount and IPC namespaces and builds the same view itself
+//! (`session::view`) before it forks the shell.
+//!
+//! Non-goals: sessions with a user or PID namespace, a network, a disk, a cgroup or a quota
+//! (their holder forks a supervisor; such an executor uses
+//! [`Executor::execute`](super::Executor::execute)); more than one command.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+
+use super::capture::StreamCapture;
+use super::protocol::{SessionRequest, Status};
+use super::session::view;
+use super::spawn::{EXIT_CANCELLED, EXIT_TIMED_OUT};
+use super::supervise::{Placement, Tree, Waiter, Wake, handled_signals};
+use super::{ExecConfig, ExecError, ExecOutput, ExecRequest};
+
+/// How long the output pipes may stay open once no descendant is left (only a process stuck in
+/// the kernel could hold them) before podhost stops reading, as on the supervisor's path.
+const DRAIN_BOUND: Duration = Duration::from_secs(2);
+/// How much one read of a pipe takes.
+const READ_CHUNK: usize = 64 * 1024;
+/// Reads of one pipe per wake-up, so a writer that never pauses cannot starve the signals.
+const READS_PER_WAKE: usize = 16;
+
+/// How the one command ended, and the signal that stopped it, if one did.
+#[derive(Debug)]
+pub struct OneShot {
+    pub output: ExecOutput,
+    /// The stop signal that ended the command early (SIGINT, SIGTERM, SIGHUP or SIGQUIT).
+    pub stopped_by: Option<Signal>,
+}
+
+/// Why the tree was killed before the shell's end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stop {
+    TimedOut,
+    Signal(Signal),
+}
+
+/// Runs `req` to its end in this process (see the module doc). `req.cancel` is not watched:
+/// the stop signals are. `Err` is a fault of podhost or a command that could not start.
+pub fn execute(
+    config: &ExecConfig,
+    view: Option<&SessionRequest>,
+    req: ExecRequest,
+) -> Result<OneShot, ExecError> {
+    let request = super::spawn::request(config, &req)?;
+    default_dispositions();
+    let signals = handled_signals();
+    // From here on the stop signals wait to be read, so none is lost before the fork.
+    signals.thread_block().map_err(io::Error::from)?;
+    let signalfd = SignalFd::with_flags(&signals, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+        .map_err(io::Error::from)?;
+    cloexec_stray_fds();
+    // The command and all it starts are the first the OOM killer takes (as under the
+    // supervisor binary); a failure leaves the kernel's own choice.
+    let _ = std::fs::write("/proc/self/oom_score_adj", "1000");
+    // A session keyring of the command's own, never the user's.
+    if let Err(e) = super::confine::join_session_keyring() {
+        return Err(ExecError::Start {
+            message: format!("could not join a fresh session keyring: {e}"),
+        });
+    }
+    // The read-only system of local use: this process enters it, as a session holder would.
+    if let Some(session) = view {
+        enter_view(session)?;
+    }
+    let (out_r, out_w) = super::sys::pipe()?;
+    let (err_r, err_w) = super::sys::pipe()?;
+    let watch = Watch {
+        signals: signalfd,
+        pipes: [Some(nonblocking(out_r)?), Some(nonblocking(err_r)?)],
+        captures: [
+            StreamCapture::new(req.stream_chars),
+            StreamCapture::new(req.stream_chars),
+        ],
+        deadline: Instant::now() + req.timeout,
+        stopped: None,
+        hurried: false,
+        buf: vec![0; READ_CHUNK],
+    };
+    let mut tree = Tree::new(watch);
+    let status = tree.supervise(
+        &request,
+        Placement::OwnSession {
+            stdout: out_w,
+            stderr: err_w,
+        },
+    );
+    let mut watch = tree.into_waiter();
+    watch.drain(DRAIN_BOUND);
+    let stopped = watch.stopped;
+    let [out, err] = watch.captures;
+    let (exit_code, timed_out, cancelled) = match (status, stopped) {
+        (Status::Error(message), _) => return Err(ExecError::Start { message }),
+        (Status::Killed, Some(Stop::TimedOut)) => (EXIT_TIMED_OUT, true, false),
+        (Status::Killed, _) => (EXIT_CANCELLED, false, true),
+        (Status::Exited(code), _) => (code, false, false),
+        (Status::Signaled(sig), _) => (128 + sig, false, false),
+    };
+    Ok(OneShot {
+        output: ExecOutput {
+            exit_code,
+            stdout: out.finish(),
+            stderr: err.finish(),
+            timed_out,
+            cancelled,
+            limit_note: None,
+        },
+        stopped_by: match stopped {
+            Some(Stop::Signal(sig)) => Some(sig),
+            _ => None,
+        },
+    })
+}
+
+/// Ends this process by `sig` as if it had never been blocked (SIGHUP, SIGQUIT, once the
+/// command's tree was killed): its disposition as podhost was started with.
+pub fn die_of(sig: Signal) -> ! {
+    let _ = nix::sys::signal::raise(sig);
+    let mut only = SigSet::empty();
+    only.add(sig);
+    let _ = only.thread_unblock();
+    // Reached when that disposition ignores it.
+    std::process::exit(128 + sig as i32)
+}
+
+/// SIGINT, SIGTERM and SIGCHLD at their default disposition, whatever podhost inherited (a
+/// script's background job starts with SIGINT ignored): blocked, they are then queued for the
+/// `signalfd` rather than discarded, as the async fronts' handlers catch them too.
+#[allow(unsafe_code)]
+fn default_dispositions() {
+    use nix::sys::signal::{SigHandler, signal};
+    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGCHLD] {
+        // SAFETY: SIG_DFL installs no handler, and this single-threaded process has none of its
+        // own for these signals.
+        let _ = unsafe { signal(sig, SigHandler::SigDfl) };
+    }
+}
+
+/// Moves this process into fresh mount and IPC namespaces and builds the session's view there
+/// (see `session::view`), before the command's Landlock rules are opened in it.
+fn enter_view(session: &SessionRequest) -> Result<(), ExecError> {
+    let failed = |e: super::sys::StepError| ExecError::Session {
+        message: format!("could not build the command view: {e}"),
+    };
+    let prepared = view::prepare(&session.view, false, false).map_err(failed)?;
+    super::sys::unshare(
+        "make the command's namespaces",
+        libc::CLONE_NEWNS | libc::CLONE_NEWIPC,
+    )
+    .map_err(failed)?;
+    prepared.build().map_err(failed)
+}
+
+/// A pipe's read end, non-blocking.
+fn nonblocking(fd: OwnedFd) -> io::Result<File> {
+    let flags = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GETFL).map_err(io::Error::from)?;
+    let flags = nix::fcntl::OFlag::from_bits_retain(flags) | nix::fcntl::OFlag::O_NONBLOCK;
+    nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETFL(flags)).map_err(io::Error::from)?;
+    Ok(File::from(fd))
+}
+
+/// Marks every descriptor above stderr close-on-exec: whatever podhost's own parent leaked into
+/// podhost must not reach the command (the supervisor binary closes them at its start).
+#[allow(unsafe_code)]
+fn cloexec_stray_fds() {
+    const CLOSE_RANGE_CLOEXEC: u32 = 1 << 2;
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets a flag on descriptors; it reads
+    // and writes no memory.
+    let rc = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC) };
+    if rc == 0 {
+        return;
+    }
+    // A kernel before 5.11: one at a time.
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let fds: Vec<i32> = dir
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|&fd| fd > 2)
+        .collect();
+    for fd in fds {
+        // SAFETY: F_SETFD on a descriptor number; a closed one (the directory's own) fails.
+        unsafe {
+            libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        }
+    }
+}
+
+/// podhost tool's wait: the signals (on a `signalfd`), the output pipes and the deadline, all
+/// in one `poll`.
+struct Watch {
+    signals: SignalFd,
+    /// stdout and stderr, `None` once at their end.
+    pipes: [Option<File>; 2],
+    captures: [StreamCapture; 2],
+    deadline: Instant,
+    /// The first reason the tree was stopped.
+    stopped: Option<Stop>,
+    /// A stop signal came after the tree was already being stopped: no grace.
+    hurried: bool,
+    buf: Vec<u8>,
+}
+
+impl Waiter for Watch {
+    fn wait(&mut self, timeout: Option<Duration>) -> Wake {
+        let until = timeout.map(|t| Instant::now() + t);
+        loop {
+            let now = Instant::now();
+            if self.stopped.is_none() && now >= self.deadline {
+                self.stopped = Some(Stop::TimedOut);
+                return Wake::Stop;
+            }
+            if until.is_some_and(|u| now >= u) {
+                return Wake::Look;
+            }
+            let mut limit = self.stopped.is_none().then_some(self.deadline);
+            if let Some(u) = until {
+                limit = Some(limit.map_or(u, |l| l.min(u)));
+            }
+            let (signalled, ready) = self.poll(limit.map(|l| l - now), true);
+            self.read_ready(ready);
+            if signalled && let Some(wake) = self.take_signals() {
+                return wake;
+            }
+        }
+    }
+
+    fn hurry(&self) -> bool {
+        self.hurried
+    }
+}
+
+impl Watch {
+    /// Polls the signalfd (when `signals`) and the open pipes for at most `timeout`: whether a
+    /// signal is pending, and which pipes are readable (or at their end).
+    fn poll(&mut self, timeout: Option<Duration>, signals: bool) -> (bool, [bool; 2]) {
+        let mut fds = Vec::with_capacity(3);
+        let mut which = Vec::with_capacity(3);
+        if signals {
+            fds.push(PollFd::new(self.signals.as_fd(), PollFlags::POLLIN));
+            which.push(None);
+        }
+        for (i, pipe) in self.pipes.iter().enumerate() {
+            if let Some(p) = pipe {
+                fds.push(PollFd::new(p.as_fd(), PollFlags::POLLIN));
+                which.push(Some(i));
+            }
+        }
+        let timeout = match timeout {
+            None => PollTimeout::NONE,
+            // Rounded up, so a wait never ends just before its deadline and spins.
+            Some(d) => {
+                PollTimeout::try_from(d.as_micros().div_ceil(1000)).unwrap_or(PollTimeout::MAX)
+            }
+        };
+        let (mut signalled, mut ready) = (false, [false; 2]);
+        match poll(&mut fds, timeout) {
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => return (false, ready),
+            Err(_) => {
+                // Nothing else is documented; do not spin on it.
+                std::thread::sleep(Duration::from_millis(10));
+                return (false, ready);
+            }
+        }
+        for (fd, w) in fds.iter().zip(&which) {
+            if fd.revents().is_some_and(|r| !r.is_empty()) {
+                match w {
+                    None => signalled = true,
+                    Some(i) => ready[*i] = true,
+                }
+            }
+        }
+        (signalled, ready)
+    }
+
+    /// Reads what the ready pipes hold into their captures, closing a pipe at its end.
+    fn read_ready(&mut self, ready: [bool; 2]) {
+        for (i, r) in ready.into_iter().enumerate() {
+            if !r {
+                continue;
+            }
+            let Some(pipe) = self.pipes[i].as_mut() else {
+                continue;
+            };
+            let mut ended = false;
+            for _ in 0..READS_PER_WAKE {
+                match pipe.read(&mut self.buf) {
+                    Ok(0) => {
+                        ended = true;
+                        break;
+                    }
+                    Ok(n) => self.captures[i].push(&self.buf[..n]),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    // A read error ends the stream: what was read so far is kept.
+                    Err(_) => {
+                        ended = true;
+                        break;
+                    }
+                }
+            }
+            if ended {
+                self.pipes[i] = None;
+            }
+        }
+    }
+
+    /// Reads every pending signal: `Stop` for a stop signal, `Look` for SIGCHLD, `None` when
+    /// none was pending.
+    fn take_signals(&mut self) -> Option<Wake> {
+        let mut wake = None;
+        while let Ok(Some(info)) = self.signals.read_signal() {
+            let Ok(sig) = Signal::try_from(info.ssi_signo as i32) else {
+                continue;
+            };
+            if sig == Signal::SIGCHLD {
+                wake.get_or_insert(Wake::Look);
+            } else {
+                // A second stop signal (as after a first Ctrl-C) kills what is left at once.
+                self.hurried |= self.stopped.is_some();
+                self.stopped.get_or_insert(Stop::Signal(sig));
+                wake = Some(Wake::Stop);
+            }
+        }
+        wake
+    }
+
+    /// Reads the pipes to their end, for at most `bound` (no descendant is left, so only a
+    /// process stuck in the kernel could still hold them).
+    fn drain(&mut self, bound: Duration) {
+        let end = Instant::now() + bound;
+        while self.pipes.iter().any(Option::is_some) {
+            let now = Instant::now();
+            if now >= end {
+                tracing::warn!("command output still open after its tree was killed");
+                self.pipes = [None, None];
+                return;
+            }
+            let (_, ready) = self.poll(Some(end - now), false);
+            self.read_ready(ready);
+        }
+    }
+}
