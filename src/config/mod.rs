@@ -50,6 +50,9 @@ impl Cli {
     /// that errors name them as given. A clap error about a value from an environment variable
     /// names the variable; `--help` and `--version` are errors too, as with clap.
     pub fn parse_args(args: Vec<std::ffi::OsString>) -> Result<Cli, ParseError> {
+        if args.get(1).is_some_and(|a| a == "tool") {
+            return Cli::parse_tool(&args);
+        }
         let command = Cli::command();
         let matches = command
             .clone()
@@ -64,6 +67,45 @@ impl Cli {
         }
         Ok(cli)
     }
+}
+
+impl Cli {
+    /// `podhost tool …`: only the `tool` subcommand is built and parsed (building the whole
+    /// command line costs a one-shot call more than its command), with the same names, help and
+    /// errors as in the whole tree.
+    fn parse_tool(args: &[std::ffi::OsString]) -> Result<Cli, ParseError> {
+        let command = ToolCli::command();
+        let matches = command
+            .clone()
+            .try_get_matches_from(args)
+            .map_err(|e| ParseError::new(e, &command, args))?;
+        let ToolCli {
+            command: ToolOnly::Tool(tool),
+        } = ToolCli::from_arg_matches(&matches).map_err(|e| ParseError::new(e, &command, args))?;
+        Ok(Cli {
+            command: Command::Tool(tool),
+        })
+    }
+}
+
+/// [`Cli`] with the `tool` subcommand alone (see [`Cli::parse_tool`]); its attributes repeat
+/// `Cli`'s and `Command::Tool`'s.
+#[derive(Debug, Parser)]
+#[command(
+    name = "podhost",
+    version = VERSION,
+    about = "A sandboxed agent harness",
+    propagate_version = true
+)]
+struct ToolCli {
+    #[command(subcommand)]
+    command: ToolOnly,
+}
+
+#[derive(Debug, Subcommand)]
+enum ToolOnly {
+    /// Run one workspace tool and print its outcome as JSON.
+    Tool(ToolArgs),
 }
 
 /// A command line clap refused, or `--help`/`--version`.
@@ -208,6 +250,37 @@ mod tests {
 
     fn args(a: &[&str]) -> Vec<std::ffi::OsString> {
         a.iter().map(|s| s.into()).collect()
+    }
+
+    #[test]
+    fn the_tool_subcommand_alone_helps_and_refuses_as_in_the_whole_tree() {
+        let help = |mut c: clap::Command| {
+            c.build();
+            c.find_subcommand_mut("tool")
+                .unwrap()
+                .render_long_help()
+                .to_string()
+        };
+        assert_eq!(help(ToolCli::command()), help(Cli::command()));
+        for bad in [
+            &["podhost", "tool", "bash"][..],
+            &["podhost", "tool", "bash", "--input", "{}", "--bogus"],
+            &["podhost", "tool", "--help"],
+            &["podhost", "tool", "--version"],
+        ] {
+            let alone = Cli::parse_args(args(bad)).unwrap_err();
+            let whole = Cli::command().try_get_matches_from(args(bad)).unwrap_err();
+            assert_eq!(
+                (alone.message, alone.is_error),
+                (whole.render().to_string(), whole.use_stderr()),
+                "{bad:?}"
+            );
+        }
+        let cli = Cli::parse_args(args(&["podhost", "tool", "read", "--input", "{}"])).unwrap();
+        let Command::Tool(tool) = cli.command else {
+            panic!("not tool")
+        };
+        assert_eq!((tool.name.as_str(), tool.input.as_str()), ("read", "{}"));
     }
 
     #[test]
