@@ -467,7 +467,7 @@ fn ran(out: &podhost::tools::ToolOutcome) {
 
 /// One call's wall time and CPU time (ours and our waited-for descendants').
 #[derive(Clone, Copy)]
-struct Sample {
+pub(crate) struct Sample {
     wall: Duration,
     cpu: Duration,
 }
@@ -486,7 +486,7 @@ fn cpu_time() -> Duration {
         .sum()
 }
 
-fn measure(f: impl FnOnce()) -> Sample {
+pub(crate) fn measure(f: impl FnOnce()) -> Sample {
     let (cpu, start) = (cpu_time(), Instant::now());
     f();
     Sample {
@@ -508,7 +508,7 @@ fn timed(cmd: &mut Command, capture: bool) -> Sample {
 }
 
 /// Medians of wall and CPU time, in ms.
-fn medians(samples: &[Sample]) -> (f64, f64) {
+pub(crate) fn medians(samples: &[Sample]) -> (f64, f64) {
     let ms = |mut v: Vec<Duration>| {
         v.sort();
         v[v.len() / 2].as_secs_f64() * 1e3

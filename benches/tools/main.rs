@@ -1,5 +1,6 @@
 //! Tool benchmarks, each against a baseline measured in the same run: the grep tool vs `rg`, the
-//! glob tool vs `fd`, the bash tool vs a bare `bash -c true`; what a child's exit costs the
+//! glob tool vs `fd`, the bash tool vs a bare `bash -c true`; the whole `podhost tool bash` process vs
+//! `bash -c true` and `bwrap`, with and without 1,000 idle processes; what a child's exit costs the
 //! reaper, with and without 1,000 idle processes on the host; and what a session's walls (its
 //! network namespace, its disk's file system) cost its start and its commands, against today's
 //! isolated session; and what the shipped binaries weigh once their symbols are split off.
@@ -14,6 +15,7 @@
 mod smoke;
 
 mod bash;
+mod oneshot;
 mod reaper;
 mod search;
 mod size;
@@ -26,6 +28,9 @@ fn main() {
         bash::main();
     } else if wants("syscall filter") {
         bash::syscall_filter_cost();
+    }
+    if wants("bash: podhost tool process") {
+        oneshot::main();
     }
     if wants("reaper") {
         reaper::main();
