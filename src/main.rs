@@ -253,8 +253,8 @@ async fn dispatch(front: Front) -> anyhow::Result<i32> {
     }
 }
 
-/// `podhost tool`: a `bash` call runs on this thread with podhost as its command's supervisor
-/// (no async runtime, no supervisor process, see `exec::oneshot`); any other call (or a command
+/// `podhost tool`: a `bash` call runs on this thread under a supervisor forked from podhost
+/// (no async runtime, no supervisor program, see `exec::oneshot`); any other call (or a command
 /// in a session) on a current-thread runtime. The exit code.
 fn tool(config: ToolConfig) -> i32 {
     let call = match podhost::local::tool::prepare(config) {

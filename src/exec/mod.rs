@@ -32,12 +32,12 @@
 //!   `setsid`, starts the shell with the limits ([`limits`]), `PR_SET_NO_NEW_PRIVS` and the
 //!   confinement ([`confine`]: Landlock, the network filter, the command user), reaps, and kills
 //!   every descendant ([`procs`]) before reporting the shell's status and exiting.
-//! * [`oneshot`]: `podhost tool bash`'s one command, supervised in podhost's own process by the
-//!   same code ([`supervise::Tree`]) — no supervisor process, no control socket, no async
+//! * [`oneshot`]: `podhost tool bash`'s one command, its supervisor a fork of podhost running
+//!   the same code (`supervise::in_fork`) — no supervisor program, no control socket, no async
 //!   runtime; it also reads the pipes and keeps the timeout and the stop signals itself:
 //!
 //! ```text
-//! podhost tool ──fork, confine, exec──► <shell> -c <command> ──► …   (own session, own group)
+//! podhost tool ──fork──► supervisor ──fork, confine, exec──► <shell> -c <command> ──► …
 //! ```
 //!
 //! * [`reaper`]: podhost itself as a child subreaper, reaping what a failed supervisor left.
@@ -309,8 +309,8 @@ impl Executor {
                 .is_none_or(|s| s.view_only().is_some())
     }
 
-    /// Runs one command with this process as its supervisor (`podhost tool`, see [`oneshot`]):
-    /// no supervisor process, no async runtime. Only for a single-threaded process and an
+    /// Runs one command under a supervisor forked from this process (`podhost tool`, see
+    /// [`oneshot`]): no supervisor program, no async runtime. Only for a single-threaded process and an
     /// executor that [`supervises_here`](Self::supervises_here); otherwise an error that says
     /// to use [`execute`](Self::execute).
     pub fn execute_here(&self, req: ExecRequest) -> Result<oneshot::OneShot, ExecError> {

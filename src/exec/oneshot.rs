@@ -1,36 +1,38 @@
-//! One command supervised by podhost's own process: `podhost tool bash`, which runs one command
-//! and exits, is its command's supervisor itself — no second program, no control socket.
+//! One command of `podhost tool bash`, which runs one command and exits: its supervisor is a
+//! fork of podhost's own process — no second program to load, no control socket, no async
+//! runtime.
 //!
-//! Owns: running one [`ExecRequest`] in this process the way the supervisor binary runs it (the
-//! same [`supervise::Tree`]: child subreaper, the confinement applied in the forked shell before
-//! it execs, the system-call filter last, reaping, killing every descendant), plus what podhost's
-//! side of a command owns elsewhere ([`spawn`](super::spawn)): the timeout, the stop signals
-//! (SIGINT, SIGTERM, SIGHUP, SIGQUIT, waited for on a `signalfd`, never by handlers) and the
-//! bounded capture of stdout and stderr ([`StreamCapture`], the same caps as the bash tool's).
+//! Owns: forking the supervisor (which then runs the supervisor binary's own code,
+//! `supervise::in_fork`: the shell in a session of its own, confined, every descendant reaped
+//! and killed before it reports), plus what podhost's side of a command owns elsewhere
+//! ([`spawn`](super::spawn)): the timeout, the stop signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT,
+//! waited for on a `signalfd`, never by handlers) and the bounded capture of stdout and stderr
+//! ([`StreamCapture`], the same caps as the bash tool's).
 //!
 //! ```text
-//! podhost tool ──fork, confine, exec──► <shell> -c <command> ──► …   (own session, own group)
+//! podhost tool ──fork──► supervisor ──fork, confine, exec──► <shell> -c <command> ──► …
 //!   │  poll: signalfd (SIGCHLD, stop signals), stdout and stderr pipes, the deadline
-//!   └─ the shell exits, times out or a stop signal comes → every descendant killed, then the
-//!      outcome
+//!   └─ a stop (the timeout, a signal) → SIGTERM to the supervisor, which kills the tree and
+//!      reports; a second stop signal → SIGKILL to it, and podhost kills what it left
 //! ```
 //!
 //! Invariants:
 //! * The process is single-threaded when [`execute`] is called (no async runtime was started):
-//!   the fork's pre-exec code and the blocked signals rely on it.
-//! * A second stop signal, while the tree is being killed, skips the SIGTERM grace: what is
-//!   left is SIGKILLed at once, and the outcome is still printed.
-//! * The shell runs in a session of its own (podhost keeps its terminal and process group, so
-//!   Ctrl-C still reaches podhost); every process it starts is re-parented here and killed
-//!   before [`execute`] returns, also on the timeout or a stop signal.
+//!   the forked supervisor runs ordinary code, and the blocked signals rely on it.
+//! * The command's tree dies with podhost, however podhost dies: the supervisor gets SIGTERM
+//!   from the kernel when podhost ends (its parent-death signal) and kills every descendant,
+//!   as under the supervisor binary. podhost is a child subreaper, so what a supervisor killed
+//!   outright left is re-parented to podhost, which kills it before it answers.
 //! * The command gets the same walls as under the supervisor binary: the same request (built by
-//!   `spawn::request`), a fresh session keyring, descriptors above stderr closed at its exec,
-//!   and `oom_score_adj` 1000. podhost's own environment stays unreadable to it (podhost is
-//!   non-dumpable, see `confine::harden_process`).
+//!   `spawn::request`) run by the same code, a fresh session keyring, descriptors above stderr
+//!   closed at its exec, and `oom_score_adj` 1000. podhost's own environment stays unreadable
+//!   to it (podhost is non-dumpable, see `confine::harden_process`).
+//! * "The command exited 1" and "the supervisor failed" cannot be confused: the first is a
+//!   status on the report socket, the second is none.
 //!
 //! Local use's read-only system (a session whose holder would build a view alone, podhost
 //! root): this process enters fresh mount and IPC namespaces and builds the same view itself
-//! (`session::view`) before it forks the shell.
+//! (`session::view`) before it forks the supervisor.
 //!
 //! Non-goals: sessions with a user or PID namespace, a network, a disk, a cgroup or a quota
 //! (their holder forks a supervisor; such an executor uses
@@ -38,18 +40,21 @@
 
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signal::{SigSet, Signal, kill};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::unistd::Pid;
 
 use super::capture::StreamCapture;
 use super::protocol::{SessionRequest, Status};
 use super::session::view;
 use super::spawn::{EXIT_CANCELLED, EXIT_TIMED_OUT};
-use super::supervise::{Placement, Tree, Waiter, Wake, handled_signals};
+use super::supervise::{self, handled_signals};
 use super::{ExecConfig, ExecError, ExecOutput, ExecRequest};
 
 /// How long the output pipes may stay open once no descendant is left (only a process stuck in
@@ -57,6 +62,11 @@ use super::{ExecConfig, ExecError, ExecOutput, ExecRequest};
 const DRAIN_BOUND: Duration = Duration::from_secs(2);
 /// How much one read of a pipe takes.
 const READ_CHUNK: usize = 64 * 1024;
+/// How long podhost keeps killing what a supervisor killed outright left (as the supervisor's
+/// own cap: what is left then is stuck in the kernel and dies when it returns).
+const KILL_CAP: Duration = Duration::from_secs(10);
+/// The pause between those kills.
+const SWEEP_PAUSE: Duration = Duration::from_millis(10);
 /// Reads of one pipe per wake-up, so a writer that never pauses cannot starve the signals.
 const READS_PER_WAKE: usize = 16;
 
@@ -75,8 +85,9 @@ enum Stop {
     Signal(Signal),
 }
 
-/// Runs `req` to its end in this process (see the module doc). `req.cancel` is not watched:
-/// the stop signals are. `Err` is a fault of podhost or a command that could not start.
+/// Runs `req` to its end under a supervisor forked from this process (see the module doc).
+/// `req.cancel` is not watched: the stop signals are. `Err` is a fault of podhost or a command
+/// that could not start.
 pub fn execute(
     config: &ExecConfig,
     view: Option<&SessionRequest>,
@@ -85,7 +96,8 @@ pub fn execute(
     let request = super::spawn::request(config, &req)?;
     default_dispositions();
     let signals = handled_signals();
-    // From here on the stop signals wait to be read, so none is lost before the fork.
+    // From here on the stop signals wait to be read, so none is lost before the fork; the
+    // supervisor inherits them blocked and waits for them itself.
     signals.thread_block().map_err(io::Error::from)?;
     let signalfd = SignalFd::with_flags(&signals, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
         .map_err(io::Error::from)?;
@@ -93,19 +105,17 @@ pub fn execute(
     // The command and all it starts are the first the OOM killer takes (as under the
     // supervisor binary); a failure leaves the kernel's own choice.
     let _ = std::fs::write("/proc/self/oom_score_adj", "1000");
-    // A session keyring of the command's own, never the user's.
-    if let Err(e) = super::confine::join_session_keyring() {
-        return Err(ExecError::Start {
-            message: format!("could not join a fresh session keyring: {e}"),
-        });
-    }
     // The read-only system of local use: this process enters it, as a session holder would.
     if let Some(session) = view {
         enter_view(session)?;
     }
+    // What a supervisor killed outright leaves comes here, to be killed (see `leftovers`).
+    super::reaper::become_subreaper()?;
     let (out_r, out_w) = super::sys::pipe()?;
     let (err_r, err_w) = super::sys::pipe()?;
-    let watch = Watch {
+    let (report_r, report_w) = UnixStream::pair()?;
+    let supervisor = fork_supervisor(&request, out_w, err_w, report_w, signalfd.as_fd())?;
+    let mut watch = Watch {
         signals: signalfd,
         pipes: [Some(nonblocking(out_r)?), Some(nonblocking(err_r)?)],
         captures: [
@@ -117,24 +127,29 @@ pub fn execute(
         hurried: false,
         buf: vec![0; READ_CHUNK],
     };
-    let mut tree = Tree::new(watch);
-    let status = tree.supervise(
-        &request,
-        Placement::OwnSession {
-            stdout: out_w,
-            stderr: err_w,
-        },
-    );
-    let mut watch = tree.into_waiter();
+    let ended = watch.supervised(supervisor);
+    // podhost's only child was the supervisor; any other is an orphan it left.
+    leftovers();
     watch.drain(DRAIN_BOUND);
+    let status = read_status(report_r);
     let stopped = watch.stopped;
     let [out, err] = watch.captures;
     let (exit_code, timed_out, cancelled) = match (status, stopped) {
-        (Status::Error(message), _) => return Err(ExecError::Start { message }),
-        (Status::Killed, Some(Stop::TimedOut)) => (EXIT_TIMED_OUT, true, false),
-        (Status::Killed, _) => (EXIT_CANCELLED, false, true),
-        (Status::Exited(code), _) => (code, false, false),
-        (Status::Signaled(sig), _) => (128 + sig, false, false),
+        (Some(Status::Error(message)), _) => return Err(ExecError::Start { message }),
+        // Killed at podhost's asking (a second stop signal kills the supervisor too, so it may
+        // not have reported).
+        (Some(Status::Killed) | None, Some(Stop::TimedOut)) => (EXIT_TIMED_OUT, true, false),
+        (Some(Status::Killed) | None, Some(Stop::Signal(_))) => (EXIT_CANCELLED, false, true),
+        // Someone else sent the supervisor SIGTERM: reported as that signal, as on the
+        // supervisor binary's path.
+        (Some(Status::Killed), None) => (128 + libc::SIGTERM, false, false),
+        (Some(Status::Exited(code)), _) => (code, false, false),
+        (Some(Status::Signaled(sig)), _) => (128 + sig, false, false),
+        (None, None) => {
+            return Err(ExecError::Supervisor {
+                message: format!("it ended ({ended}) without reporting how the command ended"),
+            });
+        }
     };
     Ok(OneShot {
         output: ExecOutput {
@@ -150,6 +165,82 @@ pub fn execute(
             _ => None,
         },
     })
+}
+
+/// Forks the command's supervisor: it runs `supervise::in_fork` with the output pipes as its
+/// stdout and stderr and the report socket, and never returns here. Returns its pid.
+#[allow(unsafe_code)]
+fn fork_supervisor(
+    request: &super::protocol::Request,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    report: UnixStream,
+    signalfd: BorrowedFd<'_>,
+) -> Result<Pid, ExecError> {
+    let parent = nix::unistd::getpid();
+    // SAFETY: this process is single-threaded (see the module's invariants), so the child is a
+    // whole copy of it: no lock can be held by a thread that did not survive the fork, and the
+    // child may run ordinary code. It ends with `_exit`, never returning into the caller.
+    match unsafe { nix::unistd::fork() }.map_err(io::Error::from)? {
+        nix::unistd::ForkResult::Parent { child } => Ok(child),
+        nix::unistd::ForkResult::Child => {
+            let code = match in_child(&stdout, &stderr, signalfd) {
+                Ok(()) => supervise::in_fork(request, parent, report),
+                Err(_) => 125,
+            };
+            // SAFETY: ends the forked child without running podhost's exit handlers or
+            // flushing buffers that belong to the parent.
+            unsafe { libc::_exit(code) }
+        }
+    }
+}
+
+/// The forked supervisor's descriptors: the output pipes become its stdout and stderr (for the
+/// shell to inherit); podhost's signalfd is closed.
+#[allow(unsafe_code)]
+fn in_child(stdout: &OwnedFd, stderr: &OwnedFd, signalfd: BorrowedFd<'_>) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    for (from, to) in [(stdout.as_raw_fd(), 1), (stderr.as_raw_fd(), 2)] {
+        // SAFETY: dup2 onto the standard descriptors; both are plain integers owned by this
+        // (child) process.
+        if unsafe { libc::dup2(from, to) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    // SAFETY: closes this child's copy of podhost's signalfd; nothing here uses it again.
+    unsafe { libc::close(signalfd.as_raw_fd()) };
+    Ok(())
+}
+
+/// Kills and reaps whatever this process adopted (the tree of a supervisor killed outright),
+/// until none is left; only a child's presence makes it walk `/proc`.
+fn leftovers() {
+    let cap = Instant::now() + KILL_CAP;
+    loop {
+        match nix::sys::wait::waitpid(None, Some(nix::sys::wait::WaitPidFlag::WNOHANG)) {
+            Err(nix::errno::Errno::ECHILD) => return,
+            Ok(nix::sys::wait::WaitStatus::StillAlive) => {
+                if Instant::now() >= cap {
+                    tracing::warn!("processes a command left are still alive after {KILL_CAP:?}");
+                    return;
+                }
+                super::reaper::sweep_all();
+                std::thread::sleep(SWEEP_PAUSE);
+            }
+            // Reaped one; look again.
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// The supervisor's report: its status line, or `None` when it ended without one.
+fn read_status(report: UnixStream) -> Option<Status> {
+    let mut line = Vec::new();
+    let _ = (&report)
+        .take(super::protocol::MAX_STATUS_BYTES)
+        .read_to_end(&mut line);
+    Status::decode(&line)
 }
 
 /// Ends this process by `sig` as if it had never been blocked (SIGHUP, SIGQUIT, once the
@@ -189,6 +280,24 @@ fn enter_view(session: &SessionRequest) -> Result<(), ExecError> {
     )
     .map_err(failed)?;
     prepared.build().map_err(failed)
+}
+
+/// The supervisor's exit status, once it has ended (and is reaped).
+#[allow(unsafe_code)]
+fn try_wait(pid: Pid) -> Option<ExitStatus> {
+    use std::os::unix::process::ExitStatusExt;
+    let mut status = 0;
+    loop {
+        // SAFETY: waitpid writes the status into a live local.
+        let rc = unsafe { libc::waitpid(pid.as_raw(), &mut status, libc::WNOHANG) };
+        match rc {
+            0 => return None,
+            r if r == pid.as_raw() => return Some(ExitStatus::from_raw(status)),
+            _ if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
+            // Not our child any more (cannot happen): treat it as ended without a status.
+            _ => return Some(ExitStatus::from_raw(status)),
+        }
+    }
 }
 
 /// A pipe's read end, non-blocking.
@@ -241,36 +350,43 @@ struct Watch {
     buf: Vec<u8>,
 }
 
-impl Waiter for Watch {
-    fn wait(&mut self, timeout: Option<Duration>) -> Wake {
-        let until = timeout.map(|t| Instant::now() + t);
+impl Watch {
+    /// Reads the output and keeps the deadline and the stop signals until the supervisor has
+    /// ended: SIGTERM to it at the first stop (it kills the tree and reports), SIGKILL at a
+    /// second stop signal. How it ended.
+    fn supervised(&mut self, supervisor: Pid) -> ExitStatus {
+        let (mut termed, mut killed) = (false, false);
         loop {
-            let now = Instant::now();
-            if self.stopped.is_none() && now >= self.deadline {
-                self.stopped = Some(Stop::TimedOut);
-                return Wake::Stop;
+            if let Some(status) = try_wait(supervisor) {
+                return status;
             }
-            if until.is_some_and(|u| now >= u) {
-                return Wake::Look;
+            if self.stopped.is_some() && !termed {
+                termed = true;
+                let _ = kill(supervisor, Signal::SIGTERM);
             }
-            let mut limit = self.stopped.is_none().then_some(self.deadline);
-            if let Some(u) = until {
-                limit = Some(limit.map_or(u, |l| l.min(u)));
+            if self.hurried && !killed {
+                killed = true;
+                let _ = kill(supervisor, Signal::SIGKILL);
             }
-            let (signalled, ready) = self.poll(limit.map(|l| l - now), true);
-            self.read_ready(ready);
-            if signalled && let Some(wake) = self.take_signals() {
-                return wake;
-            }
+            self.wait();
         }
     }
 
-    fn hurry(&self) -> bool {
-        self.hurried
+    /// Waits once for a signal, output or the deadline, and takes what came.
+    fn wait(&mut self) {
+        let now = Instant::now();
+        if self.stopped.is_none() && now >= self.deadline {
+            self.stopped = Some(Stop::TimedOut);
+            return;
+        }
+        let limit = self.stopped.is_none().then(|| self.deadline - now);
+        let (signalled, ready) = self.poll(limit, true);
+        self.read_ready(ready);
+        if signalled {
+            self.take_signals();
+        }
     }
-}
 
-impl Watch {
     /// Polls the signalfd (when `signals`) and the open pipes for at most `timeout`: whether a
     /// signal is pending, and which pipes are readable (or at their end).
     fn poll(&mut self, timeout: Option<Duration>, signals: bool) -> (bool, [bool; 2]) {
@@ -346,24 +462,19 @@ impl Watch {
         }
     }
 
-    /// Reads every pending signal: `Stop` for a stop signal, `Look` for SIGCHLD, `None` when
-    /// none was pending.
-    fn take_signals(&mut self) -> Option<Wake> {
-        let mut wake = None;
+    /// Reads every pending signal: a stop signal notes the stop (a second one hurries it);
+    /// SIGCHLD only wakes the caller.
+    fn take_signals(&mut self) {
         while let Ok(Some(info)) = self.signals.read_signal() {
             let Ok(sig) = Signal::try_from(info.ssi_signo as i32) else {
                 continue;
             };
-            if sig == Signal::SIGCHLD {
-                wake.get_or_insert(Wake::Look);
-            } else {
+            if sig != Signal::SIGCHLD {
                 // A second stop signal (as after a first Ctrl-C) kills what is left at once.
                 self.hurried |= self.stopped.is_some();
                 self.stopped.get_or_insert(Stop::Signal(sig));
-                wake = Some(Wake::Stop);
             }
         }
-        wake
     }
 
     /// Reads the pipes to their end, for at most `bound` (no descendant is left, so only a

@@ -1,6 +1,7 @@
 //! The per-command supervisor: `podhost-exec` (or `podhost __exec`, see
 //! [`find_supervisor`](super::find_supervisor)), one process per command, between podhost and
-//! the shell.
+//! the shell; or the same code forked from `podhost tool` without an exec ([`in_fork`], see
+//! `exec::oneshot`).
 //!
 //! Owns: starting the shell in its own session and process group with the request's environment,
 //! working directory, resource limits, `PR_SET_NO_NEW_PRIVS` and confinement (the system-call
@@ -27,15 +28,11 @@
 //! * "The command exited 1" and "the supervisor failed" cannot be confused: the first is a status
 //!   line, the second is no status line.
 //!
-//! The supervising itself is [`Tree`], which `podhost tool bash` shares: it supervises its one
-//! command in its own process (`exec::oneshot`), waiting with a [`Waiter`] that also reads the
-//! output pipes and keeps the deadline, the shell then leading a session of its own.
-//!
 //! Non-goals: timeouts (podhost owns them and sends SIGTERM), output capture (podhost reads the
 //! pipes the supervisor passes through).
 
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, ExitCode, Stdio};
@@ -111,8 +108,11 @@ fn run(signals: SigSet, start: Start) -> u8 {
         return EXIT_BROKEN;
     }
     let mut sup = Supervisor {
+        me: getpid(),
+        signals,
         ctl,
-        tree: Tree::new(Signals(signals)),
+        shell: None,
+        shell_status: None,
     };
     let req = match sup.read_request() {
         Ok(req) => req,
@@ -135,7 +135,40 @@ fn run(signals: SigSet, start: Start) -> u8 {
         )));
         return 0;
     }
-    let status = sup.tree.supervise(&req, Placement::SupervisorSession);
+    let status = sup.supervise(&req);
+    sup.report(&status);
+    0
+}
+
+/// The supervisor of `podhost tool`'s one command (see `exec::oneshot`): forked from podhost
+/// without an exec, the request already in memory, the output pipes on stdout and stderr and
+/// the status reported on `report`. The same walls as the supervisor binary's: SIGTERM when
+/// podhost dies (what it left is then killed), a session keyring of the command's own. Returns
+/// the exit code.
+pub(crate) fn in_fork(req: &Request, parent: Pid, report: UnixStream) -> i32 {
+    let signals = handled_signals();
+    // Inherited blocked from podhost already; blocked again in case the caller did not.
+    if signals.thread_block().is_err() || prctl::set_pdeathsig(Signal::SIGTERM).is_err() {
+        return i32::from(EXIT_BROKEN);
+    }
+    if getppid() != parent {
+        // podhost is gone already: nobody is waiting for this command.
+        return i32::from(EXIT_BROKEN);
+    }
+    let mut sup = Supervisor {
+        me: getpid(),
+        signals,
+        ctl: report,
+        shell: None,
+        shell_status: None,
+    };
+    if let Err(e) = confine::join_session_keyring() {
+        sup.report(&Status::Error(format!(
+            "could not join a fresh session keyring: {e}"
+        )));
+        return 0;
+    }
+    let status = sup.supervise(req);
     sup.report(&status);
     0
 }
@@ -182,10 +215,12 @@ fn close_stray_fds() {
     }
 }
 
-/// The supervisor binary: the control socket and the tree it supervises.
 struct Supervisor {
+    me: Pid,
+    signals: SigSet,
     ctl: UnixStream,
-    tree: Tree<Signals>,
+    shell: Option<Pid>,
+    shell_status: Option<Status>,
 }
 
 impl Supervisor {
@@ -205,83 +240,8 @@ impl Supervisor {
         // podhost may be gone; then nobody needs the answer.
         let _ = self.ctl.write_all(status.encode().as_bytes());
     }
-}
 
-/// What a supervisor's wait ended with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Wake {
-    /// A child may have changed state, or the wait's timeout passed: look again.
-    Look,
-    /// The tree is to be killed (a signal to the supervisor, or the command's deadline).
-    Stop,
-}
-
-/// How a supervisor waits between looks at its children, with its stop signals and `SIGCHLD`
-/// blocked: for a signal alone (the supervisor binary), or also for the command's output and
-/// deadline (`podhost tool`, which supervises in-process, see `exec::oneshot`).
-pub(crate) trait Waiter {
-    /// Waits until a child may have changed state, a stop is asked, or `timeout` passes.
-    fn wait(&mut self, timeout: Option<Duration>) -> Wake;
-
-    /// Whether the tree is to die at once: SIGKILL without the SIGTERM grace (a second stop
-    /// signal to `podhost tool`). The supervisor binary always gives the grace.
-    fn hurry(&self) -> bool {
-        false
-    }
-}
-
-/// The supervisor binary's wait: `sigtimedwait` on the blocked signals.
-struct Signals(SigSet);
-
-impl Waiter for Signals {
-    fn wait(&mut self, timeout: Option<Duration>) -> Wake {
-        match wait_signal(&self.0, timeout) {
-            Some(libc::SIGCHLD) | None => Wake::Look,
-            Some(_) => Wake::Stop,
-        }
-    }
-}
-
-/// Where a supervised shell runs and writes.
-pub(crate) enum Placement {
-    /// In the supervisor's own new session (the supervisor binary calls `setsid` on itself and
-    /// puts the shell in a process group of its own), writing to the supervisor's stdout and
-    /// stderr (podhost's pipes).
-    SupervisorSession,
-    /// In a session the shell leads itself (`podhost tool`, whose own process keeps its
-    /// terminal and process group), writing to these pipes.
-    OwnSession { stdout: OwnedFd, stderr: OwnedFd },
-}
-
-/// A supervised command: the shell and every process below it, which the supervising process
-/// (a child subreaper) reaps and kills.
-pub(crate) struct Tree<W> {
-    me: Pid,
-    waiter: W,
-    shell: Option<Pid>,
-    shell_status: Option<Status>,
-}
-
-impl<W: Waiter> Tree<W> {
-    /// A tree supervised by this process, waiting with `waiter` (whose signals must already be
-    /// blocked).
-    pub(crate) fn new(waiter: W) -> Self {
-        Tree {
-            me: getpid(),
-            waiter,
-            shell: None,
-            shell_status: None,
-        }
-    }
-
-    /// The waiter, with what it gathered.
-    pub(crate) fn into_waiter(self) -> W {
-        self.waiter
-    }
-
-    /// Starts the request's shell (confined, limited) and supervises it to its end: returns
-    /// once the shell has ended (or a stop was asked) and no descendant is left.
-    pub(crate) fn supervise(&mut self, req: &Request, placement: Placement) -> Status {
+    fn supervise(&mut self, req: &Request) -> Status {
         if let Err(e) = prctl::set_child_subreaper(true) {
             return Status::Error(format!("could not become a child subreaper: {e}"));
         }
@@ -295,12 +255,10 @@ impl<W: Waiter> Tree<W> {
                 ));
             }
         }
-        if matches!(placement, Placement::SupervisorSession) {
-            // A new session: no controlling terminal, so prompts that open /dev/tty fail at
-            // once. This fails only for a process-group leader, which podhost never makes us.
-            let _ = setsid();
-        }
-        match spawn_shell(req, self.me, placement) {
+        // A new session: no controlling terminal, so prompts that open /dev/tty fail at once.
+        // This fails only for a process-group leader, which podhost never makes us.
+        let _ = setsid();
+        match spawn_shell(req, self.me) {
             Ok(pid) => self.shell = Some(pid),
             Err(e) => {
                 return Status::Error(format!("could not start {} -c …: {e}", req.shell.display()));
@@ -311,9 +269,12 @@ impl<W: Waiter> Tree<W> {
             if self.shell_status.is_some() {
                 break;
             }
-            if self.waiter.wait(None) == Wake::Stop {
-                self.kill_tree();
-                return Status::Killed;
+            match wait_signal(&self.signals, None) {
+                Some(libc::SIGCHLD) | None => {}
+                Some(_) => {
+                    self.kill_tree();
+                    return Status::Killed;
+                }
             }
         }
         // The shell is done; give whatever it left a moment to end by itself.
@@ -323,9 +284,12 @@ impl<W: Waiter> Tree<W> {
             if now >= deadline {
                 break;
             }
-            if self.waiter.wait(Some(deadline - now)) == Wake::Stop {
-                self.kill_tree();
-                return Status::Killed;
+            match wait_signal(&self.signals, Some(deadline - now)) {
+                Some(libc::SIGCHLD) | None => {}
+                Some(_) => {
+                    self.kill_tree();
+                    return Status::Killed;
+                }
             }
         }
         self.kill_tree();
@@ -360,14 +324,13 @@ impl<W: Waiter> Tree<W> {
         }
         procs::signal_all(&procs::descendants(self.me.as_raw()), Signal::SIGTERM);
         let deadline = Instant::now() + TERM_GRACE;
-        while self.reap() && !self.waiter.hurry() {
+        while self.reap() {
             let now = Instant::now();
             if now >= deadline {
                 break;
             }
-            // A second stop changes nothing (unless the waiter hurries): the tree is being
-            // killed.
-            self.waiter.wait(Some(deadline - now));
+            // A second SIGTERM from podhost changes nothing: the tree is being killed.
+            wait_signal(&self.signals, Some(deadline - now));
         }
         let cap = Instant::now() + KILL_CAP;
         while self.reap() && Instant::now() < cap {
@@ -376,15 +339,15 @@ impl<W: Waiter> Tree<W> {
                 .filter(|p| !p.is_zombie())
                 .collect();
             procs::signal_all(&live, Signal::SIGKILL);
-            self.waiter.wait(Some(SWEEP_PAUSE));
+            wait_signal(&self.signals, Some(SWEEP_PAUSE));
         }
     }
 }
 
-/// Starts `<shell> -c <command>` in its own process group (with [`Placement::OwnSession`], its
-/// own session), stdin from /dev/null, with the request's environment, directory and limits.
+/// Starts `<shell> -c <command>` in its own process group, stdin from /dev/null, stdout and stderr
+/// ours (podhost's pipes), with the request's environment, directory and limits.
 #[allow(unsafe_code)]
-fn spawn_shell(req: &Request, supervisor: Pid, placement: Placement) -> Result<Pid, String> {
+fn spawn_shell(req: &Request, supervisor: Pid) -> Result<Pid, String> {
     let limits = Prepared::new(&req.limits);
     // Opened and compiled here, before the fork: the child only makes system calls.
     let confine = confine::Prepared::new(&req.confine)
@@ -395,35 +358,20 @@ fn spawn_shell(req: &Request, supervisor: Pid, placement: Placement) -> Result<P
         .env_clear()
         .envs(req.env.iter().map(|(k, v)| (k, v)))
         .current_dir(&req.cwd)
-        .stdin(Stdio::null());
-    let own_session = match placement {
-        Placement::SupervisorSession => {
-            cmd.stdout(Stdio::inherit())
-                .stderr(Stdio::inherit())
-                .process_group(0);
-            false
-        }
-        Placement::OwnSession { stdout, stderr } => {
-            cmd.stdout(Stdio::from(stdout)).stderr(Stdio::from(stderr));
-            true
-        }
-    };
-    // SAFETY: the closure runs in the forked child before exec. The supervising process is
-    // single-threaded (the supervisor binary, or `podhost tool` before it starts any thread),
+        .stdin(Stdio::null())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .process_group(0);
+    // SAFETY: the closure runs in the forked child before exec. This process is single-threaded,
     // so no lock can be held by a thread that did not survive the fork, and the closure only
-    // makes system calls (sigprocmask, rt_sigaction, setsid, setrlimit, set*id, prctl,
-    // getppid, capset, landlock_restrict_self, seccomp) on values prepared before the fork.
+    // makes system calls (sigprocmask, rt_sigaction, setrlimit, set*id, prctl, getppid,
+    // capset, landlock_restrict_self, seccomp) on values prepared before the fork.
     unsafe {
         cmd.pre_exec(move || {
             // The supervisor blocks the signals it waits for; the shell must not inherit that
             // (a blocked SIGTERM would make every command ignore the first kill).
             SigSet::empty().thread_set_mask()?;
             reset_signal_dispositions();
-            if own_session {
-                // A session of its own: no controlling terminal (prompts that open /dev/tty
-                // fail at once) and a process group of its own.
-                setsid()?;
-            }
             limits.apply()?;
             // Before the parent-death signal: a credential change clears it.
             confine.switch_user()?;

@@ -5,9 +5,9 @@
 //! match), 2 when the input was refused before it could run, 130 or 143 when a signal stopped
 //! it (the command's whole process tree killed; the outcome so far is still printed).
 //!
-//! A `bash` call runs without an async runtime, podhost itself its command's supervisor
-//! ([`Call::run_here`], see `exec::oneshot`): one process between the caller and the shell, as
-//! small at its start as the supervisor binary. The file tools (and a command in a session
+//! A `bash` call runs without an async runtime, its command's supervisor forked from podhost
+//! ([`Call::run_here`], see `exec::oneshot`): no second program to load and no control socket.
+//! The file tools (and a command in a session
 //! whose holder podhost cannot be itself) run on a current-thread runtime ([`Call::run`]).
 
 use std::io::{Read, Write};
@@ -85,7 +85,7 @@ pub fn prepare(args: ToolConfig) -> Result<Call, LocalError> {
 }
 
 impl Call {
-    /// Runs a `bash` call with this process as its command's supervisor, without an async
+    /// Runs a `bash` call under a supervisor forked from this process, without an async
     /// runtime (see `exec::oneshot`); the exit code. The caller must be single-threaded: the
     /// stop signals are blocked and read here. `None` for any other call, or when the
     /// workspace's commands run in a session: then use [`run`](Self::run).

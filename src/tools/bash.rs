@@ -45,8 +45,8 @@ pub async fn execute(
     outcome(tb.executor().execute(req).await, timeout)
 }
 
-/// [`execute`] with this process as the command's supervisor (`podhost tool`, see
-/// `exec::oneshot`): no async runtime, no supervisor process. The signal that stopped the
+/// [`execute`] under a supervisor forked from this process (`podhost tool`, see
+/// `exec::oneshot`): no async runtime, no supervisor program. The signal that stopped the
 /// command comes back beside the outcome. Only where the executor `supervises_here`.
 pub fn execute_here(
     tb: &Toolbox,

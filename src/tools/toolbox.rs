@@ -259,7 +259,7 @@ impl Toolbox {
         result
     }
 
-    /// A `bash` call with this process as its command's supervisor (see `exec::oneshot`):
+    /// A `bash` call under a supervisor forked from this process (see `exec::oneshot`):
     /// `podhost tool bash` in a single-threaded process, without an async runtime. `None` when
     /// this toolbox's commands cannot run that way (they run in a session, or are watched by a
     /// cgroup or a quota): then use [`call`](Self::call). Beside the outcome, the signal that

@@ -125,7 +125,8 @@ async fn the_command_cannot_read_podhosts_environment() {
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = tool(
         dir.path(),
-        &json!({"command": "cat /proc/$PPID/comm; tr '\\0' '\\n' < /proc/$PPID/environ; \
+        &json!({"command": "echo $PPID; cat /proc/$PPID/comm; cut -d' ' -f4 /proc/$PPID/stat; \
+                            tr '\\0' '\\n' < /proc/$PPID/environ; \
                             env | grep -c ONESHOT_TOKEN; true"}),
     );
     cmd.env("ONESHOT_TOKEN", SECRET);
@@ -134,13 +135,17 @@ async fn the_command_cannot_read_podhosts_environment() {
     let out = finish(child).await;
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert!(!out.stdout.contains(SECRET), "{}", out.stdout);
-    // The command's parent is podhost itself, whose environment is closed to it, and the
-    // credential-like variable was withheld from the command's own.
+    // The command's parent is its supervisor, a fork of podhost (podhost its parent): its
+    // environment, podhost's, is closed to the command, and the credential-like variable was
+    // withheld from the command's own.
+    let got = output(&out.stdout);
+    let stdout = got["stdout"].as_str().unwrap();
+    let supervisor = stdout.lines().next().unwrap();
     assert_eq!(
-        output(&out.stdout),
+        got,
         json!({
-            "exitCode": 0, "stdout": "podhost\n0\n",
-            "stderr": format!("/bin/bash: line 1: /proc/{podhost_pid}/environ: Permission denied\n")
+            "exitCode": 0, "stdout": format!("{supervisor}\npodhost\n{podhost_pid}\n0\n"),
+            "stderr": format!("/bin/bash: line 1: /proc/{supervisor}/environ: Permission denied\n")
         })
     );
 }

@@ -182,9 +182,10 @@ fn read_only_verb() -> &'static str {
     }
 }
 
-/// `podhost tool bash` is its command's supervisor itself, whether `podhost-exec` lies beside
-/// it or not, with the read-only system off or on (built in podhost's own process where it may
-/// make a mount namespace as root; a session holder's supervisor otherwise).
+/// `podhost tool bash`'s command runs under a supervisor forked from podhost (its command line
+/// podhost's), whether `podhost-exec` lies beside it or not, with the read-only system off or
+/// on (built in podhost's own process where it may make a mount namespace as root; a session
+/// holder's supervisor otherwise).
 fn expected_parent(podhost: &std::path::Path, dir: &std::path::Path, on: bool) -> String {
     if on && read_only_verb() == "__session" && !nix::unistd::geteuid().is_root() {
         return format!("{} __session ", dir.join("podhost-exec").display());
@@ -193,7 +194,7 @@ fn expected_parent(podhost: &std::path::Path, dir: &std::path::Path, on: bool) -
 }
 
 #[test]
-fn commands_run_under_podhost_tool_itself_with_podhost_exec_beside_it() {
+fn commands_run_under_a_fork_of_podhost_tool_with_podhost_exec_beside_it() {
     let (dir, podhost) = installed(true);
     for (setting, on) in [("off", false), ("on", true)] {
         let parent = supervisor_of_a_command(&podhost, setting);
@@ -206,7 +207,7 @@ fn commands_run_under_podhost_tool_itself_with_podhost_exec_beside_it() {
 }
 
 #[test]
-fn commands_run_under_podhost_tool_itself_without_podhost_exec() {
+fn commands_run_under_a_fork_of_podhost_tool_without_podhost_exec() {
     let (dir, podhost) = installed(false);
     let parent = supervisor_of_a_command(&podhost, "off");
     let want = expected_parent(&podhost, dir.path(), false);
