@@ -741,6 +741,22 @@ pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// Whether this process has one thread (field 20 of `/proc/self/stat`); `false` when it cannot
+/// tell.
+pub fn single_threaded() -> bool {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return false;
+    };
+    threads_in(&stat) == Some(1)
+}
+
+/// The thread count of a `/proc/<pid>/stat` line.
+fn threads_in(stat: &str) -> Option<u32> {
+    // The command name (field 2) may hold spaces and parentheses: count from its closing one.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_ascii_whitespace().nth(17)?.parse().ok()
+}
+
 /// A `SOCK_SEQPACKET` Unix socket pair, close-on-exec.
 pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
@@ -787,4 +803,19 @@ pub fn poll_now(fd: RawFd, events: libc::c_short) -> libc::c_short {
     // SAFETY: one live pollfd and a zero timeout.
     let rc = unsafe { libc::poll(&mut pfd, 1, 0) };
     if rc > 0 { pfd.revents } else { 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_thread_count_is_read_after_the_command_name() {
+        // A command name may hold spaces and parentheses.
+        let stat = "4242 (a) b (c) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 7 0 99 0";
+        assert_eq!(threads_in(stat), Some(7));
+        assert_eq!(threads_in("4242 (cut"), None);
+        // The test harness runs each test on a thread of its own.
+        assert!(!single_threaded());
+    }
 }

@@ -59,11 +59,19 @@ pub fn probe_host(helper: &Path) -> Probe {
 }
 
 /// The namespaces level alone (no network, no disk: see [`probe::run_namespaces`]), asked once
-/// per process: what local use's read-only system needs.
+/// per process: what local use's read-only system needs. A single-threaded process (a one-shot
+/// `podhost tool`) tries it in forks of itself, without loading the helper; any other asks the
+/// helper, since only a single-threaded process may run code in a fork.
 pub fn probe_namespaces(helper: &Path) -> Probe {
     static PROBE: OnceLock<Probe> = OnceLock::new();
     PROBE
-        .get_or_init(|| run_probe(helper, &[probe::NAMESPACES_ONLY]))
+        .get_or_init(|| {
+            if sys::single_threaded() {
+                probe::run_namespaces()
+            } else {
+                run_probe(helper, &[probe::NAMESPACES_ONLY])
+            }
+        })
         .clone()
 }
 
