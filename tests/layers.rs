@@ -1,4 +1,4 @@
-//! The layering of `src/`, checked from the source text (DESIGN.md, "Module map").
+//! The layering of `src/`, checked from the source text (the map in `src/lib.rs`, "Layers").
 //!
 //! Every `src/**/*.rs` is read; its references to modules of the crate are extracted — `use`
 //! statements (grouped, nested, over several lines), inline paths such as
@@ -799,7 +799,7 @@ fn every_import_follows_the_layers() {
     let bad = layer_violations(&sources());
     assert!(
         bad.is_empty(),
-        "{} imports the layers do not allow (DESIGN.md, \"Module map\"; the table is ALLOWED in \
+        "{} imports the layers do not allow (src/lib.rs, \"Layers\"; the table is ALLOWED in \
          tests/layers.rs):\n{}",
         bad.len(),
         bad.join("\n")
