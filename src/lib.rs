@@ -14,8 +14,14 @@
 //! * **Probe** (`podhost health`, [`probe`]): asks a running pod host's loopback health endpoint,
 //!   for a Kubernetes exec probe.
 //!
+//! Above the fronts, [`config`] is the command line and the environment: the clap structs, each
+//! validated into one front's plain configuration. `main.rs` uses it; no front imports it.
+//!
 //! Below the fronts:
 //!
+//! * [`chat`] is chat with an OpenAI-compatible model — the messages, the model client (streamed
+//!   or not, with retries), and a chat session's side of the agent loop — what `podhost serve`
+//!   and `podhost run` share.
 //! * [`agent`] is the one loop; it talks to a model port and a journal port and knows nothing of
 //!   WebSockets or HTTP.
 //! * [`tools`] are functions of (workspace, input) → outcome; a tool that ran and failed returns
@@ -31,6 +37,15 @@
 //!   with one-line calls), the one TLS client configuration ([`floor::tls`]), and the one
 //!   hardened HTTP listener with its guard against forged browser requests ([`floor::http`]),
 //!   which `serve` and `mcp --listen` both stand on.
+//!
+//! # Layers
+//!
+//! Each layer imports only from the layers below it: the CLI (`main.rs`, [`config`]) → the
+//! fronts ([`local`], [`nylorun`], [`byoh`]; [`probe`] imports only [`floor`]) → [`chat`] →
+//! [`agent`] → [`tools`] → [`exec`] → [`floor`], with [`failpoints`] beside `floor`, importable
+//! from every layer. A front never imports another front or the CLI. Inside [`nylorun`] the wings
+//! run `host` → `turn` → `artifacts` → `link`. No two units import each other, nor do two files
+//! of one front. `tests/layers.rs` checks all of it from the source text.
 //!
 //! # Who owns what
 //!

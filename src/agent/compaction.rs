@@ -19,51 +19,14 @@
 use tokio_util::sync::CancellationToken;
 
 use super::context::{Budget, Tracker, Trigger, clip_to_tokens, estimate_tokens, plan};
+// What the host is handed, where the fronts that implement it find it.
+pub use super::host::{Compaction, SummaryCall};
+use super::host::{Effect, TurnEnd, TurnHost};
 use super::model::ModelAnswer;
-use super::turn::{Effect, TurnEnd, TurnHost};
 use crate::floor::codes;
 
 /// Room in a summary call for the words around the text and the previous summary's wrapper.
 const SUMMARY_SLACK_TOKENS: u64 = 64;
-
-/// One summary call: the host words it, journals it (its identity is the step, the trigger and
-/// the part) and runs or replays it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SummaryCall {
-    pub step: u32,
-    pub trigger: Trigger,
-    /// Which part (from 0) of `parts`.
-    pub part: u32,
-    pub parts: u32,
-    /// The system text of the call.
-    pub instructions: &'static str,
-    /// The user text: the summary so far (from the earlier parts) and the history to add.
-    pub text: String,
-    /// The room of the answer.
-    pub max_tokens: u64,
-}
-
-/// A compaction the host applies to its history.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Compaction {
-    pub step: u32,
-    pub trigger: Trigger,
-    /// The summary of the units in `summarized`; `None` when nothing was summarized (the kept
-    /// tail was only shrunk).
-    pub summary: Option<String>,
-    /// Indices of the units the summary replaces, in order.
-    pub summarized: Vec<usize>,
-    /// Indices of the units kept verbatim, in order (an earlier summary when nothing new was
-    /// summarized, pinned ones, then the latest input, then the recent steps).
-    pub kept: Vec<usize>,
-    /// Shrink the tool results of the kept steps to previews.
-    pub shrink: bool,
-    /// The prompt's tokens before and (estimated) after.
-    pub tokens_before: u64,
-    pub tokens_after: u64,
-    /// How many summary calls wrote it.
-    pub parts: u32,
-}
 
 /// What a summary call is told.
 pub const SUMMARY_INSTRUCTIONS: &str = "You write the working memory of an agent whose \

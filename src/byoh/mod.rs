@@ -90,7 +90,9 @@ pub struct ServeConfig {
     pub exec: ExecSettings,
 }
 
-/// Why `podhost serve` or `podhost run` could not run.
+/// Why `podhost serve` could not start or keep its endpoint running: a bad setting (reported
+/// with the usage exit code), an I/O failure on the data directory or the token file, the store,
+/// or the model client.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error("{0}")]

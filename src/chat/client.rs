@@ -27,7 +27,7 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::message::{ApiKey, ChatMessage, ModelEndpoint};
+use super::message::{ApiKey, ChatMessage, ModelEndpoint, content_text};
 use super::stream::{Accumulated, SseParser};
 use crate::agent::model::{Block, Candidate, FinishReason, ToolCallBlock, Usage};
 use crate::floor::backoff::{Backoff, retry_after, sleep_or_cancel};
@@ -570,19 +570,6 @@ pub fn parse_completion(v: &Value) -> Result<Candidate, String> {
         usage,
         evidence: None,
     })
-}
-
-/// `content` as a string, an array of text parts, or absent.
-pub(crate) fn content_text(c: Option<&Value>) -> String {
-    match c {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str).or_else(|| p.as_str()))
-            .collect::<Vec<_>>()
-            .join(""),
-        _ => String::new(),
-    }
 }
 
 #[cfg(test)]

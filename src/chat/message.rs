@@ -177,6 +177,21 @@ pub fn parts_text(parts: &[Value]) -> String {
         .join("\n")
 }
 
+/// The text of a model's `content` — a string, an array of text parts, or absent — as the
+/// client reads it from an answer and the stream reads it from each delta: leniently (a part
+/// that is a bare string counts) and joined without a separator, as a stream's pieces are.
+pub(crate) fn content_text(c: Option<&Value>) -> String {
+    match c {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str).or_else(|| p.as_str()))
+            .collect::<Vec<_>>()
+            .join(""),
+        _ => String::new(),
+    }
+}
+
 impl ChatMessage {
     pub fn system(text: impl Into<String>) -> Self {
         ChatMessage {

@@ -8,6 +8,9 @@
 //! * [`context`]: what the model is sent of a session (its compacted view, files it can read).
 //! * [`listing`]: what a server's model listing says of a model's window and inputs.
 //!
+//! Imports run one way: `session` → `listing` → `client` → `stream` → `message`, and
+//! `session` → `context` → `message`.
+//!
 //! Non-goals: storage, statuses and routes (the BYOH front), the terminal (the local front).
 
 pub(crate) mod client;

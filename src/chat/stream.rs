@@ -17,6 +17,8 @@
 
 use serde_json::{Map, Value, json};
 
+use super::message::content_text;
+
 /// One event of a stream: its `event` name (if any) and its data.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SseEvent {
@@ -132,7 +134,7 @@ impl Accumulated {
         let Some(delta) = choice.get("delta").or_else(|| choice.get("message")) else {
             return;
         };
-        let text = super::client::content_text(delta.get("content"));
+        let text = content_text(delta.get("content"));
         self.received += text.len() as u64;
         self.content.push_str(&text);
         for key in ["reasoning_content", "reasoning"] {

@@ -4,9 +4,11 @@
 //! # Four wings
 //!
 //! * [`link`]: the WebSocket to core — connect, the channel (a reader and a writer task, the
-//!   requests in flight each way), the wire types and the request hash.
-//! * [`host`]: the pod's own life — the main task ([`host::pod`]), join and renew, leases, the
-//!   `workspace.*` server, setup, the loopback health endpoint, the validated settings.
+//!   requests in flight each way), the lease slots and the granted runs they hold (renewals,
+//!   stop, release), the wire types and the request hash.
+//! * [`host`]: the pod's own life — the main task ([`host::pod`], which opens the lease slots),
+//!   join and renew, the `workspace.*` server, setup, the loopback health endpoint, the validated
+//!   settings.
 //! * [`turn`]: one segment of a granted run — its TurnStart, the agent loop with every model and
 //!   tool call journaled, the Model Gate, the transcript, instructions, result shaping and spill,
 //!   the segment's output.
