@@ -95,9 +95,9 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// Tries each level, strongest first, then a network namespace at the level found.
-pub fn run() -> Probe {
-    let mut refused = Vec::new();
+/// The levels to try, strongest first: the level, whether in a user namespace, whether with a
+/// PID namespace and `/proc`, and its name in a refusal.
+fn levels() -> Vec<(Namespaces, bool, bool, &'static str)> {
     let mut levels = Vec::new();
     if nix::unistd::geteuid().is_root() {
         levels.push((Namespaces::Root, false, true, "namespaces as root"));
@@ -109,7 +109,13 @@ pub fn run() -> Probe {
         false,
         "a user namespace without /proc",
     ));
-    for (namespaces, userns, pid, what) in levels {
+    levels
+}
+
+/// Tries each level, strongest first, then a network namespace at the level found.
+pub fn run() -> Probe {
+    let mut refused = Vec::new();
+    for (namespaces, userns, pid, what) in levels() {
         if let Err(e) = attempt(userns, pid, false) {
             refused.push(format!("{what}: {e}"));
             continue;
@@ -146,19 +152,8 @@ pub fn run() -> Probe {
 /// disk's `mkfs` costs a one-shot `podhost tool` more than its command does).
 pub fn run_namespaces() -> Probe {
     let mut refused = Vec::new();
-    let mut levels = Vec::new();
-    if nix::unistd::geteuid().is_root() {
-        levels.push((Namespaces::Root, false, true, "namespaces as root"));
-    }
-    levels.push((Namespaces::Userns, true, true, "a user namespace"));
-    levels.push((
-        Namespaces::UsernsNoproc,
-        true,
-        false,
-        "a user namespace without /proc",
-    ));
     let not_tried = || Err("not probed".to_owned());
-    for (namespaces, userns, pid, what) in levels {
+    for (namespaces, userns, pid, what) in levels() {
         match attempt(userns, pid, false) {
             Ok(()) => {
                 return Probe {
