@@ -59,8 +59,15 @@ pub const COMPACTION: &[&str] = &[
 pub const STORE: &[&str] = &["serve.store_full", "serve.renew_fails"];
 
 /// Faults of the host's sandboxes (the process goes on): a workspace's sandbox cannot be made
-/// (as when the host refuses a cgroup), and a session holder cannot make its namespaces.
-pub const SANDBOX: &[&str] = &["sandbox.refused", "sandbox.session_refused"];
+/// (as when the host refuses a cgroup), a session holder cannot make its namespaces, and a
+/// one-shot `podhost tool` cannot make its command's (refused at once, or a step of the view
+/// refused once they were made).
+pub const SANDBOX: &[&str] = &[
+    "sandbox.refused",
+    "sandbox.session_refused",
+    "oneshot.view_refused",
+    "oneshot.view_fails",
+];
 
 /// Marks a boundary where a test may kill the process. Expands to nothing without the
 /// `failpoints` feature.

@@ -61,6 +61,12 @@ fn main() -> ExitCode {
             config::VERSION
         );
     }
+    // `podhost tool bash`, as root, makes its command's namespaces itself and falls back where
+    // the kernel refuses them: the probe's own namespaces would cost a teardown on the
+    // command's path (see exec::session::assume_root_namespaces).
+    if matches!(&front, Front::Tool(c) if c.name == "bash") {
+        exec::session::assume_root_namespaces();
+    }
     // One-shot fronts report their confinement now; long-running ones once their configuration
     // is valid (a configuration error stays the only thing they print).
     if let Some(exec) = front.exec()

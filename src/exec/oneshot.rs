@@ -269,17 +269,110 @@ fn default_dispositions() {
 
 /// Moves this process into fresh mount and IPC namespaces and builds the session's view there
 /// (see `session::view`), before the command's Landlock rules are opened in it.
+///
+/// Where the level was assumed rather than probed (`session::assume_root_namespaces`), this
+/// is the probe: if the kernel refuses the namespaces or a step of the view, this process
+/// goes back to the namespaces it came from (and its working directory), and the command runs
+/// without the view, as where a probe had found none. Where the level was probed, a failure
+/// is the command's start failing.
 fn enter_view(session: &SessionRequest) -> Result<(), ExecError> {
     let failed = |e: super::sys::StepError| ExecError::Session {
         message: format!("could not build the command view: {e}"),
     };
     let prepared = view::prepare(&session.view, false, false).map_err(failed)?;
-    super::sys::unshare(
-        "make the command's namespaces",
-        libc::CLONE_NEWNS | libc::CLONE_NEWIPC,
-    )
-    .map_err(failed)?;
-    prepared.build().map_err(failed)
+    let make = || {
+        if crate::failpoint_fails!("oneshot.view_refused") {
+            return Err(super::sys::StepError::new(
+                "make the command's namespaces (the failpoint oneshot.view_refused)",
+                libc::EPERM,
+            ));
+        }
+        super::sys::unshare(
+            "make the command's namespaces",
+            libc::CLONE_NEWNS | libc::CLONE_NEWIPC,
+        )
+    };
+    let build = || {
+        if crate::failpoint_fails!("oneshot.view_fails") {
+            return Err(super::sys::StepError::new(
+                "build the view (the failpoint oneshot.view_fails)",
+                libc::ENOSYS,
+            ));
+        }
+        prepared.build()
+    };
+    if !super::session::namespaces_assumed() {
+        return make().and_then(|()| build()).map_err(failed);
+    }
+    let refused = |e: super::sys::StepError| {
+        tracing::debug!(
+            "no read-only system for the command: {e}; Landlock alone confines its writes"
+        );
+    };
+    let home = Home::here().map_err(|e| ExecError::Session {
+        message: format!("could not note this process's namespaces: {e}"),
+    })?;
+    // Refused at once: nothing changed.
+    if let Err(e) = make() {
+        refused(e);
+        return Ok(());
+    }
+    if let Err(e) = build() {
+        home.go_back().map_err(|back| ExecError::Session {
+            message: format!(
+                "could not build the command view ({e}), nor return to podhost's namespaces: \
+                 {back}"
+            ),
+        })?;
+        refused(e);
+    }
+    Ok(())
+}
+
+/// The mount and IPC namespaces and the working directory this process had before
+/// [`enter_view`], to go back to when the view cannot be built.
+struct Home {
+    mount: OwnedFd,
+    ipc: OwnedFd,
+    cwd: OwnedFd,
+}
+
+impl Home {
+    fn here() -> io::Result<Home> {
+        let open = |path: &str, dir: bool| {
+            let mut options = std::fs::OpenOptions::new();
+            options.read(true);
+            if dir {
+                std::os::unix::fs::OpenOptionsExt::custom_flags(
+                    &mut options,
+                    libc::O_DIRECTORY | libc::O_PATH,
+                );
+            }
+            options.open(path).map(OwnedFd::from)
+        };
+        Ok(Home {
+            mount: open("/proc/self/ns/mnt", false)?,
+            ipc: open("/proc/self/ns/ipc", false)?,
+            cwd: open(".", true)?,
+        })
+    }
+
+    /// Enters the namespaces noted and the working directory (this process is
+    /// single-threaded, as `setns` into a mount namespace demands).
+    #[allow(unsafe_code)]
+    fn go_back(self) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: plain system calls on descriptors this value owns.
+        unsafe {
+            if libc::setns(self.mount.as_raw_fd(), libc::CLONE_NEWNS) != 0
+                || libc::setns(self.ipc.as_raw_fd(), libc::CLONE_NEWIPC) != 0
+                || libc::fchdir(self.cwd.as_raw_fd()) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The supervisor's exit status, once it has ended (and is reaped).

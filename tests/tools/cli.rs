@@ -217,3 +217,67 @@ fn commands_run_under_a_fork_of_podhost_tool_without_podhost_exec() {
         assert!(parent.starts_with(&want), "{parent:?} vs {want:?}");
     }
 }
+
+/// The mount namespace a `podhost tool bash` command runs in, with `failpoints` set (if any).
+fn mount_namespace_of_a_command(failpoints: Option<&str>) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(podhost_bin());
+    cmd.args(["tool", "bash", "--workspace"])
+        .arg(dir.path())
+        .arg("--input")
+        .arg(json!({"command": "readlink /proc/self/ns/mnt; pwd; touch made"}).to_string());
+    if let Some(f) = failpoints {
+        cmd.env("PODHOST_FAILPOINTS", f);
+    }
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let outcome = stdout_json(&out);
+    assert_eq!(outcome["kind"], "completed", "{outcome}");
+    assert_eq!(outcome["output"]["exitCode"], 0, "{outcome}");
+    let stdout = outcome["output"]["stdout"].as_str().unwrap();
+    let mut lines = stdout.lines();
+    let ns = lines.next().unwrap().to_owned();
+    // Wherever it ran, the command started in its workspace and could write there.
+    let cwd = std::fs::canonicalize(dir.path()).unwrap();
+    assert_eq!(lines.next(), Some(cwd.to_str().unwrap()), "{outcome}");
+    assert!(dir.path().join("made").exists(), "{outcome}");
+    ns
+}
+
+/// A root `podhost tool bash` does not probe the host's namespaces (the probe's teardown would
+/// be on the command's path): it makes its command's namespaces itself. Where the kernel
+/// refuses them at once, or refuses a step of the view once they were made, podhost goes back
+/// to its own namespaces and working directory and the command runs without the read-only
+/// system, as where a probe had found none — never a failed call.
+#[test]
+fn a_root_podhost_tool_falls_back_where_the_kernel_refuses_the_view() {
+    let ours = std::fs::read_link("/proc/self/ns/mnt")
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let normal = mount_namespace_of_a_command(None);
+    if !nix::unistd::geteuid().is_root() {
+        println!(
+            "not root: podhost tool probes the namespaces as before (the fallback is a root's); \
+             checked that the failpoints change nothing"
+        );
+        for f in ["oneshot.view_refused=fail", "oneshot.view_fails=fail"] {
+            assert_eq!(
+                mount_namespace_of_a_command(Some(f)) == ours,
+                normal == ours,
+                "{f}"
+            );
+        }
+        return;
+    }
+    if normal == ours {
+        println!("this kernel gives root no mount namespace: the fallback is the normal path");
+    }
+    for f in ["oneshot.view_refused=fail", "oneshot.view_fails=fail"] {
+        assert_eq!(
+            mount_namespace_of_a_command(Some(f)),
+            ours,
+            "{f}: the command runs in podhost's own namespace"
+        );
+    }
+}

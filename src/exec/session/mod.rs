@@ -30,6 +30,7 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -63,8 +64,7 @@ pub fn probe_host(helper: &Path) -> Probe {
 /// `podhost tool`) tries it in forks of itself, without loading the helper; any other asks the
 /// helper, since only a single-threaded process may run code in a fork.
 pub fn probe_namespaces(helper: &Path) -> Probe {
-    static PROBE: OnceLock<Probe> = OnceLock::new();
-    PROBE
+    NAMESPACES_PROBE
         .get_or_init(|| {
             if sys::single_threaded() {
                 probe::run_namespaces()
@@ -73,6 +73,41 @@ pub fn probe_namespaces(helper: &Path) -> Probe {
             }
         })
         .clone()
+}
+
+/// The answer of [`probe_namespaces`], or the level [`assume_root_namespaces`] set.
+static NAMESPACES_PROBE: OnceLock<Probe> = OnceLock::new();
+/// Whether [`assume_root_namespaces`] set the level.
+static NAMESPACES_ASSUMED: AtomicBool = AtomicBool::new(false);
+
+/// For a root process that makes its commands' namespaces itself, in this process, and falls
+/// back to none where the kernel refuses them (`podhost tool`, see
+/// [`oneshot`](super::oneshot)): the level of [`probe_namespaces`] is taken to be
+/// [`Namespaces::Root`] without the probe, whose throw-away mount namespace costs a teardown
+/// (an RCU grace period: milliseconds on a busy host) on the path of the one command. Returns
+/// whether it was; not for a process that is not root, nor once the level was probed.
+pub fn assume_root_namespaces() -> bool {
+    if !nix::unistd::geteuid().is_root() {
+        return false;
+    }
+    let assumed = Probe {
+        namespaces: Namespaces::Root,
+        refused: Vec::new(),
+        network: false,
+        disk: Err("not probed".to_owned()),
+    };
+    let set = NAMESPACES_PROBE.set(assumed).is_ok();
+    if set {
+        NAMESPACES_ASSUMED.store(true, Ordering::Relaxed);
+    }
+    set
+}
+
+/// Whether the namespaces level was assumed rather than probed (see
+/// [`assume_root_namespaces`]): then the kernel's refusal to make them is a fallback, not a
+/// fault.
+pub fn namespaces_assumed() -> bool {
+    NAMESPACES_ASSUMED.load(Ordering::Relaxed)
 }
 
 /// Runs the probe helper with `args` after its own argument.
