@@ -217,7 +217,7 @@ pub fn edit(data: &[u8]) {
     });
     let ctx = crate::tools::CallContext::default();
     let outcome = rt
-        .block_on(tb.call("edit", &input, &ctx))
+        .block_on(tb.call(ToolName::Edit, &input, &ctx))
         .expect("no harness fault");
     let after = std::fs::read(file).unwrap();
     match outcome {

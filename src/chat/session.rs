@@ -361,18 +361,18 @@ impl<F: Front> ChatTurn<F> {
         call: &ToolCallBlock,
         cancel: &CancellationToken,
     ) -> Result<ResultOutcome, SessionError> {
-        if call.name.parse::<ToolName>().is_err() {
+        let Ok(tool) = call.name.parse::<ToolName>() else {
             let mut tools = ToolName::ALL.map(ToolName::as_str).to_vec();
             tools.push(ASK_USER);
             return Ok(unknown_tool(&call.name, &tools).into());
-        }
+        };
         let mut backoff =
             crate::floor::backoff::Backoff::new(SANDBOX_RETRY_FIRST, SANDBOX_RETRY_FIRST * 8);
         let mut tries = 0;
         loop {
             tries += 1;
             let ctx = CallContext::new(cancel.child_token());
-            match self.toolbox.call(&call.name, &call.args, &ctx).await {
+            match self.toolbox.call(tool, &call.args, &ctx).await {
                 Ok(outcome) => return Ok(outcome.into()),
                 Err(e) if e.nothing_ran() && tries < SANDBOX_TRIES => {
                     let delay = backoff.next_delay();

@@ -313,7 +313,7 @@ pub async fn run(tb: &Toolbox, tool: ToolName, input: Value) -> ToolOutcome {
     let ctx = CallContext::new(CancellationToken::new());
     tokio::time::timeout(
         std::time::Duration::from_secs(30),
-        tb.call(tool.as_str(), &input, &ctx),
+        tb.call(tool, &input, &ctx),
     )
     .await
     .expect("tool call timed out")

@@ -377,7 +377,7 @@ async fn ps_in_one_session_shows_nothing_of_another() {
         tokio::spawn(async move {
             let ctx = podhost::tools::CallContext::new(cancel);
             b.call(
-                "bash",
+                ToolName::Bash,
                 &json!({"command": format!("exec -a {m} sleep 60")}),
                 &ctx,
             )
