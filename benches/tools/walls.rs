@@ -114,7 +114,7 @@ pub fn main() {
         smoke::pick(ITERATIONS, 3),
     );
     let disk_bytes = smoke::pick(DISK_MIB, 64) << 20;
-    let probe = podhost::exec::session::probe_host(&supervisor);
+    let probe = podhost::exec::probe::probe_host(&supervisor);
     if !probe.namespaces.any() {
         smoke::skipped(
             "session walls",
