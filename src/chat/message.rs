@@ -12,6 +12,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use url::Url;
 
 /// A model API key. Kept in memory only; `Debug` and `Display` never show it.
 #[derive(Clone, PartialEq, Eq, Deserialize)]
@@ -302,12 +303,42 @@ impl ToolCall {
 
 /// Where and what to ask: an OpenAI-compatible base URL, the model, and the settings merged
 /// into every request. Everything of a connection but its key, so it may be stored.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+///
+/// The base URL was parsed where it entered podhost (a submission, a flag); stored, it is its
+/// text, parsed again only when a stored row is read back.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelEndpoint {
-    pub base_url: String,
+    #[serde(with = "url_text")]
+    pub base_url: Url,
     pub model: String,
     #[serde(default)]
     pub generation_settings: Map<String, Value>,
+}
+
+impl ModelEndpoint {
+    /// `{base_url}/{path}`: the base URL's path without its trailing slashes, then `path`; its
+    /// query stays where it is.
+    pub fn url(&self, path: &str) -> Url {
+        let mut url = self.base_url.clone();
+        let joined = format!("{}/{path}", url.path().trim_end_matches('/'));
+        url.set_path(&joined);
+        url
+    }
+}
+
+/// A URL as its text (how a stored endpoint holds it).
+mod url_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use url::Url;
+
+    pub fn serialize<S: Serializer>(url: &Url, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(url.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Url, D::Error> {
+        let text = String::deserialize(d)?;
+        Url::parse(&text).map_err(serde::de::Error::custom)
+    }
 }
 
 #[cfg(test)]
@@ -315,6 +346,32 @@ mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
     use serde_json::json;
+
+    #[test]
+    fn an_endpoint_url_joins_the_base_path_and_keeps_the_query() {
+        let at = |base: &str| ModelEndpoint {
+            base_url: Url::parse(base).unwrap(),
+            model: "m".into(),
+            generation_settings: Map::new(),
+        };
+        let cases = [
+            ("http://h/v1", "http://h/v1/chat/completions"),
+            ("http://h/v1//", "http://h/v1/chat/completions"),
+            ("http://h", "http://h/chat/completions"),
+            ("https://h:8443/a/b/", "https://h:8443/a/b/chat/completions"),
+            (
+                "https://h/v1?api-version=2",
+                "https://h/v1/chat/completions?api-version=2",
+            ),
+        ];
+        for (base, want) in cases {
+            assert_eq!(at(base).url("chat/completions").as_str(), want, "{base}");
+        }
+        let stored = serde_json::to_value(at("http://u:p@h/v1")).unwrap();
+        assert_eq!(stored["base_url"], "http://u:p@h/v1");
+        let back: ModelEndpoint = serde_json::from_value(stored).unwrap();
+        assert_eq!(back, at("http://u:p@h/v1"));
+    }
 
     #[test]
     fn content_parts_round_trip_and_read_as_text() {

@@ -21,6 +21,7 @@ use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 
 use serde_json::{Map, Value};
+use url::Url;
 
 use super::events::{Event, RunStatus};
 use super::observe::Observed;
@@ -52,8 +53,8 @@ pub enum Task {
 /// The model to ask, and where each part of the connection came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModelChoice {
-    /// An `http://` or `https://` URL (checked by the configuration).
-    pub base_url: String,
+    /// An `http://` or `https://` URL with a host (parsed and checked by the configuration).
+    pub base_url: Url,
     /// `--base-url`, `OPENAI_BASE_URL` or `default`.
     pub base_url_from: &'static str,
     pub model: String,
@@ -180,7 +181,7 @@ pub async fn run(cfg: RunConfig, stop: Stop) -> Result<i32, LocalError> {
         schema: super::events::SCHEMA_ID,
         version: env!("CARGO_PKG_VERSION"),
         model: cfg.model.model.clone(),
-        base_url: cfg.model.base_url.clone(),
+        base_url: cfg.model.base_url.to_string(),
         base_url_from: cfg.model.base_url_from.to_owned(),
         api_key_from: key.as_ref().and(cfg.model.api_key_env.clone()),
         workspace: toolbox.workspace().root().to_string_lossy().into_owned(),
