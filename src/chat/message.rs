@@ -3,12 +3,13 @@
 //! Owns: [`ChatMessage`] and its parts (the shape the BYOH protocol and OpenAI-compatible servers
 //! share; `content` as a string, or as OpenAI content parts — text, `image_url`, `input_audio`,
 //! `file` — kept as given), [`ModelEndpoint`] (a base URL, a model and generation settings: what
-//! may be stored), and [`ApiKey`], whose `Debug` prints `[redacted]` and which is never
-//! serialized.
+//! may be stored), [`ApiKey`], whose `Debug` prints `[redacted]` and which is never
+//! serialized, and [`KeySource`], where a session's calls get their key.
 //!
 //! Non-goals: the BYOH protocol's rules for messages (`byoh::protocol` checks them).
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -33,6 +34,35 @@ impl ApiKey {
 impl fmt::Debug for ApiKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("[redacted]")
+    }
+}
+
+/// Where a session's model calls get their key: a key fixed for the session (local use), or
+/// the latest one its front was given (a retried BYOH submission brings a fresh one). Apart
+/// from the messages a front keeps, so that the key never passes through their sink.
+#[derive(Clone)]
+pub struct KeySource(Arc<dyn Fn() -> Option<ApiKey> + Send + Sync>);
+
+impl KeySource {
+    /// Always `key`.
+    pub fn fixed(key: Option<ApiKey>) -> Self {
+        KeySource(Arc::new(move || key.clone()))
+    }
+
+    /// Whatever `latest` answers at each call.
+    pub fn latest(latest: impl Fn() -> Option<ApiKey> + Send + Sync + 'static) -> Self {
+        KeySource(Arc::new(latest))
+    }
+
+    /// The key for the next model call.
+    pub fn key(&self) -> Option<ApiKey> {
+        (self.0)()
+    }
+}
+
+impl fmt::Debug for KeySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("KeySource([redacted])")
     }
 }
 
@@ -346,6 +376,21 @@ mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
     use serde_json::json;
+
+    #[test]
+    fn a_key_source_answers_the_latest_key_and_never_prints_it() {
+        let fixed = KeySource::fixed(Some(ApiKey::new("sk-fixed")));
+        assert_eq!(fixed.key(), Some(ApiKey::new("sk-fixed")));
+        let latest = Arc::new(std::sync::Mutex::new(None));
+        let source = {
+            let latest = latest.clone();
+            KeySource::latest(move || latest.lock().unwrap().clone())
+        };
+        assert_eq!(source.key(), None);
+        *latest.lock().unwrap() = Some(ApiKey::new("sk-fresh"));
+        assert_eq!(source.key(), Some(ApiKey::new("sk-fresh")));
+        assert_eq!(format!("{fixed:?}"), "KeySource([redacted])");
+    }
 
     #[test]
     fn an_endpoint_url_joins_the_base_path_and_keeps_the_query() {

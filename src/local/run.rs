@@ -29,7 +29,7 @@ use super::render::Sink;
 use super::{LocalEnv, LocalError, Stop, toolbox};
 use crate::agent::turn::{self, TurnEnd};
 use crate::chat::client::{ModelClient, RetryPolicy};
-use crate::chat::message::{ApiKey, ChatMessage, ModelEndpoint};
+use crate::chat::message::{ApiKey, ChatMessage, KeySource, ModelEndpoint};
 use crate::chat::session::{ChatLimits, ChatTurn, Front, SessionError, step_limit_message};
 use crate::exec::ExecSettings;
 use crate::floor::codes::{self, exit};
@@ -90,17 +90,12 @@ pub struct RunConfig {
 
 /// The front of a local run: a terminal answers questions, when there is one.
 struct RunFront {
-    key: Option<ApiKey>,
     interactive: bool,
 }
 
 impl Front for RunFront {
     async fn appended(&mut self, _messages: &[ChatMessage]) -> Result<(), SessionError> {
         Ok(())
-    }
-
-    fn api_key(&self) -> Option<ApiKey> {
-        self.key.clone()
     }
 
     fn answers_questions(&self) -> bool {
@@ -210,18 +205,25 @@ pub async fn run(cfg: RunConfig, stop: Stop) -> Result<i32, LocalError> {
         generation_settings: cfg.model.generation.clone(),
     };
     let front = RunFront {
-        key,
         interactive: cfg.task != Task::Stdin && std::io::stdin().is_terminal(),
     };
     let mut limits = cfg.limits.clone();
     if limits.needs_listing() {
-        let facts = client.model_facts(&conn, front.key.as_ref()).await;
+        let facts = client.model_facts(&conn, key.as_ref()).await;
         limits = limits.complete(facts);
     }
-    let turn = ChatTurn::new(front, client, conn, toolbox, vec![ChatMessage::user(task)])
-        .with_max_steps(cfg.max_steps)
-        .with_instructions(&instructions)
-        .with_context(limits, Default::default());
+    let key = KeySource::fixed(key);
+    let turn = ChatTurn::new(
+        front,
+        client,
+        conn,
+        key,
+        toolbox,
+        vec![ChatMessage::user(task)],
+    )
+    .with_max_steps(cfg.max_steps)
+    .with_instructions(&instructions)
+    .with_context(limits, Default::default());
     let mut host = Observed::new(turn, sink.clone());
     let progress_done = tokio_util::sync::CancellationToken::new();
     let progress = host.watch_progress(progress_rx, progress_done.clone());
