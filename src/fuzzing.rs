@@ -92,23 +92,28 @@ pub fn byoh_bodies(data: &[u8]) {
     if let Ok(req) = serde_json::from_slice::<SubmitRequest>(data) {
         let _ = req.validate();
         let _ = req.validate_resume();
-        let conn = &req.model_connection;
-        let stored = conn.stored();
-        let creds = conn.credentials();
-        // What is stored never carries a credential of the submission.
-        assert!(
-            !creds.leak_in(&stored.base_url),
-            "a credential is stored: {}",
-            stored.base_url
-        );
+        let creds = req.model_connection.credentials();
         for m in &req.input_messages {
             let mut m = m.clone();
             creds.scrub_message(&mut m);
             let text = serde_json::to_string(&m).expect("a message serializes");
             assert!(!creds.leak_in(&text), "a credential is stored: {text}");
         }
-        // A URL that had to be redacted is kept in memory for the calls.
-        assert_eq!(conn.url_has_credentials(), stored.base_url != conn.base_url);
+        // A connection whose URL breaks the rules is refused before anything is stored.
+        if let Ok(conn) = req.model_connection.checked() {
+            let stored = conn.stored();
+            // What is stored never carries a credential of the submission.
+            assert!(
+                !creds.leak_in(stored.base_url.as_str()),
+                "a credential is stored: {}",
+                stored.base_url
+            );
+            // A URL that had to be redacted is kept in memory for the calls.
+            assert_eq!(
+                conn.url_has_credentials(),
+                stored.base_url != *conn.base_url
+            );
+        }
     }
     if let Ok(req) = serde_json::from_slice::<CancelRequest>(data) {
         let _ = req.validate();
@@ -217,7 +222,7 @@ pub fn edit(data: &[u8]) {
     });
     let ctx = crate::tools::CallContext::default();
     let outcome = rt
-        .block_on(tb.call("edit", &input, &ctx))
+        .block_on(tb.call(ToolName::Edit, &input, &ctx))
         .expect("no harness fault");
     let after = std::fs::read(file).unwrap();
     match outcome {

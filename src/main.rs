@@ -63,9 +63,9 @@ fn main() -> ExitCode {
     }
     // `podhost tool bash`, as root, makes its command's namespaces itself and falls back where
     // the kernel refuses them: the probe's own namespaces would cost a teardown on the
-    // command's path (see exec::session::assume_root_namespaces).
+    // command's path (see exec::probe::assume_root_namespaces).
     if matches!(&front, Front::Tool(c) if c.name == "bash") {
-        exec::session::assume_root_namespaces();
+        exec::probe::assume_root_namespaces();
     }
     // One-shot fronts report their confinement now; long-running ones once their configuration
     // is valid (a configuration error stays the only thing they print).

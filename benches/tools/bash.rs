@@ -97,16 +97,14 @@ pub fn main() {
     let tool = || {
         measure(|| {
             let out = rt
-                .block_on(toolbox.call(ToolName::Bash.as_str(), &input, &ctx))
+                .block_on(toolbox.call(ToolName::Bash, &input, &ctx))
                 .unwrap();
             ran(&out);
         })
     };
     let bash_on = |tb: &Toolbox| {
         measure(|| {
-            let out = rt
-                .block_on(tb.call(ToolName::Bash.as_str(), &input, &ctx))
-                .unwrap();
+            let out = rt.block_on(tb.call(ToolName::Bash, &input, &ctx)).unwrap();
             ran(&out);
         })
     };
@@ -114,7 +112,7 @@ pub fn main() {
     let read_on = |tb: &Toolbox| {
         measure(|| {
             let out = rt
-                .block_on(tb.call(ToolName::Read.as_str(), &read_input, &ctx))
+                .block_on(tb.call(ToolName::Read, &read_input, &ctx))
                 .unwrap();
             assert!(out.is_completed(), "{out:?}");
         })
@@ -254,9 +252,7 @@ fn isolation(
     let ctx = CallContext::default();
     let call = |tb: &Toolbox| {
         measure(|| {
-            let out = rt
-                .block_on(tb.call(ToolName::Bash.as_str(), &input, &ctx))
-                .unwrap();
+            let out = rt.block_on(tb.call(ToolName::Bash, &input, &ctx)).unwrap();
             ran(&out);
         })
     };
@@ -348,7 +344,7 @@ pub fn syscall_filter_cost() {
     let tool = || {
         measure(|| {
             let out = rt
-                .block_on(toolbox.call(ToolName::Bash.as_str(), &input, &ctx))
+                .block_on(toolbox.call(ToolName::Bash, &input, &ctx))
                 .unwrap();
             ran(&out);
         })

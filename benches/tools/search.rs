@@ -346,7 +346,7 @@ fn run_ours(rt: &tokio::runtime::Runtime, tb: &Toolbox, case: &Case) -> (Timing,
     let cpu = cpu_time(UsageWho::RUSAGE_SELF);
     let start = Instant::now();
     let outcome = rt
-        .block_on(tb.call(case.tool.as_str(), &case.input, &ctx))
+        .block_on(tb.call(case.tool, &case.input, &ctx))
         .expect("harness fault");
     let took = Timing {
         wall: start.elapsed(),

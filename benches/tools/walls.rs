@@ -114,7 +114,7 @@ pub fn main() {
         smoke::pick(ITERATIONS, 3),
     );
     let disk_bytes = smoke::pick(DISK_MIB, 64) << 20;
-    let probe = podhost::exec::session::probe_host(&supervisor);
+    let probe = podhost::exec::probe::probe_host(&supervisor);
     if !probe.namespaces.any() {
         smoke::skipped(
             "session walls",
@@ -156,9 +156,7 @@ pub fn main() {
     let call = |tb: &Toolbox, command: &str| -> (Duration, Value) {
         let input = json!({ "command": command });
         let start = Instant::now();
-        let out = rt
-            .block_on(tb.call(ToolName::Bash.as_str(), &input, &ctx))
-            .unwrap();
+        let out = rt.block_on(tb.call(ToolName::Bash, &input, &ctx)).unwrap();
         let took = start.elapsed();
         let ToolOutcome::Completed { output } = out else {
             panic!("`{command}`: {out:?}");

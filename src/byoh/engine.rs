@@ -16,6 +16,7 @@
 //! Non-goals: what a route means (`invocation`), running a turn and keeping leases (`runner`).
 
 use std::collections::HashMap;
+use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -25,8 +26,9 @@ use tokio::sync::{Notify, Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
+use url::Url;
 
-use super::protocol::{Credentials, ModelConnection};
+use super::protocol::{CheckedConnection, Credentials};
 use super::store::{Fence, InvocationRow, LeaseTerms, StatusRow, Store};
 use crate::chat::client::ModelClient;
 use crate::chat::message::ApiKey;
@@ -64,17 +66,27 @@ pub struct EngineConfig {
 pub struct Secrets {
     pub key: Option<ApiKey>,
     /// The base URL as given, when it carries a credential (the store holds it redacted).
-    pub base_url: Option<crate::floor::secret::Secret>,
+    pub base_url: Option<SecretUrl>,
     pub credentials: Credentials,
 }
 
+/// A base URL that carries a credential: its `Debug` prints `[redacted]`.
+#[derive(Clone)]
+pub struct SecretUrl(Url);
+
+impl fmt::Debug for SecretUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
 impl Secrets {
-    pub fn of(conn: &ModelConnection) -> Self {
+    pub fn of(conn: &CheckedConnection<'_>) -> Self {
         Secrets {
-            key: conn.api_key.clone(),
+            key: conn.conn.api_key.clone(),
             base_url: conn
                 .url_has_credentials()
-                .then(|| crate::floor::secret::Secret::new(conn.base_url.clone())),
+                .then(|| SecretUrl(conn.base_url.clone())),
             credentials: conn.credentials(),
         }
     }
@@ -162,13 +174,13 @@ impl Live {
     }
 
     /// The base URL to call when the submission's carries a credential.
-    pub fn base_url(&self) -> Option<String> {
+    pub fn base_url(&self) -> Option<Url> {
         self.secrets
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .base_url
             .as_ref()
-            .map(|s| s.expose().to_owned())
+            .map(|s| s.0.clone())
     }
 
     /// The latest secrets, whole.

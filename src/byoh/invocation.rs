@@ -88,7 +88,11 @@ impl Engine {
         let id = req.invocation_id.clone();
         let _lock = self.inner.lock(&id).await;
         let existing = self.get(&id).await?;
-        let secrets = Secrets::of(&req.model_connection);
+        let conn = req
+            .model_connection
+            .checked()
+            .map_err(|e| ByohError::Invalid(e.0))?;
+        let secrets = Secrets::of(&conn);
         // Nothing stored carries a credential of the submission (the evaluator's own rows
         // could, and the model may echo one later).
         let mut input_messages = req.input_messages.clone();
@@ -102,8 +106,7 @@ impl Engine {
                     return self.adopt(row, secrets).await;
                 }
                 let permit = self.permit()?;
-                let mut row =
-                    InvocationRow::new(&id, &req.session_id, req.model_connection.stored());
+                let mut row = InvocationRow::new(&id, &req.session_id, conn.stored());
                 row.needs_key = secrets.needed();
                 row.output_start = input_messages.len();
                 match self
@@ -148,7 +151,7 @@ impl Engine {
                         &id,
                         ids,
                         input_messages,
-                        req.model_connection.stored(),
+                        conn.stored(),
                         secrets.needed(),
                         &self.inner.terms,
                     )

@@ -17,8 +17,9 @@
 use std::collections::HashSet;
 use std::fmt;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
+use url::Url;
 
 use crate::chat::message::{ApiKey, ChatMessage, ModelEndpoint, Role, present};
 
@@ -41,7 +42,7 @@ pub enum SessionAction {
 #[serde(deny_unknown_fields)]
 pub struct ModelConnection {
     /// An OpenAI-compatible base URL; requests go to `{base_url}/chat/completions`.
-    pub base_url: String,
+    pub base_url: BaseUrl,
     /// The `model` parameter of every request.
     pub model: String,
     /// The key for this turn (absent for a local model that needs none).
@@ -52,34 +53,114 @@ pub struct ModelConnection {
     pub generation_settings: Option<Map<String, Value>>,
 }
 
+/// A submission's base URL: its text as sent, which [`SubmitRequest::validate`] checks, and
+/// the URL that text is, parsed once as the body is read (`None`: it is not one).
+#[derive(Clone, Debug)]
+pub struct BaseUrl {
+    text: String,
+    url: Option<Url>,
+}
+
+impl BaseUrl {
+    pub fn new(text: impl Into<String>) -> Self {
+        let text = text.into();
+        let url = Url::parse(&text).ok();
+        BaseUrl { text, url }
+    }
+
+    /// The URL, when its text keeps the protocol's rules: `http://` or `https://`, a URI (RFC
+    /// 3986: ASCII without spaces or the characters it excludes), and a URL.
+    pub fn checked(&self) -> Result<&Url, RuleError> {
+        if !(self.text.starts_with("http://") || self.text.starts_with("https://")) {
+            return Err(rule(
+                "model_connection.base_url must be an http:// or https:// URL",
+            ));
+        }
+        let uri_char = |c: char| c.is_ascii_graphic() && !"\"<>\\^`{|}".contains(c);
+        match &self.url {
+            Some(url) if self.text.chars().all(uri_char) => Ok(url),
+            _ => Err(rule(
+                "model_connection.base_url is not a valid URL (RFC 3986: ASCII, no spaces)",
+            )),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for BaseUrl {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(BaseUrl::new)
+    }
+}
+
 impl ModelConnection {
+    /// The connection with its base URL checked (see [`BaseUrl::checked`]): what a turn is
+    /// given of it.
+    pub fn checked(&self) -> Result<CheckedConnection<'_>, RuleError> {
+        Ok(CheckedConnection {
+            conn: self,
+            base_url: self.base_url.checked()?,
+        })
+    }
+
+    /// Every credential value of the submission: the API key, and the user, password and
+    /// credential-named query values of the base URL (when it is one).
+    pub fn credentials(&self) -> Credentials {
+        let mut values: Vec<String> = self.api_key.iter().map(|k| k.expose().to_owned()).collect();
+        values.extend(self.base_url.url.iter().flat_map(url_credentials));
+        Credentials::new(values)
+    }
+}
+
+/// A [`ModelConnection`] whose base URL keeps the protocol's rules.
+#[derive(Clone, Copy, Debug)]
+pub struct CheckedConnection<'a> {
+    pub conn: &'a ModelConnection,
+    pub base_url: &'a Url,
+}
+
+impl CheckedConnection<'_> {
     /// What may be stored: the base URL with its own credentials replaced by `redacted`, and
     /// any other credential value of the submission (the key, wherever it sits) by
     /// `[redacted]`.
     pub fn stored(&self) -> ModelEndpoint {
         ModelEndpoint {
             base_url: self.stored_url(),
-            model: self.model.clone(),
-            generation_settings: self.generation_settings.clone().unwrap_or_default(),
+            model: self.conn.model.clone(),
+            generation_settings: self.conn.generation_settings.clone().unwrap_or_default(),
         }
     }
 
-    fn stored_url(&self) -> String {
-        self.credentials().scrub(&redacted_url(&self.base_url))
+    fn stored_url(&self) -> Url {
+        let redacted = redacted_url(self.base_url);
+        let scrubbed = self.credentials().scrub(redacted.as_str());
+        if scrubbed == redacted.as_str() {
+            return redacted;
+        }
+        // A credential sits in the URL's text beyond its user-info and query (its path, say):
+        // the text without it, or, when that is no URL (it sat in the host), the scheme alone
+        // and a host that says so.
+        Url::parse(&scrubbed).unwrap_or_else(|_| {
+            let mut u = redacted;
+            let _ = u.set_host(Some("redacted.invalid"));
+            let _ = u.set_port(None);
+            u.set_path("/");
+            u.set_query(None);
+            u.set_fragment(None);
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u
+        })
     }
 
     /// Whether the base URL carries a credential (then it is kept in memory only, like the
     /// key, and the store holds it redacted).
     pub fn url_has_credentials(&self) -> bool {
-        self.stored_url() != self.base_url
+        self.stored_url() != *self.base_url
     }
 
-    /// Every credential value of the submission: the API key, and the user, password and
-    /// credential-named query values of the base URL.
+    /// Every credential value of the submission (see [`ModelConnection::credentials`]).
     pub fn credentials(&self) -> Credentials {
-        let mut values: Vec<String> = self.api_key.iter().map(|k| k.expose().to_owned()).collect();
-        values.extend(url_credentials(&self.base_url));
-        Credentials::new(values)
+        self.conn.credentials()
     }
 }
 
@@ -88,10 +169,7 @@ const CREDENTIAL_PARAMS: [&str; 7] = ["key", "token", "secret", "sig", "auth", "
 
 /// The credential values a URL carries: its user and password, and the values of query
 /// parameters named like a credential.
-fn url_credentials(url: &str) -> Vec<String> {
-    let Ok(u) = reqwest::Url::parse(url) else {
-        return Vec::new();
-    };
+fn url_credentials(u: &Url) -> Vec<String> {
     let mut out = Vec::new();
     if !u.username().is_empty() {
         out.push(decode(u.username()));
@@ -132,15 +210,12 @@ fn decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// `url` with its credentials replaced by `[redacted]` (an unparsable URL is kept as given: it
-/// cannot be called either).
-pub fn redacted_url(url: &str) -> String {
-    let Ok(mut u) = reqwest::Url::parse(url) else {
-        return url.to_owned();
-    };
+/// `url` with its credentials replaced by `redacted`.
+pub fn redacted_url(url: &Url) -> Url {
+    let mut u = url.clone();
     let secrets = url_credentials(url);
     if secrets.is_empty() {
-        return url.to_owned();
+        return u;
     }
     if !u.username().is_empty() {
         let _ = u.set_username("redacted");
@@ -163,7 +238,7 @@ pub fn redacted_url(url: &str) -> String {
             .collect();
         u.query_pairs_mut().clear().extend_pairs(pairs);
     }
-    u.to_string()
+    u
 }
 
 /// A submission's credential values (kept in memory only): what is replaced by `[redacted]` in
@@ -410,18 +485,7 @@ impl SubmitRequest {
         check_id("session_id", &self.session_id)?;
         check_id("invocation_id", &self.invocation_id)?;
         let conn = &self.model_connection;
-        if !(conn.base_url.starts_with("http://") || conn.base_url.starts_with("https://")) {
-            return Err(rule(
-                "model_connection.base_url must be an http:// or https:// URL",
-            ));
-        }
-        // A URI (RFC 3986): ASCII without spaces or the characters it excludes.
-        let uri_char = |c: char| c.is_ascii_graphic() && !"\"<>\\^`{|}".contains(c);
-        if !conn.base_url.chars().all(uri_char) || reqwest::Url::parse(&conn.base_url).is_err() {
-            return Err(rule(
-                "model_connection.base_url is not a valid URL (RFC 3986: ASCII, no spaces)",
-            ));
-        }
+        conn.base_url.checked()?;
         if conn.model.is_empty() {
             return Err(rule("model_connection.model must not be empty"));
         }
@@ -599,6 +663,39 @@ mod tests {
     }
 
     #[test]
+    fn a_stored_base_url_keeps_no_credential() {
+        let conn = |url: &str, key: &str| ModelConnection {
+            base_url: BaseUrl::new(url),
+            model: "m".into(),
+            api_key: Some(ApiKey::new(key)),
+            generation_settings: None,
+        };
+        let cases = [
+            ("http://h/v1", "http://h/v1", false),
+            (
+                "https://user:pass-7788@h/v1?api-key=q-secret-9&x=1",
+                "https://redacted:redacted@h/v1?api-key=redacted&x=1",
+                true,
+            ),
+            ("http://h/sk-live-key-42/v1", "http://h/[redacted]/v1", true),
+            (
+                "https://sk-live-key-42.example:8443/v1?x=1",
+                "https://redacted.invalid/",
+                true,
+            ),
+        ];
+        for (given, stored, secret) in cases {
+            let c = conn(given, "sk-live-key-42");
+            let c = c.checked().unwrap();
+            assert_eq!(
+                (c.stored().base_url.as_str(), c.url_has_credentials()),
+                (stored, secret),
+                "{given}"
+            );
+        }
+    }
+
+    #[test]
     fn starts_and_resumes_are_checked_against_the_rules() {
         let ok = submit(
             "start",
@@ -643,7 +740,7 @@ mod tests {
             assert_eq!(r.validate(), Err(RuleError(want.into())), "{action}");
         }
         let mut iri = submit("start", json!([{"role": "user", "content": "x"}])).unwrap();
-        iri.model_connection.base_url = "https://\u{cf}/v1".into();
+        iri.model_connection.base_url = BaseUrl::new("https://\u{cf}/v1");
         assert_eq!(
             iri.validate(),
             Err(RuleError(

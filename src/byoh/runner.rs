@@ -45,7 +45,7 @@ use super::sandbox;
 use super::store::{Store, StoreError, now_ms};
 use crate::agent::turn::{self, TurnEnd};
 use crate::chat::context::ContextView;
-use crate::chat::message::{ApiKey, ChatMessage};
+use crate::chat::message::{ChatMessage, KeySource};
 use crate::chat::session::{ChatTurn, Front, SessionError, Tail, repair_tail, step_limit_message};
 use crate::floor::backoff::{Backoff, sleep_or_cancel};
 
@@ -77,10 +77,6 @@ impl Front for StoreFront {
             .append(&self.id, stored, &self.live.fence)
             .await
             .map_err(|e| turn_store_error(&self.live, e))
-    }
-
-    fn api_key(&self) -> Option<ApiKey> {
-        self.live.key()
     }
 
     async fn compacted(&mut self, view: &ContextView) -> Result<(), SessionError> {
@@ -306,7 +302,12 @@ async fn run_turn(
         id: id.to_owned(),
         live: live.clone(),
     };
-    let mut host = ChatTurn::new(front, inner.client.clone(), conn, toolbox, transcript)
+    // The key stays with the turn's secrets: each call takes the latest a submission brought.
+    let key = {
+        let live = live.clone();
+        KeySource::latest(move || live.key())
+    };
+    let mut host = ChatTurn::new(front, inner.client.clone(), conn, key, toolbox, transcript)
         .with_max_steps(inner.config.max_steps)
         .with_context(limits, view);
     turn::drive(&mut host, 0, &live.cancel).await.map(Some)

@@ -226,7 +226,7 @@ async fn probe(inner: &Inner) -> Result<(), String> {
         let toolbox = make(inner, &id).await?;
         let ctx = CallContext::new(inner.root.child_token());
         let input = json!({"command": "true", "timeout": PROBE_TIMEOUT.as_secs()});
-        match toolbox.call(ToolName::Bash.as_str(), &input, &ctx).await {
+        match toolbox.call(ToolName::Bash, &input, &ctx).await {
             Ok(ToolOutcome::Completed { output }) if output["exitCode"] == 0 => Ok(()),
             Ok(other) => Err(format!("a probe's `true` did not succeed: {other:?}")),
             Err(e) => Err(e.to_string()),

@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
+use url::Url;
 
 use super::message::{ApiKey, ChatMessage, ModelEndpoint, content_text};
 use super::stream::{Accumulated, SseParser};
@@ -196,7 +197,7 @@ impl ModelClient {
         body: &Value,
         cancel: &CancellationToken,
     ) -> Result<Candidate, ModelError> {
-        let url = format!("{}/chat/completions", conn.base_url.trim_end_matches('/'));
+        let url = conn.url("chat/completions");
         let body = if self.stream {
             let mut b = body.clone();
             if let Value::Object(o) = &mut b {
@@ -258,11 +259,11 @@ impl ModelClient {
         )))
     }
 
-    async fn attempt(&self, url: &str, key: Option<&ApiKey>, body: &[u8]) -> Attempt {
+    async fn attempt(&self, url: &Url, key: Option<&ApiKey>, body: &[u8]) -> Attempt {
         use reqwest::header;
         let mut req = self
             .http
-            .post(url)
+            .post(url.clone())
             .header(header::ACCEPT_ENCODING, "identity")
             .header(header::CONTENT_TYPE, "application/json")
             .body(body.to_vec());
@@ -604,7 +605,7 @@ mod tests {
         settings.insert("temperature".into(), json!(0.25));
         settings.insert("model".into(), json!("other"));
         let conn = ModelEndpoint {
-            base_url: "http://x".into(),
+            base_url: Url::parse("http://x").unwrap(),
             model: "m".into(),
             generation_settings: settings,
         };
@@ -636,7 +637,7 @@ mod tests {
         )
         .unwrap();
         let conn = ModelEndpoint {
-            base_url: format!("http://{addr}/v1"),
+            base_url: Url::parse(&format!("http://{addr}/v1")).unwrap(),
             model: "m".into(),
             generation_settings: Map::new(),
         };
@@ -686,7 +687,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await });
         ModelEndpoint {
-            base_url: format!("http://{addr}/v1"),
+            base_url: Url::parse(&format!("http://{addr}/v1")).unwrap(),
             model: "m".into(),
             generation_settings: Map::new(),
         }

@@ -35,10 +35,9 @@ pub struct ModelFacts {
 impl ModelClient {
     /// Asks the server's model listing about `conn.model`.
     pub async fn model_facts(&self, conn: &ModelEndpoint, key: Option<&ApiKey>) -> ModelFacts {
-        let url = format!("{}/models", conn.base_url.trim_end_matches('/'));
         let mut req = self
             .http
-            .get(&url)
+            .get(conn.url("models"))
             .timeout(LISTING_TIMEOUT)
             .header(reqwest::header::ACCEPT_ENCODING, "identity");
         if let Some(k) = key {

@@ -3,15 +3,17 @@
 //! Owns: [`ChatMessage`] and its parts (the shape the BYOH protocol and OpenAI-compatible servers
 //! share; `content` as a string, or as OpenAI content parts — text, `image_url`, `input_audio`,
 //! `file` — kept as given), [`ModelEndpoint`] (a base URL, a model and generation settings: what
-//! may be stored), and [`ApiKey`], whose `Debug` prints `[redacted]` and which is never
-//! serialized.
+//! may be stored), [`ApiKey`], whose `Debug` prints `[redacted]` and which is never
+//! serialized, and [`KeySource`], where a session's calls get their key.
 //!
 //! Non-goals: the BYOH protocol's rules for messages (`byoh::protocol` checks them).
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use url::Url;
 
 /// A model API key. Kept in memory only; `Debug` and `Display` never show it.
 #[derive(Clone, PartialEq, Eq, Deserialize)]
@@ -32,6 +34,35 @@ impl ApiKey {
 impl fmt::Debug for ApiKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("[redacted]")
+    }
+}
+
+/// Where a session's model calls get their key: a key fixed for the session (local use), or
+/// the latest one its front was given (a retried BYOH submission brings a fresh one). Apart
+/// from the messages a front keeps, so that the key never passes through their sink.
+#[derive(Clone)]
+pub struct KeySource(Arc<dyn Fn() -> Option<ApiKey> + Send + Sync>);
+
+impl KeySource {
+    /// Always `key`.
+    pub fn fixed(key: Option<ApiKey>) -> Self {
+        KeySource(Arc::new(move || key.clone()))
+    }
+
+    /// Whatever `latest` answers at each call.
+    pub fn latest(latest: impl Fn() -> Option<ApiKey> + Send + Sync + 'static) -> Self {
+        KeySource(Arc::new(latest))
+    }
+
+    /// The key for the next model call.
+    pub fn key(&self) -> Option<ApiKey> {
+        (self.0)()
+    }
+}
+
+impl fmt::Debug for KeySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("KeySource([redacted])")
     }
 }
 
@@ -302,12 +333,42 @@ impl ToolCall {
 
 /// Where and what to ask: an OpenAI-compatible base URL, the model, and the settings merged
 /// into every request. Everything of a connection but its key, so it may be stored.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+///
+/// The base URL was parsed where it entered podhost (a submission, a flag); stored, it is its
+/// text, parsed again only when a stored row is read back.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelEndpoint {
-    pub base_url: String,
+    #[serde(with = "url_text")]
+    pub base_url: Url,
     pub model: String,
     #[serde(default)]
     pub generation_settings: Map<String, Value>,
+}
+
+impl ModelEndpoint {
+    /// `{base_url}/{path}`: the base URL's path without its trailing slashes, then `path`; its
+    /// query stays where it is.
+    pub fn url(&self, path: &str) -> Url {
+        let mut url = self.base_url.clone();
+        let joined = format!("{}/{path}", url.path().trim_end_matches('/'));
+        url.set_path(&joined);
+        url
+    }
+}
+
+/// A URL as its text (how a stored endpoint holds it).
+mod url_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use url::Url;
+
+    pub fn serialize<S: Serializer>(url: &Url, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(url.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Url, D::Error> {
+        let text = String::deserialize(d)?;
+        Url::parse(&text).map_err(serde::de::Error::custom)
+    }
 }
 
 #[cfg(test)]
@@ -315,6 +376,47 @@ mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
     use serde_json::json;
+
+    #[test]
+    fn a_key_source_answers_the_latest_key_and_never_prints_it() {
+        let fixed = KeySource::fixed(Some(ApiKey::new("sk-fixed")));
+        assert_eq!(fixed.key(), Some(ApiKey::new("sk-fixed")));
+        let latest = Arc::new(std::sync::Mutex::new(None));
+        let source = {
+            let latest = latest.clone();
+            KeySource::latest(move || latest.lock().unwrap().clone())
+        };
+        assert_eq!(source.key(), None);
+        *latest.lock().unwrap() = Some(ApiKey::new("sk-fresh"));
+        assert_eq!(source.key(), Some(ApiKey::new("sk-fresh")));
+        assert_eq!(format!("{fixed:?}"), "KeySource([redacted])");
+    }
+
+    #[test]
+    fn an_endpoint_url_joins_the_base_path_and_keeps_the_query() {
+        let at = |base: &str| ModelEndpoint {
+            base_url: Url::parse(base).unwrap(),
+            model: "m".into(),
+            generation_settings: Map::new(),
+        };
+        let cases = [
+            ("http://h/v1", "http://h/v1/chat/completions"),
+            ("http://h/v1//", "http://h/v1/chat/completions"),
+            ("http://h", "http://h/chat/completions"),
+            ("https://h:8443/a/b/", "https://h:8443/a/b/chat/completions"),
+            (
+                "https://h/v1?api-version=2",
+                "https://h/v1/chat/completions?api-version=2",
+            ),
+        ];
+        for (base, want) in cases {
+            assert_eq!(at(base).url("chat/completions").as_str(), want, "{base}");
+        }
+        let stored = serde_json::to_value(at("http://u:p@h/v1")).unwrap();
+        assert_eq!(stored["base_url"], "http://u:p@h/v1");
+        let back: ModelEndpoint = serde_json::from_value(stored).unwrap();
+        assert_eq!(back, at("http://u:p@h/v1"));
+    }
 
     #[test]
     fn content_parts_round_trip_and_read_as_text() {

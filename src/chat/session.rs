@@ -21,7 +21,8 @@
 //! * A compaction changes what the model is sent, never the transcript: the front still has
 //!   every message the turn made, and no summary podhost wrote for itself.
 //!
-//! Non-goals: statuses, keys' lifetimes and storage (the front's business).
+//! Non-goals: statuses, keys' lifetimes and storage (the front's business; a turn asks its
+//! [`KeySource`] for the key of each call).
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -32,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::client::{ModelClient, ModelError};
 use super::context::{self, ContextView, Sent};
-use super::message::{ApiKey, ChatMessage, ModelEndpoint, Role, ToolCall};
+use super::message::{ChatMessage, KeySource, ModelEndpoint, Role, ToolCall};
 use crate::agent::compaction::{Compaction, SummaryCall};
 use crate::agent::context::{Budget, Context, DEFAULT_THRESHOLD, UnitKind, estimate_json};
 use crate::agent::media::ModelFiles;
@@ -59,13 +60,12 @@ fn question_of(call: &ToolCallBlock) -> Option<&str> {
         .filter(|q| !q.trim().is_empty())
 }
 
-/// What a front does with a session's messages and questions.
+/// What a front does with a session's messages and questions. The model key is not a front's:
+/// a turn gets it from its [`KeySource`], so it never passes through where messages are kept.
 #[allow(async_fn_in_trait)]
 pub trait Front {
     /// Keeps messages just appended to the transcript, in order.
     async fn appended(&mut self, messages: &[ChatMessage]) -> Result<(), SessionError>;
-    /// The key for the next model call (the latest one the front was given).
-    fn api_key(&self) -> Option<ApiKey>;
     /// Whether `ask` answers questions here; if not, they end the turn `input_required`.
     fn answers_questions(&self) -> bool {
         false
@@ -222,6 +222,7 @@ pub struct ChatTurn<F> {
     pub front: F,
     client: ModelClient,
     conn: ModelEndpoint,
+    key: KeySource,
     system: ChatMessage,
     toolbox: Toolbox,
     /// The whole session so far (without the system message).
@@ -279,6 +280,7 @@ impl<F: Front> ChatTurn<F> {
         front: F,
         client: ModelClient,
         conn: ModelEndpoint,
+        key: KeySource,
         toolbox: Toolbox,
         transcript: Vec<ChatMessage>,
     ) -> Self {
@@ -287,6 +289,7 @@ impl<F: Front> ChatTurn<F> {
             front,
             client,
             conn,
+            key,
             system,
             toolbox,
             transcript,
@@ -361,18 +364,18 @@ impl<F: Front> ChatTurn<F> {
         call: &ToolCallBlock,
         cancel: &CancellationToken,
     ) -> Result<ResultOutcome, SessionError> {
-        if call.name.parse::<ToolName>().is_err() {
+        let Ok(tool) = call.name.parse::<ToolName>() else {
             let mut tools = ToolName::ALL.map(ToolName::as_str).to_vec();
             tools.push(ASK_USER);
             return Ok(unknown_tool(&call.name, &tools).into());
-        }
+        };
         let mut backoff =
             crate::floor::backoff::Backoff::new(SANDBOX_RETRY_FIRST, SANDBOX_RETRY_FIRST * 8);
         let mut tries = 0;
         loop {
             tries += 1;
             let ctx = CallContext::new(cancel.child_token());
-            match self.toolbox.call(&call.name, &call.args, &ctx).await {
+            match self.toolbox.call(tool, &call.args, &ctx).await {
                 Ok(outcome) => return Ok(outcome.into()),
                 Err(e) if e.nothing_ran() && tries < SANDBOX_TRIES => {
                     let delay = backoff.next_delay();
@@ -396,7 +399,7 @@ impl<F: Front> ChatTurn<F> {
 impl<F: Front> ChatTurn<F> {
     /// One completion: its answer, or its failure as the loop reads it.
     async fn complete(&self, body: &serde_json::Value, cancel: &CancellationToken) -> ModelAnswer {
-        let key = self.front.api_key();
+        let key = self.key.key();
         match self
             .client
             .complete(&self.conn, key.as_ref(), body, cancel)

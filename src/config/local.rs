@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use clap::builder::BoolishValueParser;
 use clap::{Args, ValueEnum};
 use serde_json::{Map, Value, json};
+use url::Url;
 
 use super::exec::ExecArgs;
 use super::http::HttpArgs;
@@ -254,18 +255,16 @@ impl RunArgs {
     }
 }
 
-/// The base URL, checked: `http://` or `https://` and a host.
-fn check_base_url(url: &str, from: &str) -> Result<String, String> {
+/// The base URL, parsed once here and checked: `http://` or `https://` and a host.
+fn check_base_url(url: &str, from: &str) -> Result<Url, String> {
     let name = if from == "default" {
         "the base URL"
     } else {
         from
     };
-    let parsed = reqwest::Url::parse(url);
+    let parsed = Url::parse(url);
     match parsed {
-        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host_str().is_some() => {
-            Ok(url.to_owned())
-        }
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host_str().is_some() => Ok(u),
         Ok(u) if url.contains("://") => Err(format!(
             "{name} {url:?}: the scheme {:?} is not http or https",
             u.scheme()

@@ -33,9 +33,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
-use super::protocol::CommandUser;
+use super::protocol::SessionDisk;
 use super::sys::{self, Res, StepError};
 
 /// The directories of an image that are bound onto the session's: the workspace, its `TMPDIR`.
@@ -47,22 +45,6 @@ const LOCK_BOUND: Duration = Duration::from_secs(10);
 /// Where the tools for making and checking an image are looked for (a holder has no `PATH`).
 const SBIN: [&str; 4] = ["/usr/sbin", "/sbin", "/usr/bin", "/bin"];
 
-/// What a holder is asked to mount: sent in the session request.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SessionDisk {
-    /// The image file (made when missing).
-    #[serde(with = "super::protocol::bytes_path")]
-    pub image: PathBuf,
-    /// Its size: the session's quota.
-    pub bytes: u64,
-    /// Where each of [`DIRS`] is bound, in order: the workspace, the temporary directory.
-    #[serde(with = "super::protocol::bytes_paths")]
-    pub targets: Vec<PathBuf>,
-    /// Who owns the directories (the session's command user).
-    pub owner: CommandUser,
-}
-
 /// `name` in the first of [`SBIN`] that holds it.
 fn tool(name: &str) -> Option<PathBuf> {
     SBIN.iter()
@@ -71,7 +53,7 @@ fn tool(name: &str) -> Option<PathBuf> {
 }
 
 /// Whether this host can give sessions such disks: podhost is root and the tools are there
-/// (the probe then tries it once, see `session::probe`).
+/// (the probe then tries it once, see `probe`).
 pub fn tools_present() -> bool {
     tool("mkfs.ext4").is_some() && tool("e2fsck").is_some()
 }

@@ -56,7 +56,14 @@
 //! ```
 //!
 //! A session's processes are limited by its cgroup ([`cgroup`]), and a BYOH session's files by
-//! its disk quota ([`quota`]). [`sys`] holds the raw system calls all of this needs.
+//! its disk quota ([`quota`]). What the host lets a session have (the namespace level, a network
+//! namespace, a disk of its own) is found once by trying ([`probe`]). [`sys`] holds the raw
+//! system calls all of this needs.
+//!
+//! The files import one way: a session's holder forks supervisors ([`session`] →
+//! [`supervise`]), a supervisor confines its command ([`supervise`] → [`confine`]), and the
+//! confinement reads the probe's level ([`confine`] → [`probe`]), never the session that builds
+//! at it.
 
 pub(crate) mod capture;
 pub mod cgroup;
@@ -68,6 +75,7 @@ pub mod init;
 pub(crate) mod limits;
 pub mod net;
 pub mod oneshot;
+pub mod probe;
 pub(crate) mod procs;
 pub mod protocol;
 pub mod quota;
@@ -110,7 +118,7 @@ pub fn run_helper(arg: Option<&std::ffi::OsStr>) -> Option<std::process::ExitCod
             oom_first();
             Some(session::holder::main())
         }
-        session::probe::PROBE_ARG => Some(session::probe::main()),
+        probe::PROBE_ARG => Some(probe::main()),
         _ => None,
     }
 }

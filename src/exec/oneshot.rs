@@ -270,7 +270,7 @@ fn default_dispositions() {
 /// Moves this process into fresh mount and IPC namespaces and builds the session's view there
 /// (see `session::view`), before the command's Landlock rules are opened in it.
 ///
-/// Where the level was assumed rather than probed (`session::assume_root_namespaces`), this
+/// Where the level was assumed rather than probed (`probe::assume_root_namespaces`), this
 /// is the probe: if the kernel refuses the namespaces or a step of the view, this process
 /// goes back to the namespaces it came from (and its working directory), and the command runs
 /// without the view, as where a probe had found none. Where the level was probed, a failure
@@ -301,7 +301,7 @@ fn enter_view(session: &SessionRequest) -> Result<(), ExecError> {
         }
         prepared.build()
     };
-    if !super::session::namespaces_assumed() {
+    if !super::probe::namespaces_assumed() {
         return make().and_then(|()| build()).map_err(failed);
     }
     let refused = |e: super::sys::StepError| {

@@ -68,8 +68,24 @@ pub struct SessionRequest {
     pub network: Option<SessionNetwork>,
     /// The session's workspace and temporary directory on a disk image of their own, sized to
     /// its quota (see `exec::disk`); `None`: the host's directories, bound back.
-    pub disk: Option<super::disk::SessionDisk>,
+    pub disk: Option<SessionDisk>,
     pub view: View,
+}
+
+/// What a holder is asked to mount (see `exec::disk`): sent in the session request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionDisk {
+    /// The image file (made when missing).
+    #[serde(with = "bytes_path")]
+    pub image: PathBuf,
+    /// Its size: the session's quota.
+    pub bytes: u64,
+    /// Where each of `disk::DIRS` is bound, in order: the workspace, the temporary directory.
+    #[serde(with = "bytes_paths")]
+    pub targets: Vec<PathBuf>,
+    /// Who owns the directories (the session's command user).
+    pub owner: CommandUser,
 }
 
 /// A session's network namespace: loopback only, and at most one way out.

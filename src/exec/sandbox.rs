@@ -20,11 +20,12 @@ use std::sync::Arc;
 use std::os::unix::fs::DirBuilderExt;
 
 use super::confine::{Confinement, Isolation, WorkspaceRules, users};
-use super::disk::{self, SessionDisk};
+use super::disk;
 use super::net::{Exit, FORWARD_PORT, Network};
-use super::protocol::{CommandUser, SessionNetwork, SessionRequest};
+use super::probe::Namespaces;
+use super::protocol::{CommandUser, SessionDisk, SessionNetwork, SessionRequest};
 use super::quota::DiskQuota;
-use super::session::{Namespaces, SessionSlot};
+use super::session::SessionSlot;
 use super::{ExecConfig, Executor};
 use crate::floor::workspace::Workspace;
 

@@ -3,7 +3,7 @@
 //!
 //! Owns: nothing but the calls. Used by the session holder (`session::holder`, which builds a
 //! command's view of the file system in fresh namespaces), the view (`session::view`), the
-//! level probe (`session::probe`) and podhost's side of a session (`session`).
+//! level probe (`probe`) and podhost's side of a session (`session`).
 //!
 //! Invariants: every function is one or a few system calls on values the caller owns; none
 //! takes a lock (they may run in a child forked from a single-threaded process, where that would

@@ -9,8 +9,8 @@
 //!
 //! Invariants:
 //! * Label values are `&'static str` (or a status code), so that the set of series is bounded
-//!   by the code: no session, invocation, run or call id, no tool name a model made up (those
-//!   are counted as `unknown`), no free text.
+//!   by the code: no session, invocation, run or call id, no tool name a model made up (only
+//!   the six tools reach a toolbox, which counts calls), no free text.
 //! * Recording never fails and never blocks (atomics under the hood).
 //!
 //! Non-goals: serving (the fronts route `/metrics` to [`encode`]), tracing spans, push.
@@ -316,7 +316,7 @@ pub fn model_http_status(endpoint: Endpoint, status: u16) {
     }
 }
 
-/// A tool call of `tool` (a known tool's name, or `unknown`) ended with `outcome`.
+/// A tool call of `tool` (one of the six tools' names) ended with `outcome`.
 pub fn tool_call(tool: &'static str, outcome: &'static str, took: Duration) {
     METRICS
         .tool_calls

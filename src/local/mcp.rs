@@ -197,7 +197,7 @@ impl ServerHandler for Tools {
         let ctx = CallContext::new(cancel);
         let call = self
             .calls
-            .track_future(self.toolbox.call(tool.as_str(), &input, &ctx));
+            .track_future(self.toolbox.call(tool, &input, &ctx));
         let outcome = tokio::select! {
             outcome = call => outcome,
             never = watch => match never {},

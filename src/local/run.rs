@@ -21,6 +21,7 @@ use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 
 use serde_json::{Map, Value};
+use url::Url;
 
 use super::events::{Event, RunStatus};
 use super::observe::Observed;
@@ -28,7 +29,7 @@ use super::render::Sink;
 use super::{LocalEnv, LocalError, Stop, toolbox};
 use crate::agent::turn::{self, TurnEnd};
 use crate::chat::client::{ModelClient, RetryPolicy};
-use crate::chat::message::{ApiKey, ChatMessage, ModelEndpoint};
+use crate::chat::message::{ApiKey, ChatMessage, KeySource, ModelEndpoint};
 use crate::chat::session::{ChatLimits, ChatTurn, Front, SessionError, step_limit_message};
 use crate::exec::ExecSettings;
 use crate::floor::codes::{self, exit};
@@ -52,8 +53,8 @@ pub enum Task {
 /// The model to ask, and where each part of the connection came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModelChoice {
-    /// An `http://` or `https://` URL (checked by the configuration).
-    pub base_url: String,
+    /// An `http://` or `https://` URL with a host (parsed and checked by the configuration).
+    pub base_url: Url,
     /// `--base-url`, `OPENAI_BASE_URL` or `default`.
     pub base_url_from: &'static str,
     pub model: String,
@@ -89,17 +90,12 @@ pub struct RunConfig {
 
 /// The front of a local run: a terminal answers questions, when there is one.
 struct RunFront {
-    key: Option<ApiKey>,
     interactive: bool,
 }
 
 impl Front for RunFront {
     async fn appended(&mut self, _messages: &[ChatMessage]) -> Result<(), SessionError> {
         Ok(())
-    }
-
-    fn api_key(&self) -> Option<ApiKey> {
-        self.key.clone()
     }
 
     fn answers_questions(&self) -> bool {
@@ -180,7 +176,7 @@ pub async fn run(cfg: RunConfig, stop: Stop) -> Result<i32, LocalError> {
         schema: super::events::SCHEMA_ID,
         version: env!("CARGO_PKG_VERSION"),
         model: cfg.model.model.clone(),
-        base_url: cfg.model.base_url.clone(),
+        base_url: cfg.model.base_url.to_string(),
         base_url_from: cfg.model.base_url_from.to_owned(),
         api_key_from: key.as_ref().and(cfg.model.api_key_env.clone()),
         workspace: toolbox.workspace().root().to_string_lossy().into_owned(),
@@ -209,18 +205,25 @@ pub async fn run(cfg: RunConfig, stop: Stop) -> Result<i32, LocalError> {
         generation_settings: cfg.model.generation.clone(),
     };
     let front = RunFront {
-        key,
         interactive: cfg.task != Task::Stdin && std::io::stdin().is_terminal(),
     };
     let mut limits = cfg.limits.clone();
     if limits.needs_listing() {
-        let facts = client.model_facts(&conn, front.key.as_ref()).await;
+        let facts = client.model_facts(&conn, key.as_ref()).await;
         limits = limits.complete(facts);
     }
-    let turn = ChatTurn::new(front, client, conn, toolbox, vec![ChatMessage::user(task)])
-        .with_max_steps(cfg.max_steps)
-        .with_instructions(&instructions)
-        .with_context(limits, Default::default());
+    let key = KeySource::fixed(key);
+    let turn = ChatTurn::new(
+        front,
+        client,
+        conn,
+        key,
+        toolbox,
+        vec![ChatMessage::user(task)],
+    )
+    .with_max_steps(cfg.max_steps)
+    .with_instructions(&instructions)
+    .with_context(limits, Default::default());
     let mut host = Observed::new(turn, sink.clone());
     let progress_done = tokio_util::sync::CancellationToken::new();
     let progress = host.watch_progress(progress_rx, progress_done.clone());

@@ -114,7 +114,7 @@ impl Call {
         let outcome = self
             .toolbox
             .call(
-                self.name.as_str(),
+                self.name,
                 &self.input,
                 &CallContext::new(stop.token().child_token()),
             )

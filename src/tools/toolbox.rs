@@ -237,25 +237,23 @@ impl Toolbox {
         &self.inner.rules
     }
 
-    /// The one entry for a sandbox call, whatever the front: `name` is the tool's wire name.
+    /// The one entry for a sandbox call, whatever the front. The front parsed the model's name
+    /// into a [`ToolName`] where it arrived, and answered an unknown one itself (see
+    /// [`unknown_tool`]): only the six reach a toolbox.
     ///
-    /// An unknown name, input that does not match the tool's schema and a call cancelled before
-    /// it ran are failed outcomes the model can act on; `Err` is a fault of podhost. Where
+    /// Input that does not match the tool's schema and a call cancelled before it ran are
+    /// failed outcomes the model can act on; `Err` is a fault of podhost. Where
     /// commands run one at a time, a command waits here for the one before it (or for its
     /// cancellation).
     pub async fn call(
         &self,
-        name: &str,
+        tool: ToolName,
         input: &Value,
         ctx: &CallContext,
     ) -> Result<ToolOutcome, ToolError> {
         let started = std::time::Instant::now();
-        let result = self.dispatch(name, input, ctx).await;
-        crate::floor::metrics::tool_call(
-            metric_tool(name),
-            metric_outcome(&result),
-            started.elapsed(),
-        );
+        let result = self.dispatch(tool, input, ctx).await;
+        crate::floor::metrics::tool_call(tool.as_str(), metric_outcome(&result), started.elapsed());
         result
     }
 
@@ -296,13 +294,10 @@ impl Toolbox {
 
     async fn dispatch(
         &self,
-        name: &str,
+        tool: ToolName,
         input: &Value,
         ctx: &CallContext,
     ) -> Result<ToolOutcome, ToolError> {
-        let Ok(tool) = name.parse::<ToolName>() else {
-            return Ok(unknown_tool(name, &ToolName::ALL.map(ToolName::as_str)));
-        };
         let cancelled =
             || ToolOutcome::failed(codes::CANCELLED, "The call was cancelled before it ran.");
         if ctx.cancel.is_cancelled() {
@@ -536,11 +531,6 @@ pub fn unknown_tool(name: &str, tools: &[&str]) -> ToolOutcome {
         crate::floor::codes::tool::UNKNOWN,
         format!("There is no tool named {name:?}. The tools are {list}."),
     )
-}
-
-/// A tool's name as a metric label: one of the six, or `unknown` (a model may name anything).
-fn metric_tool(name: &str) -> &'static str {
-    name.parse::<ToolName>().map_or("unknown", ToolName::as_str)
 }
 
 /// A call's outcome as a metric label.

@@ -331,7 +331,7 @@ async fn the_level_in_force_is_logged_at_start_and_reported_by_healthz() {
         assert!(line.contains(&words), "{key}: {line}");
     }
     assert_eq!(level["command_capabilities"], json!("none"));
-    let probe = podhost::exec::session::probe_host(crate::support::supervisor_bin());
+    let probe = podhost::exec::probe::probe_host(crate::support::supervisor_bin());
     assert_eq!(
         level["network"],
         json!(if probe.network { "namespace" } else { "host" })
@@ -359,7 +359,7 @@ async fn the_level_in_force_is_logged_at_start_and_reported_by_healthz() {
 /// with the credential — while serve goes on serving both sessions.
 #[tokio::test]
 async fn a_sessions_commands_cannot_reach_serve_itself() {
-    let probe = podhost::exec::session::probe_host(crate::support::supervisor_bin());
+    let probe = podhost::exec::probe::probe_host(crate::support::supervisor_bin());
     let dir = tempfile::tempdir().unwrap();
     let s = Serve::start(dir.path());
     let port = s.url.rsplit(':').next().unwrap().to_owned();
@@ -426,7 +426,7 @@ async fn a_sessions_commands_cannot_reach_serve_itself() {
 /// the file tools and `bash` see the same tree. Nothing of it shows on the host's directories.
 #[tokio::test]
 async fn a_session_past_its_quota_gets_enospc_from_a_file_system_of_its_own() {
-    let probe = podhost::exec::session::probe_host(crate::support::supervisor_bin());
+    let probe = podhost::exec::probe::probe_host(crate::support::supervisor_bin());
     if let Err(why) = &probe.disk {
         eprintln!(
             "no file system per session here ({why}): the measured quota is checked by \

@@ -36,7 +36,7 @@ fn without_landlock_podhost_starts_and_warns() {
     });
     // Where local use gets a read-only system, its commands share a session holder (and so a
     // session keyring); elsewhere each command gets one.
-    let keyring = if podhost::exec::session::probe_host(crate::support::supervisor_bin())
+    let keyring = if podhost::exec::probe::probe_host(crate::support::supervisor_bin())
         .namespaces
         .any()
     {

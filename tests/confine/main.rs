@@ -235,7 +235,7 @@ pub fn isolated_settings() -> Settings {
 /// Whether this machine runs commands in namespaces (root, or user namespaces allowed); tests
 /// that need them say so and check the fallback otherwise.
 pub fn has_namespaces() -> bool {
-    let ns = podhost::exec::session::probe_host(supervisor_bin()).namespaces;
+    let ns = podhost::exec::probe::probe_host(supervisor_bin()).namespaces;
     if !ns.any() {
         eprintln!("this machine allows no namespaces: checking the Landlock-only level instead");
     }
@@ -313,7 +313,7 @@ pub async fn run(tb: &Toolbox, tool: ToolName, input: Value) -> ToolOutcome {
     let ctx = CallContext::new(CancellationToken::new());
     tokio::time::timeout(
         std::time::Duration::from_secs(30),
-        tb.call(tool.as_str(), &input, &ctx),
+        tb.call(tool, &input, &ctx),
     )
     .await
     .expect("tool call timed out")

@@ -236,7 +236,7 @@ for addr in sys.argv[1:]:
                 "exitCode": 0,
                 "stdout": format!(
                     "/run:\n\n/var/run:\nFileNotFoundError No such file or directory\n{}\n",
-                    if podhost::exec::session::probe_host(crate::support::supervisor_bin()).network
+                    if podhost::exec::probe::probe_host(crate::support::supervisor_bin()).network
                     {
                         "ConnectionRefusedError Connection refused"
                     } else {
@@ -377,7 +377,7 @@ async fn ps_in_one_session_shows_nothing_of_another() {
         tokio::spawn(async move {
             let ctx = podhost::tools::CallContext::new(cancel);
             b.call(
-                "bash",
+                ToolName::Bash,
                 &json!({"command": format!("exec -a {m} sleep 60")}),
                 &ctx,
             )

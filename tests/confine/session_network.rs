@@ -21,7 +21,7 @@ use podhost::exec::net::Network;
 
 /// Whether sessions get a network namespace here; says so when they do not.
 fn has_session_network() -> bool {
-    let probe = podhost::exec::session::probe_host(crate::support::supervisor_bin());
+    let probe = podhost::exec::probe::probe_host(crate::support::supervisor_bin());
     if !probe.network {
         eprintln!(
             "this machine gives sessions no network namespace ({}): checking that the level \

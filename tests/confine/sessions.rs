@@ -56,7 +56,7 @@ async fn a_timeout_and_a_cancellation_end_the_whole_tree_inside_a_session() {
         let (tb, cancel, m) = (tb.clone(), cancel.clone(), m.clone());
         tokio::spawn(async move {
             tb.call(
-                "bash",
+                ToolName::Bash,
                 &json!({"command": format!("exec -a {m} sleep 100")}),
                 &CallContext::new(cancel),
             )

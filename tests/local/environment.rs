@@ -210,7 +210,7 @@ async fn git_cargo_and_npm_work_in_a_local_run() {
 /// Whether local use gets a read-only system here (a mount namespace: podhost is root, or
 /// unprivileged user namespaces are allowed); says so when it does not.
 fn read_only_system() -> bool {
-    let ns = podhost::exec::session::probe_host(crate::support::supervisor_bin()).namespaces;
+    let ns = podhost::exec::probe::probe_host(crate::support::supervisor_bin()).namespaces;
     if !ns.any() {
         println!("no namespaces here: local use has no read-only system (Landlock alone)");
     }

@@ -399,7 +399,7 @@ async fn commands_get_the_egress_environment_and_nothing_of_podhost() {
 #[tokio::test]
 async fn commands_reach_the_egress_proxy_through_the_relay_and_nothing_else() {
     use std::io::{Read, Write};
-    let network = podhost::exec::session::probe_host(crate::support::supervisor_bin()).network;
+    let network = podhost::exec::probe::probe_host(crate::support::supervisor_bin()).network;
     let proxy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let proxy_url = format!("http://{}", proxy.local_addr().unwrap());
     let seen = std::thread::spawn(move || {
@@ -594,7 +594,7 @@ async fn commands_cannot_read_the_join_file_or_the_harness_root() {
             // Landlock refuses its files.
             format!(
                 "cat: DIR/join-token: Permission denied\ncat: DIR/harness/volume-id: {}\n",
-                if podhost::exec::session::probe_host(crate::support::supervisor_bin())
+                if podhost::exec::probe::probe_host(crate::support::supervisor_bin())
                     .namespaces
                     .any()
                 {

@@ -70,7 +70,7 @@ impl TestWorkspace {
     ) -> ToolOutcome {
         tokio::time::timeout(
             std::time::Duration::from_secs(30),
-            self.toolbox.call(tool.as_str(), &input, &ctx),
+            self.toolbox.call(tool, &input, &ctx),
         )
         .await
         .expect("tool call timed out")

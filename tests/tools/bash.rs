@@ -328,7 +328,7 @@ async fn an_abandoned_call_still_kills_its_command() {
     let command = format!("setsid sleep {m} & touch started; wait");
     let input = json!({ "command": command });
     let ctx = CallContext::default();
-    let call = ws.toolbox.call(ToolName::Bash.as_str(), &input, &ctx);
+    let call = ws.toolbox.call(ToolName::Bash, &input, &ctx);
     let started = ws.root().join("started");
     tokio::select! {
         _ = call => panic!("the command ended by itself"),
@@ -802,7 +802,7 @@ async fn a_supervisor_that_reports_nothing_is_a_harness_fault() {
     let err = ws
         .toolbox
         .call(
-            ToolName::Bash.as_str(),
+            ToolName::Bash,
             &json!({"command": "true"}),
             &CallContext::default(),
         )

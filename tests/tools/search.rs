@@ -955,7 +955,7 @@ impl BigWorkspace {
         let ctx = podhost::tools::CallContext::new(CancellationToken::new());
         let outcome = tokio::time::timeout(
             Duration::from_secs(60),
-            self.toolbox.call(tool.as_str(), &input, &ctx),
+            self.toolbox.call(tool, &input, &ctx),
         )
         .await
         .expect("tool call timed out")

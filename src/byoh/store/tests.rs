@@ -106,8 +106,17 @@ fn terms(owner: &str, ttl_ms: i64) -> LeaseTerms {
     }
 }
 
+/// The model a test row names (never called).
+fn endpoint() -> ModelEndpoint {
+    ModelEndpoint {
+        base_url: url::Url::parse("http://m/v1").unwrap(),
+        model: String::new(),
+        generation_settings: serde_json::Map::new(),
+    }
+}
+
 fn row(id: &str, session: &str) -> InvocationRow {
-    let mut r = InvocationRow::new(id, session, ModelEndpoint::default());
+    let mut r = InvocationRow::new(id, session, endpoint());
     r.needs_key = true;
     r
 }
@@ -191,7 +200,7 @@ async fn starts_resumes_and_transitions(f: Fixture) {
                 .map(|i| ChatMessage::tool(i.clone(), "x"))
                 .collect();
             store
-                .apply_resume("i", ids, msgs, ModelEndpoint::default(), false, &b)
+                .apply_resume("i", ids, msgs, endpoint(), false, &b)
                 .await
                 .unwrap()
         }

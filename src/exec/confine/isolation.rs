@@ -10,10 +10,13 @@ use std::sync::Arc;
 use super::{Confinement, SHM_BYTES, Settings, UidPool, canonical_lenient, push_unique};
 use crate::exec::cgroup::Cgroups;
 use crate::exec::net::Network;
+use crate::exec::probe::Namespaces;
 use crate::exec::protocol::View;
-use crate::exec::session::Namespaces;
-use crate::exec::session::view::RUN_DIRS;
 use crate::floor::workspace::Workspace;
+
+/// The directory masks every view has: host socket directories (a read-only mount does not stop
+/// `connect` on a socket file).
+pub const RUN_DIRS: [&str; 2] = ["/run", "/var/run"];
 
 /// How a front isolates its sessions (see the module doc), found at start-up.
 #[derive(Debug)]
@@ -51,7 +54,7 @@ impl Isolation {
             .or_else(|| crate::exec::find_supervisor().ok())
             .unwrap_or_default();
         let (namespaces, mut refused, mut network) = if settings.namespaces {
-            let probe = crate::exec::session::probe_host(&helper);
+            let probe = crate::exec::probe::probe_host(&helper);
             (probe.namespaces, probe.refused, probe.network)
         } else {
             (
@@ -65,7 +68,7 @@ impl Isolation {
             && namespaces == Namespaces::Root
             && match (
                 settings.session_disk_fs,
-                crate::exec::session::probe_host(&helper).disk,
+                crate::exec::probe::probe_host(&helper).disk,
             ) {
                 (true, Ok(())) => true,
                 (true, Err(why)) => {
@@ -108,7 +111,7 @@ impl Isolation {
             .helper
             .clone()
             .or_else(|| crate::exec::find_supervisor().ok())?;
-        let probe = crate::exec::session::probe_namespaces(&helper);
+        let probe = crate::exec::probe::probe_namespaces(&helper);
         probe.namespaces.any().then_some(probe.namespaces)
     }
 }

@@ -282,7 +282,7 @@ pub struct Confinement {
     /// Where sessions' disk images live (a BYOH host's data directory; see `exec::disk`).
     disks: Option<PathBuf>,
     /// Local use with a read-only system: the namespaces this host allows for it.
-    local_view: Option<crate::exec::session::Namespaces>,
+    local_view: Option<crate::exec::probe::Namespaces>,
 }
 
 impl Default for Confinement {
@@ -413,7 +413,7 @@ impl Confinement {
     }
 
     /// Local use: the namespaces commands run in for a read-only system, when they do.
-    pub fn local_namespaces(&self) -> Option<crate::exec::session::Namespaces> {
+    pub fn local_namespaces(&self) -> Option<crate::exec::probe::Namespaces> {
         self.local_view
     }
 

@@ -3,8 +3,8 @@
 //!
 //! Owns: podhost's side of a holder — starting it ([`Session::start`]), handing it each command
 //! ([`Session::launch`]), restarting it when it died ([`SessionSlot`]) and killing it with the
-//! toolbox — and the level probe ([`probe_host`]). The holder itself is [`holder`]; the view it
-//! builds, [`view`].
+//! toolbox. The holder itself is [`holder`]; the view it builds, [`view`]; what the host lets
+//! it build, `exec::probe`.
 //!
 //! Why a holder and not a namespace per command: a fresh mount + PID namespace with its view
 //! costs about 0.75 ms (1 ms in a user namespace) per command, past the bash tool's overhead
@@ -22,7 +22,6 @@
 //! (`supervise`, unchanged inside a session).
 
 pub mod holder;
-pub mod probe;
 pub mod sockets;
 pub mod view;
 
@@ -30,15 +29,12 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tokio::process::{Child, Command};
-
-pub use probe::{Namespaces, Probe};
 
 use tokio_util::sync::CancellationToken;
 
@@ -50,88 +46,6 @@ use super::{ExecError, reaper, sys};
 const START_BOUND: Duration = Duration::from_secs(10);
 /// How long a holder asked to stop may take before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(5);
-
-/// The level this host allows, asked once per process of the helper binary `helper`
-/// (`podhost-exec`, see [`probe`]). A helper that cannot be run counts as "no namespaces", with
-/// the reason.
-pub fn probe_host(helper: &Path) -> Probe {
-    static PROBE: OnceLock<Probe> = OnceLock::new();
-    PROBE.get_or_init(|| run_probe(helper, &[])).clone()
-}
-
-/// The namespaces level alone (no network, no disk: see [`probe::run_namespaces`]), asked once
-/// per process: what local use's read-only system needs. A single-threaded process (a one-shot
-/// `podhost tool`) tries it in forks of itself, without loading the helper; any other asks the
-/// helper, since only a single-threaded process may run code in a fork.
-pub fn probe_namespaces(helper: &Path) -> Probe {
-    NAMESPACES_PROBE
-        .get_or_init(|| {
-            if sys::single_threaded() {
-                probe::run_namespaces()
-            } else {
-                run_probe(helper, &[probe::NAMESPACES_ONLY])
-            }
-        })
-        .clone()
-}
-
-/// The answer of [`probe_namespaces`], or the level [`assume_root_namespaces`] set.
-static NAMESPACES_PROBE: OnceLock<Probe> = OnceLock::new();
-/// Whether [`assume_root_namespaces`] set the level.
-static NAMESPACES_ASSUMED: AtomicBool = AtomicBool::new(false);
-
-/// For a root process that makes its commands' namespaces itself, in this process, and falls
-/// back to none where the kernel refuses them (`podhost tool`, see
-/// [`oneshot`](super::oneshot)): the level of [`probe_namespaces`] is taken to be
-/// [`Namespaces::Root`] without the probe, whose throw-away mount namespace costs a teardown
-/// (an RCU grace period: milliseconds on a busy host) on the path of the one command. Returns
-/// whether it was; not for a process that is not root, nor once the level was probed.
-pub fn assume_root_namespaces() -> bool {
-    if !nix::unistd::geteuid().is_root() {
-        return false;
-    }
-    let assumed = Probe {
-        namespaces: Namespaces::Root,
-        refused: Vec::new(),
-        network: false,
-        disk: Err("not probed".to_owned()),
-    };
-    let set = NAMESPACES_PROBE.set(assumed).is_ok();
-    if set {
-        NAMESPACES_ASSUMED.store(true, Ordering::Relaxed);
-    }
-    set
-}
-
-/// Whether the namespaces level was assumed rather than probed (see
-/// [`assume_root_namespaces`]): then the kernel's refusal to make them is a fallback, not a
-/// fault.
-pub fn namespaces_assumed() -> bool {
-    NAMESPACES_ASSUMED.load(Ordering::Relaxed)
-}
-
-/// Runs the probe helper with `args` after its own argument.
-fn run_probe(helper: &Path, args: &[&str]) -> Probe {
-    let none = |why: String| Probe {
-        namespaces: Namespaces::None,
-        refused: vec![why.clone()],
-        network: false,
-        disk: Err(why),
-    };
-    let out = std::process::Command::new(helper)
-        .arg(probe::PROBE_ARG)
-        .args(args)
-        .env_clear()
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output();
-    match out {
-        Ok(out) if out.status.success() => serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| none(format!("the probe's answer: {e}"))),
-        Ok(out) => none(format!("the probe ended with {}", out.status)),
-        Err(e) => none(format!("could not run {}: {e}", helper.display())),
-    }
-}
 
 /// A running holder: its socket and its process.
 #[derive(Debug)]

@@ -37,8 +37,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 pub use super::sockets::SocketWatch;
-use crate::exec::disk::SessionDisk;
-use crate::exec::protocol::View;
+use crate::exec::protocol::{SessionDisk, View};
 use crate::exec::sys::{
     self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY, Res,
     StepError, cpath,
@@ -97,10 +96,6 @@ pub struct Prepared {
 fn depth(p: &Path) -> usize {
     p.components().count()
 }
-
-/// The directory masks every view has: host socket directories (a read-only mount does not stop
-/// `connect` on a socket file).
-pub const RUN_DIRS: [&str; 2] = ["/run", "/var/run"];
 
 /// Prepares `view` for building. `proc`: mount a fresh `/proc` (the builder is pid 1 of a new
 /// PID namespace); `bind_devices`: device nodes by bind mount (a user namespace).

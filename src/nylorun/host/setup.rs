@@ -136,7 +136,7 @@ async fn apply(toolbox: &Toolbox, setup: &Setup, cancel: &CancellationToken) -> 
         );
         let input = json!({"command": command, "timeout": timeout});
         let ctx = CallContext::new(cancel.child_token());
-        let outcome = toolbox.call(ToolName::Bash.as_str(), &input, &ctx).await;
+        let outcome = toolbox.call(ToolName::Bash, &input, &ctx).await;
         match outcome {
             Ok(ToolOutcome::Completed { output }) => {
                 let code = output.get("exitCode").and_then(Value::as_i64).unwrap_or(-1);
@@ -258,7 +258,7 @@ async fn fetch(
             ),
         ],
     };
-    let fetched = toolbox.call(ToolName::Bash.as_str(), &input, &ctx).await;
+    let fetched = toolbox.call(ToolName::Bash, &input, &ctx).await;
     let result = match fetched {
         Ok(ToolOutcome::Completed { output }) => {
             let code = output.get("exitCode").and_then(Value::as_i64).unwrap_or(-1);
@@ -291,7 +291,7 @@ async fn fetch(
         cancel: cancel.child_token(),
         env: vec![("SETUP_FILE_OUT".to_owned(), out)],
     };
-    let _ = toolbox.call(ToolName::Bash.as_str(), &rm, &ctx).await;
+    let _ = toolbox.call(ToolName::Bash, &rm, &ctx).await;
     result.map_err(|why| format!("could not fetch {}: {why}", redact_url(url)))
 }
 

@@ -158,11 +158,7 @@ impl WorkspaceServer {
         }
         self.touch(&call.session, call.spec.as_ref(), tenant);
         let ctx = CallContext::new(cancel);
-        let outcome = self
-            .inner
-            .toolbox
-            .call(call.tool.as_str(), &call.input, &ctx)
-            .await;
+        let outcome = self.inner.toolbox.call(call.tool, &call.input, &ctx).await;
         to_value(&outcome.map_err(internal)?)
     }
 

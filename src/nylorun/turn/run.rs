@@ -599,7 +599,7 @@ impl Segment {
             env,
         };
         let started = Instant::now();
-        let result = self.shared.toolbox.call(tool.as_str(), args, &ctx).await;
+        let result = self.shared.toolbox.call(tool, args, &ctx).await;
         tracing::debug!(%effect_id, %tool, ms = started.elapsed().as_secs_f64() * 1000.0, "tool ran");
         if self.cancel.is_cancelled() {
             return Err(Fault::Stopped);

@@ -6,6 +6,10 @@
 //! process (and every child it forks) cannot write the id maps of a user namespace: the probe
 //! must try from the same kind of process the holder is.
 //!
+//! Owns both sides: the helper's [`main`], and podhost's asking ([`probe_host`],
+//! [`probe_namespaces`]) once per process. It sits below the confinement that reads the level
+//! (`confine::isolation`) and the sessions that build at it (`session`), and imports neither.
+//!
 //! Levels, strongest first: mount + PID namespaces made as real root (`root`); the same inside
 //! an unprivileged user namespace (`userns`); a user and mount namespace where a fresh `/proc`
 //! is refused (Kubernetes' masked `/proc` paths), so no PID namespace (`userns-noproc`); none.
@@ -13,7 +17,9 @@
 use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::process::ExitCode;
+use std::process::{ExitCode, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -92,6 +98,88 @@ pub fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(_) => ExitCode::FAILURE,
+    }
+}
+
+/// The level this host allows, asked once per process of the helper binary `helper`
+/// (`podhost-exec`, see [`main`]). A helper that cannot be run counts as "no namespaces", with
+/// the reason.
+pub fn probe_host(helper: &Path) -> Probe {
+    static PROBE: OnceLock<Probe> = OnceLock::new();
+    PROBE.get_or_init(|| run_probe(helper, &[])).clone()
+}
+
+/// The namespaces level alone (no network, no disk: see [`run_namespaces`]), asked once
+/// per process: what local use's read-only system needs. A single-threaded process (a one-shot
+/// `podhost tool`) tries it in forks of itself, without loading the helper; any other asks the
+/// helper, since only a single-threaded process may run code in a fork.
+pub fn probe_namespaces(helper: &Path) -> Probe {
+    NAMESPACES_PROBE
+        .get_or_init(|| {
+            if sys::single_threaded() {
+                run_namespaces()
+            } else {
+                run_probe(helper, &[NAMESPACES_ONLY])
+            }
+        })
+        .clone()
+}
+
+/// The answer of [`probe_namespaces`], or the level [`assume_root_namespaces`] set.
+static NAMESPACES_PROBE: OnceLock<Probe> = OnceLock::new();
+/// Whether [`assume_root_namespaces`] set the level.
+static NAMESPACES_ASSUMED: AtomicBool = AtomicBool::new(false);
+
+/// For a root process that makes its commands' namespaces itself, in this process, and falls
+/// back to none where the kernel refuses them (`podhost tool`, see
+/// [`oneshot`](super::oneshot)): the level of [`probe_namespaces`] is taken to be
+/// [`Namespaces::Root`] without the probe, whose forks and throw-away namespaces would be on
+/// the path of the one command. Returns whether it was; not for a process that is not root,
+/// nor once the level was probed.
+pub fn assume_root_namespaces() -> bool {
+    if !nix::unistd::geteuid().is_root() {
+        return false;
+    }
+    let assumed = Probe {
+        namespaces: Namespaces::Root,
+        refused: Vec::new(),
+        network: false,
+        disk: Err("not probed".to_owned()),
+    };
+    let set = NAMESPACES_PROBE.set(assumed).is_ok();
+    if set {
+        NAMESPACES_ASSUMED.store(true, Ordering::Relaxed);
+    }
+    set
+}
+
+/// Whether the namespaces level was assumed rather than probed (see
+/// [`assume_root_namespaces`]): then the kernel's refusal to make them is a fallback, not a
+/// fault.
+pub fn namespaces_assumed() -> bool {
+    NAMESPACES_ASSUMED.load(Ordering::Relaxed)
+}
+
+/// Runs the probe helper with `args` after its own argument.
+fn run_probe(helper: &Path, args: &[&str]) -> Probe {
+    let none = |why: String| Probe {
+        namespaces: Namespaces::None,
+        refused: vec![why.clone()],
+        network: false,
+        disk: Err(why),
+    };
+    let out = std::process::Command::new(helper)
+        .arg(PROBE_ARG)
+        .args(args)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output();
+    match out {
+        Ok(out) if out.status.success() => serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| none(format!("the probe's answer: {e}"))),
+        Ok(out) => none(format!("the probe ended with {}", out.status)),
+        Err(e) => none(format!("could not run {}: {e}", helper.display())),
     }
 }
 
