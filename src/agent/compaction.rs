@@ -89,67 +89,20 @@ pub async fn fit<H: TurnHost>(
         "compacting the history"
     );
 
-    let mut summary: Option<String> = None;
-    let mut parts = 0u32;
-    if !plan.summarized.is_empty() {
-        let chunks = match summary_chunks(host, &plan.summarized, &budget, ratio) {
-            Ok(c) => c,
-            Err(message) => return Ok(Fit::End(failed(message))),
-        };
-        parts = chunks.len() as u32;
-        for (k, chunk) in chunks.into_iter().enumerate() {
-            let text = match &summary {
-                Some(so_far) => format!(
-                    "The summary so far:\n\n{so_far}\n\nThe conversation continues as follows. \
-                     Write one summary of all of it.\n\n{chunk}"
-                ),
-                None => format!("The conversation to summarize:\n\n{chunk}"),
-            };
-            let call = SummaryCall {
-                step,
-                trigger,
-                part: k as u32,
-                parts,
-                instructions: SUMMARY_INSTRUCTIONS,
-                text,
-                max_tokens: budget.summary_tokens(),
-            };
-            let answer = match host.summarize(&call, cancel).await? {
-                Effect::Done(a) => a,
-                Effect::Wait(id) => {
-                    return Ok(Fit::End(TurnEnd::Waiting {
-                        effect_ids: vec![id],
-                    }));
-                }
-            };
-            match answer {
-                ModelAnswer::Candidate(c) => {
-                    let text = c.text_output();
-                    let text = if text.trim().is_empty() {
-                        tracing::warn!(step, part = k, "a summary call answered no text");
-                        "(The summary of this part came back empty.)".to_owned()
-                    } else {
-                        text
-                    };
-                    // A model that ignored the room is held to it.
-                    summary = Some(clip_to_tokens(&text, budget.summary_tokens() * 3 / 2));
-                }
-                ModelAnswer::Failed(f) => {
-                    return Ok(Fit::End(TurnEnd::Failed {
-                        code: format!("{}{}", codes::model::TURN_PREFIX, f.code),
-                        message: format!(
-                            "The history could not be summarized to fit the model's context \
-                             window (step {step}): {}",
-                            f.message
-                        ),
-                    }));
-                }
-            }
-            if cancel.is_cancelled() {
-                return Ok(Fit::End(TurnEnd::Cancelled));
-            }
-        }
-    }
+    let (summary, parts) = match summarize(
+        host,
+        &plan.summarized,
+        &budget,
+        ratio,
+        step,
+        trigger,
+        cancel,
+    )
+    .await?
+    {
+        Ok(done) => done,
+        Err(end) => return Ok(Fit::End(end)),
+    };
 
     let scale = |t: u64| (t as f64 * ratio).ceil() as u64;
     let kept_tokens: u64 = plan
@@ -180,6 +133,81 @@ pub async fn fit<H: TurnHost>(
         return Ok(Fit::End(cannot_fit(step, after, &budget)));
     }
     Ok(Fit::Ready)
+}
+
+/// Runs the summary calls for the `summarized` units, one per part, each carrying the summary so
+/// far; gives the summary and its number of parts, or how the turn ends instead.
+async fn summarize<H: TurnHost>(
+    host: &mut H,
+    summarized: &[usize],
+    budget: &Budget,
+    ratio: f64,
+    step: u32,
+    trigger: Trigger,
+    cancel: &CancellationToken,
+) -> Result<Result<(Option<String>, u32), TurnEnd>, H::Error> {
+    let mut summary: Option<String> = None;
+    let mut parts = 0u32;
+    if !summarized.is_empty() {
+        let chunks = match summary_chunks(host, summarized, budget, ratio) {
+            Ok(c) => c,
+            Err(message) => return Ok(Err(failed(message))),
+        };
+        parts = chunks.len() as u32;
+        for (k, chunk) in chunks.into_iter().enumerate() {
+            let text = match &summary {
+                Some(so_far) => format!(
+                    "The summary so far:\n\n{so_far}\n\nThe conversation continues as follows. \
+                     Write one summary of all of it.\n\n{chunk}"
+                ),
+                None => format!("The conversation to summarize:\n\n{chunk}"),
+            };
+            let call = SummaryCall {
+                step,
+                trigger,
+                part: k as u32,
+                parts,
+                instructions: SUMMARY_INSTRUCTIONS,
+                text,
+                max_tokens: budget.summary_tokens(),
+            };
+            let answer = match host.summarize(&call, cancel).await? {
+                Effect::Done(a) => a,
+                Effect::Wait(id) => {
+                    return Ok(Err(TurnEnd::Waiting {
+                        effect_ids: vec![id],
+                    }));
+                }
+            };
+            match answer {
+                ModelAnswer::Candidate(c) => {
+                    let text = c.text_output();
+                    let text = if text.trim().is_empty() {
+                        tracing::warn!(step, part = k, "a summary call answered no text");
+                        "(The summary of this part came back empty.)".to_owned()
+                    } else {
+                        text
+                    };
+                    // A model that ignored the room is held to it.
+                    summary = Some(clip_to_tokens(&text, budget.summary_tokens() * 3 / 2));
+                }
+                ModelAnswer::Failed(f) => {
+                    return Ok(Err(TurnEnd::Failed {
+                        code: format!("{}{}", codes::model::TURN_PREFIX, f.code),
+                        message: format!(
+                            "The history could not be summarized to fit the model's context \
+                             window (step {step}): {}",
+                            f.message
+                        ),
+                    }));
+                }
+            }
+            if cancel.is_cancelled() {
+                return Ok(Err(TurnEnd::Cancelled));
+            }
+        }
+    }
+    Ok(Ok((summary, parts)))
 }
 
 /// The summarized units' text, in parts that each fit one summary call.
