@@ -18,7 +18,9 @@
 
 use tokio_util::sync::CancellationToken;
 
-use super::context::{Budget, Tracker, Trigger, clip_to_tokens, estimate_tokens, plan};
+use super::context::{
+    Budget, Context, Plan, Tracker, Trigger, clip_to_tokens, estimate_tokens, plan,
+};
 // What the host is handed, where the fronts that implement it find it.
 pub use super::host::{Compaction, SummaryCall};
 use super::host::{Effect, TurnEnd, TurnHost};
@@ -104,16 +106,7 @@ pub async fn fit<H: TurnHost>(
         Err(end) => return Ok(Fit::End(end)),
     };
 
-    let scale = |t: u64| (t as f64 * ratio).ceil() as u64;
-    let kept_tokens: u64 = plan
-        .kept
-        .iter()
-        .map(|&i| {
-            let u = &ctx.units[i];
-            scale(if plan.shrink { u.shrunk } else { u.tokens })
-        })
-        .sum();
-    let summary_tokens = summary.as_deref().map_or(0, |s| scale(estimate_tokens(s)));
+    let tokens_after = tokens_after(&ctx, &plan, summary.as_deref(), ratio);
     let compaction = Compaction {
         step,
         trigger,
@@ -122,7 +115,7 @@ pub async fn fit<H: TurnHost>(
         kept: plan.kept,
         shrink: plan.shrink,
         tokens_before: before,
-        tokens_after: scale(ctx.fixed) + kept_tokens + summary_tokens,
+        tokens_after,
         parts,
     };
     host.compacted(&compaction).await?;
@@ -133,6 +126,21 @@ pub async fn fit<H: TurnHost>(
         return Ok(Fit::End(cannot_fit(step, after, &budget)));
     }
     Ok(Fit::Ready)
+}
+
+/// The prompt's estimated tokens once `plan` is applied with `summary`.
+fn tokens_after(ctx: &Context, plan: &Plan, summary: Option<&str>, ratio: f64) -> u64 {
+    let scale = |t: u64| (t as f64 * ratio).ceil() as u64;
+    let kept_tokens: u64 = plan
+        .kept
+        .iter()
+        .map(|&i| {
+            let u = &ctx.units[i];
+            scale(if plan.shrink { u.shrunk } else { u.tokens })
+        })
+        .sum();
+    let summary_tokens = summary.map_or(0, |s| scale(estimate_tokens(s)));
+    scale(ctx.fixed) + kept_tokens + summary_tokens
 }
 
 /// Runs the summary calls for the `summarized` units, one per part, each carrying the summary so
