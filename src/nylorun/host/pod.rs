@@ -104,6 +104,8 @@ impl From<Arc<dyn RunHandler>> for Handler {
 
 /// Runs the pod host until `shutdown` is cancelled. `supervisor` is the podhost binary each
 /// command runs under.
+/// Long: builds the host's parts in the order they depend on each other (TLS, toolbox, handler,
+/// health, client), then runs it under the shutdown deadline.
 pub async fn serve(
     config: PodConfig,
     supervisor: PathBuf,
