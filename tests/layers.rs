@@ -24,6 +24,10 @@
 //!
 //! * every file of `src/` is in a unit the table knows.
 //!
+//! Beside the layers, the length of functions: one of `src/` that spans more than
+//! [`LONG_FN_LINES`] lines (its `fn` line to its closing brace; unit tests left out) says why in
+//! its doc comment (`Long: …`), and at most [`MAX_LONG_FNS`] do.
+//!
 //! The cycle checks leave out `#[cfg(test)]` modules: a unit test may call across to what it
 //! tests alongside. The layer check reads them too.
 //!
@@ -1151,6 +1155,196 @@ fn a_cycle_between_files_of_exec_is_reported() {
         file_cycles(&sources),
         [
             "cycle between src/exec/confine/mod.rs, src/exec/session/mod.rs, src/exec/supervise.rs:\n    src/exec/confine/mod.rs:285 imports crate::exec::session::Namespaces\n    src/exec/session/mod.rs:413 imports crate::exec::supervise::PIDFD_MARK\n    src/exec/supervise.rs:47 imports crate::exec::confine"
+        ]
+    );
+}
+
+// ---- long functions ----
+
+/// The most lines a function of `src/` may span, from its `fn` line to its closing brace,
+/// without saying why.
+const LONG_FN_LINES: usize = 80;
+/// The most functions that may be longer, each saying why in its doc comment (`Long: …`).
+const MAX_LONG_FNS: usize = 10;
+
+/// A function longer than [`LONG_FN_LINES`].
+#[derive(Debug, PartialEq)]
+struct LongFn {
+    /// `name` at its `fn` line.
+    at: String,
+    lines: usize,
+    /// Its doc comment says why (`Long:`).
+    says_why: bool,
+}
+
+/// The spans (in chars) of the `#[cfg(test)] mod … { … }` of stripped text; a `mod tests;` is
+/// a file of its own, left out by its name (`tests.rs`).
+fn test_modules(c: &[char]) -> Vec<(usize, usize)> {
+    let text: String = c.iter().collect();
+    let mut out = Vec::new();
+    for (at, _) in text.match_indices("#[cfg(test)]") {
+        let rest = text[at + "#[cfg(test)]".len()..].trim_start();
+        let rest = rest.strip_prefix("pub(super)").unwrap_or(rest).trim_start();
+        let Some(rest) = rest.strip_prefix("mod ") else {
+            continue;
+        };
+        let Some(open) = rest
+            .find(['{', ';'])
+            .filter(|&k| rest[k..].starts_with('{'))
+        else {
+            continue;
+        };
+        let open = char_index(&text, text.len() - rest.len() + open);
+        out.push((char_index(&text, at), matching_brace(c, open)));
+    }
+    out
+}
+
+/// The index in chars of byte `at` of `text`.
+fn char_index(text: &str, at: usize) -> usize {
+    text[..at].chars().count()
+}
+
+/// The index of the brace that closes the one at `open`.
+fn matching_brace(c: &[char], open: usize) -> usize {
+    let mut depth = 0usize;
+    for (k, &ch) in c.iter().enumerate().skip(open) {
+        match ch {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return k;
+                }
+            }
+            _ => {}
+        }
+    }
+    c.len()
+}
+
+/// The functions of `src` (one file's text) longer than `limit` lines, outside test modules.
+fn long_fns_in(src: &str, limit: usize) -> Vec<LongFn> {
+    let c = strip(src);
+    let lines: Vec<&str> = src.lines().collect();
+    let tests = test_modules(&c);
+    let ident = |k: usize| c[k].is_alphanumeric() || c[k] == '_';
+    let line_of = |k: usize| c[..k].iter().filter(|&&ch| ch == '\n').count() + 1;
+    let mut out = Vec::new();
+    for i in 0..c.len().saturating_sub(2) {
+        if !(c[i] == 'f' && c[i + 1] == 'n' && c[i + 2].is_whitespace())
+            || (i > 0 && ident(i - 1))
+            || tests.iter().any(|&(a, b)| (a..=b).contains(&i))
+        {
+            continue;
+        }
+        let name_at = (i + 2..c.len())
+            .find(|&k| !c[k].is_whitespace())
+            .unwrap_or(c.len());
+        let name: String = c[name_at..]
+            .iter()
+            .take_while(|ch| ch.is_alphanumeric() || **ch == '_')
+            .collect();
+        if name.is_empty() {
+            continue;
+        }
+        // The body: the first `{` outside the parameters' brackets; a `;` first is a declaration.
+        let mut depth = 0i32;
+        let mut body = None;
+        for (k, &ch) in c.iter().enumerate().skip(name_at) {
+            match ch {
+                '(' | '[' => depth += 1,
+                ')' | ']' => depth -= 1,
+                ';' if depth == 0 => break,
+                '{' if depth == 0 => {
+                    body = Some(k);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let Some(open) = body else { continue };
+        let (first, last) = (line_of(i), line_of(matching_brace(&c, open)));
+        let span = last - first + 1;
+        if span <= limit {
+            continue;
+        }
+        let says_why = lines[..first - 1]
+            .iter()
+            .rev()
+            .map(|l| l.trim_start())
+            .take_while(|l| l.starts_with("///") || l.starts_with("#["))
+            .any(|l| l.contains("Long:"));
+        out.push(LongFn {
+            at: format!("{name} at line {first}"),
+            lines: span,
+            says_why,
+        });
+    }
+    out
+}
+
+/// Every function of `src/` longer than [`LONG_FN_LINES`] (unit tests left out: `tests.rs`
+/// files and `#[cfg(test)]` modules).
+fn long_fns() -> Vec<(String, LongFn)> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rs_files(&src, &mut files);
+    files.sort();
+    files
+        .iter()
+        .filter(|f| f.file_name().is_some_and(|n| n != "tests.rs"))
+        .flat_map(|f| {
+            let name = format!("src/{}", f.strip_prefix(&src).unwrap().display());
+            long_fns_in(&std::fs::read_to_string(f).unwrap(), LONG_FN_LINES)
+                .into_iter()
+                .map(move |l| (name.clone(), l))
+        })
+        .collect()
+}
+
+#[test]
+fn long_functions_say_why_and_are_few() {
+    let long = long_fns();
+    let show = |(file, l): &(String, LongFn)| format!("    {file}: {} ({} lines)", l.at, l.lines);
+    let silent: Vec<String> = long.iter().filter(|(_, l)| !l.says_why).map(show).collect();
+    assert!(
+        silent.is_empty(),
+        "functions over {LONG_FN_LINES} lines whose doc comment does not say why: split them \
+         along a seam, or add a line `Long: <why>` to the doc comment:\n{}",
+        silent.join("\n")
+    );
+    assert!(
+        long.len() <= MAX_LONG_FNS,
+        "{} functions over {LONG_FN_LINES} lines, past the {MAX_LONG_FNS} allowed; split one:\n{}",
+        long.len(),
+        long.iter().map(show).collect::<Vec<_>>().join("\n")
+    );
+}
+
+#[test]
+fn long_functions_are_measured_from_fn_to_brace_outside_tests() {
+    let body = |n: usize| "    let x = '{';\n".repeat(n);
+    let src = format!(
+        "/// Short.\nfn short() {{\n{}}}\n\n/// Why.\n/// Long: a table.\npub(crate) async fn long<T>(\n    t: T,\n) -> Vec<[u8; 2]> {{\n{}    \"}}\";\n}}\n\ntrait Port {{\n    fn declared(&self);\n}}\n\nfn silent() {{\n{}}}\n\n#[cfg(test)]\nmod tests {{\n    fn in_test() {{\n{}    }}\n}}\n",
+        body(3),
+        body(5),
+        body(4),
+        body(9)
+    );
+    assert_eq!(
+        long_fns_in(&src, 5),
+        [
+            LongFn {
+                at: "long at line 10".into(),
+                lines: 10,
+                says_why: true,
+            },
+            LongFn {
+                at: "silent at line 25".into(),
+                lines: 6,
+                says_why: false,
+            },
         ]
     );
 }

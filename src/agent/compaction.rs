@@ -18,7 +18,9 @@
 
 use tokio_util::sync::CancellationToken;
 
-use super::context::{Budget, Tracker, Trigger, clip_to_tokens, estimate_tokens, plan};
+use super::context::{
+    Budget, Context, Plan, Tracker, Trigger, clip_to_tokens, estimate_tokens, plan,
+};
 // What the host is handed, where the fronts that implement it find it.
 pub use super::host::{Compaction, SummaryCall};
 use super::host::{Effect, TurnEnd, TurnHost};
@@ -89,12 +91,75 @@ pub async fn fit<H: TurnHost>(
         "compacting the history"
     );
 
+    let (summary, parts) = match summarize(
+        host,
+        &plan.summarized,
+        &budget,
+        ratio,
+        step,
+        trigger,
+        cancel,
+    )
+    .await?
+    {
+        Ok(done) => done,
+        Err(end) => return Ok(Fit::End(end)),
+    };
+
+    let tokens_after = tokens_after(&ctx, &plan, summary.as_deref(), ratio);
+    let compaction = Compaction {
+        step,
+        trigger,
+        summary,
+        summarized: plan.summarized,
+        kept: plan.kept,
+        shrink: plan.shrink,
+        tokens_before: before,
+        tokens_after,
+        parts,
+    };
+    host.compacted(&compaction).await?;
+    let estimate = host.context().map_or(0, |c| c.estimate());
+    let after = tracker.prompt(estimate);
+    tracker.sending(estimate);
+    if after > budget.usable() && !budget.assumed {
+        return Ok(Fit::End(cannot_fit(step, after, &budget)));
+    }
+    Ok(Fit::Ready)
+}
+
+/// The prompt's estimated tokens once `plan` is applied with `summary`.
+fn tokens_after(ctx: &Context, plan: &Plan, summary: Option<&str>, ratio: f64) -> u64 {
+    let scale = |t: u64| (t as f64 * ratio).ceil() as u64;
+    let kept_tokens: u64 = plan
+        .kept
+        .iter()
+        .map(|&i| {
+            let u = &ctx.units[i];
+            scale(if plan.shrink { u.shrunk } else { u.tokens })
+        })
+        .sum();
+    let summary_tokens = summary.map_or(0, |s| scale(estimate_tokens(s)));
+    scale(ctx.fixed) + kept_tokens + summary_tokens
+}
+
+/// Runs the summary calls for the `summarized` units, one per part, each carrying the summary so
+/// far; gives the summary and its number of parts, or how the turn ends instead.
+async fn summarize<H: TurnHost>(
+    host: &mut H,
+    summarized: &[usize],
+    budget: &Budget,
+    ratio: f64,
+    step: u32,
+    trigger: Trigger,
+    cancel: &CancellationToken,
+) -> Result<Result<(Option<String>, u32), TurnEnd>, H::Error> {
     let mut summary: Option<String> = None;
     let mut parts = 0u32;
-    if !plan.summarized.is_empty() {
-        let chunks = match summary_chunks(host, &plan.summarized, &budget, ratio) {
+    if !summarized.is_empty() {
+        let chunks = match summary_chunks(host, summarized, budget, ratio) {
             Ok(c) => c,
-            Err(message) => return Ok(Fit::End(failed(message))),
+            Err(message) => return Ok(Err(failed(message))),
         };
         parts = chunks.len() as u32;
         for (k, chunk) in chunks.into_iter().enumerate() {
@@ -117,7 +182,7 @@ pub async fn fit<H: TurnHost>(
             let answer = match host.summarize(&call, cancel).await? {
                 Effect::Done(a) => a,
                 Effect::Wait(id) => {
-                    return Ok(Fit::End(TurnEnd::Waiting {
+                    return Ok(Err(TurnEnd::Waiting {
                         effect_ids: vec![id],
                     }));
                 }
@@ -135,7 +200,7 @@ pub async fn fit<H: TurnHost>(
                     summary = Some(clip_to_tokens(&text, budget.summary_tokens() * 3 / 2));
                 }
                 ModelAnswer::Failed(f) => {
-                    return Ok(Fit::End(TurnEnd::Failed {
+                    return Ok(Err(TurnEnd::Failed {
                         code: format!("{}{}", codes::model::TURN_PREFIX, f.code),
                         message: format!(
                             "The history could not be summarized to fit the model's context \
@@ -146,40 +211,11 @@ pub async fn fit<H: TurnHost>(
                 }
             }
             if cancel.is_cancelled() {
-                return Ok(Fit::End(TurnEnd::Cancelled));
+                return Ok(Err(TurnEnd::Cancelled));
             }
         }
     }
-
-    let scale = |t: u64| (t as f64 * ratio).ceil() as u64;
-    let kept_tokens: u64 = plan
-        .kept
-        .iter()
-        .map(|&i| {
-            let u = &ctx.units[i];
-            scale(if plan.shrink { u.shrunk } else { u.tokens })
-        })
-        .sum();
-    let summary_tokens = summary.as_deref().map_or(0, |s| scale(estimate_tokens(s)));
-    let compaction = Compaction {
-        step,
-        trigger,
-        summary,
-        summarized: plan.summarized,
-        kept: plan.kept,
-        shrink: plan.shrink,
-        tokens_before: before,
-        tokens_after: scale(ctx.fixed) + kept_tokens + summary_tokens,
-        parts,
-    };
-    host.compacted(&compaction).await?;
-    let estimate = host.context().map_or(0, |c| c.estimate());
-    let after = tracker.prompt(estimate);
-    tracker.sending(estimate);
-    if after > budget.usable() && !budget.assumed {
-        return Ok(Fit::End(cannot_fit(step, after, &budget)));
-    }
-    Ok(Fit::Ready)
+    Ok(Ok((summary, parts)))
 }
 
 /// The summarized units' text, in parts that each fit one summary call.

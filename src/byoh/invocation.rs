@@ -31,8 +31,9 @@ use tokio::sync::OwnedSemaphorePermit;
 use tracing::info;
 
 use super::engine::{Engine, Live, Secrets};
-use super::protocol::{CancelRequest, SessionAction, Status, SubmitRequest};
+use super::protocol::{CancelRequest, CheckedConnection, SessionAction, Status, SubmitRequest};
 use super::store::{InvocationRow, ResumeOutcome, StartOutcome, StatusRow, StoreError};
+use crate::chat::message::ChatMessage;
 
 /// Why a request was refused; `server` maps each to one HTTP status.
 #[derive(Debug, thiserror::Error)]
@@ -101,80 +102,108 @@ impl Engine {
         }
         match req.session_action {
             SessionAction::Start => {
-                if let Some(row) = existing {
-                    check_session(&row, &req.session_id)?;
-                    return self.adopt(row, secrets).await;
-                }
-                let permit = self.permit()?;
-                let mut row = InvocationRow::new(&id, &req.session_id, conn.stored());
-                row.needs_key = secrets.needed();
-                row.output_start = input_messages.len();
-                match self
-                    .inner
-                    .store
-                    .insert_start(row.clone(), input_messages, &self.inner.terms)
-                    .await?
-                {
-                    StartOutcome::Inserted(fence) => {
-                        crate::failpoint!("serve.after_accept");
-                        let live = self.inner.register(&id, secrets, fence);
-                        self.spawn(id, live, Some(permit));
-                        Ok(row)
-                    }
-                    StartOutcome::Exists(row) => {
-                        check_session(&row, &req.session_id)?;
-                        drop(permit);
-                        self.adopt(*row, secrets).await
-                    }
-                    StartOutcome::SessionTaken(other) => Err(ByohError::Invalid(format!(
-                        "session {:?} already holds invocation {other:?}; a session has one \
-                         invocation",
-                        req.session_id
-                    ))),
-                }
+                self.start(&req, existing, conn, secrets, input_messages)
+                    .await
             }
             SessionAction::Resume => {
-                let Some(row) = existing else {
-                    return Err(not_found(&id));
-                };
-                check_session(&row, &req.session_id)?;
-                let ids = req.validate_resume().map_err(|e| ByohError::Invalid(e.0))?;
-                let permit = if row.status == Status::InputRequired && ids != row.last_resume {
-                    Some(self.permit()?)
-                } else {
-                    None
-                };
-                let outcome = self
-                    .inner
-                    .store
-                    .apply_resume(
-                        &id,
-                        ids,
-                        input_messages,
-                        conn.stored(),
-                        secrets.needed(),
-                        &self.inner.terms,
-                    )
-                    .await?;
-                match outcome {
-                    ResumeOutcome::Applied(row, fence) => {
-                        let live = self.inner.register(&id, secrets, fence);
-                        self.spawn(id, live, permit);
-                        Ok(row)
-                    }
-                    ResumeOutcome::Duplicate(row) => {
-                        drop(permit);
-                        self.adopt(row, secrets).await
-                    }
-                    ResumeOutcome::Mismatch(msg) => Err(ByohError::Invalid(msg)),
-                    ResumeOutcome::NotWaiting(row) => Err(ByohError::Invalid(format!(
-                        "invocation {id:?} is {}, not waiting for input; a resume answers the \
-                         questions of an input_required turn",
-                        row.status
-                    ))),
-                    ResumeOutcome::NotFound => Err(not_found(&id)),
-                }
+                self.resume(&req, existing, conn, secrets, input_messages)
+                    .await
             }
+        }
+    }
+
+    /// `submit` with `start`: a new invocation, or a retried one adopted.
+    async fn start(
+        &self,
+        req: &SubmitRequest,
+        existing: Option<InvocationRow>,
+        conn: CheckedConnection<'_>,
+        secrets: Secrets,
+        input_messages: Vec<ChatMessage>,
+    ) -> Result<InvocationRow, ByohError> {
+        let id = req.invocation_id.clone();
+        if let Some(row) = existing {
+            check_session(&row, &req.session_id)?;
+            return self.adopt(row, secrets).await;
+        }
+        let permit = self.permit()?;
+        let mut row = InvocationRow::new(&id, &req.session_id, conn.stored());
+        row.needs_key = secrets.needed();
+        row.output_start = input_messages.len();
+        match self
+            .inner
+            .store
+            .insert_start(row.clone(), input_messages, &self.inner.terms)
+            .await?
+        {
+            StartOutcome::Inserted(fence) => {
+                crate::failpoint!("serve.after_accept");
+                let live = self.inner.register(&id, secrets, fence);
+                self.spawn(id, live, Some(permit));
+                Ok(row)
+            }
+            StartOutcome::Exists(row) => {
+                check_session(&row, &req.session_id)?;
+                drop(permit);
+                self.adopt(*row, secrets).await
+            }
+            StartOutcome::SessionTaken(other) => Err(ByohError::Invalid(format!(
+                "session {:?} already holds invocation {other:?}; a session has one \
+                 invocation",
+                req.session_id
+            ))),
+        }
+    }
+
+    /// `submit` with `resume`: answers the questions of an `input_required` turn.
+    async fn resume(
+        &self,
+        req: &SubmitRequest,
+        existing: Option<InvocationRow>,
+        conn: CheckedConnection<'_>,
+        secrets: Secrets,
+        input_messages: Vec<ChatMessage>,
+    ) -> Result<InvocationRow, ByohError> {
+        let id = req.invocation_id.clone();
+        let Some(row) = existing else {
+            return Err(not_found(&id));
+        };
+        check_session(&row, &req.session_id)?;
+        let ids = req.validate_resume().map_err(|e| ByohError::Invalid(e.0))?;
+        let permit = if row.status == Status::InputRequired && ids != row.last_resume {
+            Some(self.permit()?)
+        } else {
+            None
+        };
+        let outcome = self
+            .inner
+            .store
+            .apply_resume(
+                &id,
+                ids,
+                input_messages,
+                conn.stored(),
+                secrets.needed(),
+                &self.inner.terms,
+            )
+            .await?;
+        match outcome {
+            ResumeOutcome::Applied(row, fence) => {
+                let live = self.inner.register(&id, secrets, fence);
+                self.spawn(id, live, permit);
+                Ok(row)
+            }
+            ResumeOutcome::Duplicate(row) => {
+                drop(permit);
+                self.adopt(row, secrets).await
+            }
+            ResumeOutcome::Mismatch(msg) => Err(ByohError::Invalid(msg)),
+            ResumeOutcome::NotWaiting(row) => Err(ByohError::Invalid(format!(
+                "invocation {id:?} is {}, not waiting for input; a resume answers the \
+                 questions of an input_required turn",
+                row.status
+            ))),
+            ResumeOutcome::NotFound => Err(not_found(&id)),
         }
     }
 

@@ -277,17 +277,7 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
              PODHOST_TOKEN_FILE, or listen on a loopback address"
         )));
     }
-    if let Some(pool) = args.exec.confine.uid_pool
-        && nix::unistd::geteuid().is_root()
-        && pool.count() < args.max_running as u64
-    {
-        warn!(
-            pool = %pool,
-            max_running = args.max_running,
-            "PODHOST_UID_POOL holds fewer uids than turns may run at once: a turn that finds \
-             every uid serving a running turn fails, and submissions are refused until one is free"
-        );
-    }
+    warn_small_uid_pool(&args);
     std::fs::create_dir_all(&args.data).map_err(|source| ServeError::Io {
         what: format!(
             "could not create the data directory {}",
@@ -299,20 +289,7 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
         what: "could not find podhost's own executable".into(),
         source,
     })?;
-    let spec = StoreSpec::parse(
-        args.store.as_ref().map(Secret::expose),
-        &args.data,
-        &args.store_setting,
-    )
-    .map_err(ServeError::Config)?;
-    let guards = state_guards(&args);
-    // An SQLite store's files are made now on a first start: private at once, without a warning.
-    let fresh = matches!(&spec, StoreSpec::Sqlite(db) if !db.exists());
-    check_state(&guards, fresh)?;
-    let store = Store::open(&spec, &tls).await?;
-    check_state(&guards, fresh)?;
-    let stored = store.count().await?;
-    check_not_stranded(&args.data, &spec, stored, args.start_afresh)?;
+    let (store, spec, guards) = open_store(&args, &tls).await?;
     let store_engine = store.engine();
     let client = ModelClient::new(
         RetryPolicy {
@@ -337,16 +314,7 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
         },
     );
     engine.recover().await?;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServeError::Io {
-            what: format!("could not listen on {addr}"),
-            source,
-        })?;
-    let local = listener.local_addr().map_err(|source| ServeError::Io {
-        what: "could not read the listening address".into(),
-        source,
-    })?;
+    let (listener, local) = bind(addr).await?;
     if token.is_none() {
         warn!("no credential is configured: the endpoint is open to every caller on this machine");
     }
@@ -372,6 +340,59 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
     info!("shutting down: stopping turns");
     engine.shutdown(Duration::from_secs(10)).await;
     Ok(exit::OK)
+}
+
+/// Warns when the uid pool cannot give every running turn its own uid.
+fn warn_small_uid_pool(args: &ServeConfig) {
+    if let Some(pool) = args.exec.confine.uid_pool
+        && nix::unistd::geteuid().is_root()
+        && pool.count() < args.max_running as u64
+    {
+        warn!(
+            pool = %pool,
+            max_running = args.max_running,
+            "PODHOST_UID_POOL holds fewer uids than turns may run at once: a turn that finds \
+             every uid serving a running turn fails, and submissions are refused until one is free"
+        );
+    }
+}
+
+/// Opens the store `args` name, checking the modes of podhost's state around it and that a
+/// new store does not strand the invocations of an old one.
+async fn open_store(
+    args: &ServeConfig,
+    tls: &std::sync::Arc<rustls::ClientConfig>,
+) -> Result<(Store, StoreSpec, Vec<Guard>), ServeError> {
+    let spec = StoreSpec::parse(
+        args.store.as_ref().map(Secret::expose),
+        &args.data,
+        &args.store_setting,
+    )
+    .map_err(ServeError::Config)?;
+    let guards = state_guards(args);
+    // An SQLite store's files are made now on a first start: private at once, without a warning.
+    let fresh = matches!(&spec, StoreSpec::Sqlite(db) if !db.exists());
+    check_state(&guards, fresh)?;
+    let store = Store::open(&spec, tls).await?;
+    check_state(&guards, fresh)?;
+    let stored = store.count().await?;
+    check_not_stranded(&args.data, &spec, stored, args.start_afresh)?;
+    Ok((store, spec, guards))
+}
+
+/// Listens on `addr`; the address it listens on (a port 0 made real).
+async fn bind(addr: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr), ServeError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Io {
+            what: format!("could not listen on {addr}"),
+            source,
+        })?;
+    let local = listener.local_addr().map_err(|source| ServeError::Io {
+        what: "could not read the listening address".into(),
+        source,
+    })?;
+    Ok((listener, local))
 }
 
 /// Puts back the modes of podhost's state (quietly when it was just created), or refuses to

@@ -42,7 +42,7 @@ use tracing::{info, warn};
 use super::engine::{Engine, Inner, Live};
 use super::protocol::Status;
 use super::sandbox;
-use super::store::{Store, StoreError, now_ms};
+use super::store::{InvocationRow, Store, StoreError, now_ms};
 use crate::agent::turn::{self, TurnEnd};
 use crate::chat::context::ContextView;
 use crate::chat::message::{ChatMessage, KeySource};
@@ -91,30 +91,8 @@ const RUNNING: &[Status] = &[Status::Running];
 
 /// Runs the turn of invocation `id` to its end and records how it ended.
 pub(super) async fn drive(inner: &Inner, id: &str, live: &Arc<Live>) {
-    let store = &inner.store;
-    let fence = &live.fence;
     let started = std::time::Instant::now();
-    let (changed, row) = match store
-        .transition(
-            id,
-            &[Status::Queued, Status::Running],
-            Status::Running,
-            None,
-            vec![],
-            Some(fence),
-        )
-        .await
-    {
-        Ok(r) => r,
-        Err(e) => {
-            if matches!(e, StoreError::Fenced(_)) {
-                live.lose();
-            }
-            warn!(invocation_id = id, error = %e, "could not start the turn");
-            return;
-        }
-    };
-    let Some(row) = row.filter(|_| changed) else {
+    let Some(row) = start(&inner.store, id, live).await else {
         return;
     };
     info!(invocation_id = id, status = %Status::Running, "turn started");
@@ -171,6 +149,47 @@ pub(super) async fn drive(inner: &Inner, id: &str, live: &Arc<Live>) {
     crate::floor::metrics::turn_ended("byoh", to.as_str());
     let error = error.map(|e| live.credentials().scrub(&e));
     crate::failpoint!("serve.before_end");
+    record_end(inner, id, live, &row, (to, error, pending), started).await;
+}
+
+/// Moves the invocation to `running` under the turn's fence; its row, unless another task or
+/// replica has it.
+async fn start(store: &Store, id: &str, live: &Live) -> Option<InvocationRow> {
+    let fence = &live.fence;
+    let (changed, row) = match store
+        .transition(
+            id,
+            &[Status::Queued, Status::Running],
+            Status::Running,
+            None,
+            vec![],
+            Some(fence),
+        )
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => {
+            if matches!(e, StoreError::Fenced(_)) {
+                live.lose();
+            }
+            warn!(invocation_id = id, error = %e, "could not start the turn");
+            return None;
+        }
+    };
+    row.filter(|_| changed)
+}
+
+/// Writes how the turn ended, `started` at the time given.
+async fn record_end(
+    inner: &Inner,
+    id: &str,
+    live: &Live,
+    row: &InvocationRow,
+    (to, error, pending): (Status, Option<String>, Vec<String>),
+    started: std::time::Instant,
+) {
+    let store = &inner.store;
+    let fence = &live.fence;
     // The end must land: until it does (a full disk), this replica answers it from memory and
     // the write is tried again. A shutdown, a cancellation or a lost lease meanwhile stops
     // trying (the store's status then stands, or the lease's next owner ends the turn).

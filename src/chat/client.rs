@@ -259,7 +259,21 @@ impl ModelClient {
         )))
     }
 
+    /// One request: sends it, then reads what came back.
     async fn attempt(&self, url: &Url, key: Option<&ApiKey>, body: &[u8]) -> Attempt {
+        match self.send(url, key, body).await {
+            Ok(resp) => self.receive(resp).await,
+            Err(failed) => failed,
+        }
+    }
+
+    /// Sends the request and waits for the answer's headers; a failure is the attempt's outcome.
+    async fn send(
+        &self,
+        url: &Url,
+        key: Option<&ApiKey>,
+        body: &[u8],
+    ) -> Result<reqwest::Response, Attempt> {
         use reqwest::header;
         let mut req = self
             .http
@@ -286,23 +300,29 @@ impl ModelClient {
         // Until the headers arrive, a streamed request has the plain request's time limit too.
         let sent = match tokio::time::timeout(self.policy.request_timeout, req.send()).await {
             Ok(sent) => sent,
-            Err(_) => return timed_out(),
+            Err(_) => return Err(timed_out()),
         };
-        let resp = match sent {
-            Ok(r) => r,
+        match sent {
+            Ok(r) => Ok(r),
             Err(e) => {
                 let kind = if e.is_timeout() {
                     "timed out"
                 } else {
                     "could not be reached"
                 };
-                return Attempt::Retry {
+                Err(Attempt::Retry {
                     head: format!("The model endpoint {kind}"),
                     detail: error_chain(&e),
                     after: None,
-                };
+                })
             }
-        };
+        }
+    }
+
+    /// Reads an answer: a stream, a JSON body, or an HTTP error sorted into retry, refusal or
+    /// failure.
+    async fn receive(&self, resp: reqwest::Response) -> Attempt {
+        use reqwest::header;
         let status = resp.status();
         metrics::model_http_status(ENDPOINT, status.as_u16());
         let after = resp

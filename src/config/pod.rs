@@ -203,6 +203,7 @@ impl Check<'_> {
 
 impl PodArgs {
     /// Checks every setting; pure.
+    /// Long: one check per setting, each a line or a few, collecting every problem at once.
     pub fn validate(&self) -> Result<PodConfig, SettingsError> {
         let mut c = Check {
             problems: Vec::new(),

@@ -64,6 +64,8 @@ pub struct Sandbox {
 impl Sandbox {
     /// The sandbox of `spec.workspace` under `policy` (a front's confinement), its commands
     /// started as `config` says.
+    /// Long: each isolation the host allows adds its part (user, cgroup, disk, quota, network),
+    /// in the order the session's holder needs them.
     pub fn for_workspace(
         mut config: ExecConfig,
         policy: &Confinement,

@@ -117,6 +117,8 @@ struct Metrics {
 }
 
 impl Metrics {
+    /// Every metric, registered with its help text.
+    /// Long: one registration per metric, each the metric's name and what it counts.
     fn new() -> Metrics {
         let mut m = Metrics {
             registry: Registry::with_prefix("podhost"),

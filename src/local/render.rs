@@ -128,24 +128,13 @@ fn human(event: &Event, live: bool) -> Text {
             api_key_from,
             instructions,
             ..
-        } => {
-            let key = match api_key_from {
-                Some(var) => format!("API key from {var}"),
-                None => "no API key".to_owned(),
-            };
-            let from = match base_url_from.as_str() {
-                "default" => "the default".to_owned(),
-                other => other.to_owned(),
-            };
-            let mut t = format!("podhost run: {model} at {base_url} (from {from}; {key})");
-            if !instructions.is_empty() {
-                t.push_str(&format!(
-                    "\npodhost run: instructions from {}",
-                    instructions.join(" and ")
-                ));
-            }
-            Text::Lines(t)
-        }
+        } => Text::Lines(started(
+            model,
+            base_url,
+            base_url_from,
+            api_key_from.as_deref(),
+            instructions,
+        )),
         Event::ModelCallStarted { step } if live => {
             Text::Live(format!("⋯ model call {step}: waiting for the answer"))
         }
@@ -193,38 +182,79 @@ fn human(event: &Event, live: bool) -> Text {
             questions,
             summary,
             ..
-        } => {
-            let mut t = String::new();
-            if let Some(qs) = questions {
-                for q in qs {
-                    t.push_str(&format!("podhost run: the agent asks: {q}\n"));
-                }
-            }
-            if let Some(e) = error {
-                t.push_str(&format!("podhost run: {e}\n"));
-            }
-            let word = match status {
-                RunStatus::Completed => "completed".to_owned(),
-                other => format!(
-                    "{} (exit {exit_code})",
-                    serde_json::to_value(other)
-                        .ok()
-                        .and_then(|v| v.as_str().map(|s| s.replace('_', " ")))
-                        .unwrap_or_default()
-                ),
-            };
-            t.push_str(&format!(
-                "podhost run: {word} · {} model call(s) · {} tool call(s) · {} tokens in, {} out · {:.1} s",
-                summary.model_calls,
-                summary.tool_calls,
-                summary.input_tokens,
-                summary.output_tokens,
-                summary.duration_ms as f64 / 1000.0
-            ));
-            Text::Lines(t)
-        }
+        } => Text::Lines(finished(
+            *status,
+            *exit_code,
+            error.as_deref(),
+            questions.as_deref(),
+            summary,
+        )),
         _ => Text::Nothing,
     }
+}
+
+/// The line that opens a run: the model, where it is, where its key comes from.
+fn started(
+    model: &str,
+    base_url: &str,
+    base_url_from: &str,
+    api_key_from: Option<&str>,
+    instructions: &[String],
+) -> String {
+    let key = match api_key_from {
+        Some(var) => format!("API key from {var}"),
+        None => "no API key".to_owned(),
+    };
+    let from = match base_url_from {
+        "default" => "the default".to_owned(),
+        other => other.to_owned(),
+    };
+    let mut t = format!("podhost run: {model} at {base_url} (from {from}; {key})");
+    if !instructions.is_empty() {
+        t.push_str(&format!(
+            "\npodhost run: instructions from {}",
+            instructions.join(" and ")
+        ));
+    }
+    t
+}
+
+/// The lines that close a run: its questions, its error, and a summary.
+fn finished(
+    status: RunStatus,
+    exit_code: i32,
+    error: Option<&str>,
+    questions: Option<&[String]>,
+    summary: &Summary,
+) -> String {
+    let mut t = String::new();
+    if let Some(qs) = questions {
+        for q in qs {
+            t.push_str(&format!("podhost run: the agent asks: {q}\n"));
+        }
+    }
+    if let Some(e) = error {
+        t.push_str(&format!("podhost run: {e}\n"));
+    }
+    let word = match status {
+        RunStatus::Completed => "completed".to_owned(),
+        other => format!(
+            "{} (exit {exit_code})",
+            serde_json::to_value(other)
+                .ok()
+                .and_then(|v| v.as_str().map(|s| s.replace('_', " ")))
+                .unwrap_or_default()
+        ),
+    };
+    t.push_str(&format!(
+        "podhost run: {word} · {} model call(s) · {} tool call(s) · {} tokens in, {} out · {:.1} s",
+        summary.model_calls,
+        summary.tool_calls,
+        summary.input_tokens,
+        summary.output_tokens,
+        summary.duration_ms as f64 / 1000.0
+    ));
+    t
 }
 
 fn str_of<'a>(v: &'a Value, key: &str) -> Option<&'a str> {

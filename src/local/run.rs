@@ -18,7 +18,7 @@
 //!   an event.
 
 use std::io::{IsTerminal, Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 use url::Url;
@@ -136,9 +136,8 @@ impl End {
     }
 }
 
-/// Runs the task; the exit code says how it ended (see the module doc).
-pub async fn run(cfg: RunConfig, stop: Stop) -> Result<i32, LocalError> {
-    let task = read_task(&cfg.task)?;
+/// Checks what the command line asked before anything runs, and takes the model's API key.
+fn usage(cfg: &RunConfig) -> Result<Option<ApiKey>, LocalError> {
     if let Some(file) = &cfg.output_file {
         let parent = file
             .parent()
@@ -159,7 +158,7 @@ pub async fn run(cfg: RunConfig, stop: Stop) -> Result<i32, LocalError> {
             "--env {var}: that variable holds the model's API key, which commands never get"
         )));
     }
-    let key = match &cfg.model.api_key_env {
+    Ok(match &cfg.model.api_key_env {
         // Read once and removed from podhost's environment: only its memory holds the key.
         Some(var) => Some(ApiKey::new(
             crate::exec::confine::take_secret_env(var).ok_or_else(|| {
@@ -167,7 +166,94 @@ pub async fn run(cfg: RunConfig, stop: Stop) -> Result<i32, LocalError> {
             })?,
         )),
         None => None,
-    };
+    })
+}
+
+impl End {
+    /// How a run a signal stopped ends.
+    fn stopped(signal: super::StopSignal) -> Self {
+        End::failed(
+            match signal {
+                super::StopSignal::Interrupt => RunStatus::Interrupted,
+                super::StopSignal::Terminate => RunStatus::Terminated,
+            },
+            signal.exit_code(),
+            format!("stopped by {}", signal.name()),
+        )
+    }
+
+    /// How a run ends, from how its turn ended.
+    fn of(ended: Result<TurnEnd, impl std::fmt::Display>, max_steps: u32) -> Self {
+        match ended {
+            Ok(TurnEnd::Completed { candidate }) => {
+                let answer = candidate.text_output();
+                if answer.trim().is_empty() {
+                    End::failed(
+                        RunStatus::ModelFailed,
+                        exit::MODEL_FAILED,
+                        "the model ended the task without an answer (its last message is empty)"
+                            .to_owned(),
+                    )
+                } else {
+                    End {
+                        status: RunStatus::Completed,
+                        code: exit::OK,
+                        answer: Some(answer),
+                        questions: None,
+                        error: None,
+                    }
+                }
+            }
+            Ok(TurnEnd::InputRequired { calls }) => {
+                let questions: Vec<String> = calls
+                    .iter()
+                    .map(|c| match c.args.get("question").and_then(Value::as_str) {
+                        Some(q) => q.to_owned(),
+                        None => c.args.to_string(),
+                    })
+                    .collect();
+                End {
+                    status: RunStatus::InputRequired,
+                    code: exit::INPUT_REQUIRED,
+                    answer: None,
+                    questions: Some(questions),
+                    error: Some(
+                        "the agent asked a question, and there is no terminal to answer it (stdin \
+                         is not a terminal, or held the task)"
+                            .to_owned(),
+                    ),
+                }
+            }
+            Ok(TurnEnd::Yielded) => End::failed(
+                RunStatus::StepLimit,
+                exit::STEP_LIMIT,
+                step_limit_message(max_steps).replace("PODHOST_MAX_STEPS", "--max-steps"),
+            ),
+            Ok(TurnEnd::Failed { code, message }) if code.ends_with(codes::model::CANCELLED) => {
+                End::failed(RunStatus::Error, exit::FAILURE, message)
+            }
+            Ok(TurnEnd::Failed { message, .. }) => End::failed(
+                RunStatus::ModelFailed,
+                exit::MODEL_FAILED,
+                format!("the model call failed: {message}"),
+            ),
+            Ok(TurnEnd::Cancelled) => {
+                End::failed(RunStatus::Error, exit::FAILURE, "cancelled".into())
+            }
+            Ok(TurnEnd::Waiting { effect_ids }) => End::failed(
+                RunStatus::Error,
+                exit::FAILURE,
+                format!("the turn waits on {effect_ids:?}, which a local run cannot give"),
+            ),
+            Err(e) => End::failed(RunStatus::Error, exit::FAILURE, e.to_string()),
+        }
+    }
+}
+
+/// Runs the task; the exit code says how it ended (see the module doc).
+pub async fn run(cfg: RunConfig, stop: Stop) -> Result<i32, LocalError> {
+    let task = read_task(&cfg.task)?;
+    let key = usage(&cfg)?;
     let (toolbox, withheld) = toolbox(&cfg.workspace, &cfg.exec, &cfg.env)?;
     let sink = Sink::new(cfg.json);
     let (instructions, sources, agents_note) =
@@ -231,80 +317,19 @@ pub async fn run(cfg: RunConfig, stop: Stop) -> Result<i32, LocalError> {
     progress_done.cancel();
     let _ = progress.await;
 
-    let mut end = match ended {
-        Ok(TurnEnd::Completed { candidate }) => {
-            let answer = candidate.text_output();
-            if answer.trim().is_empty() {
-                End::failed(
-                    RunStatus::ModelFailed,
-                    exit::MODEL_FAILED,
-                    "the model ended the task without an answer (its last message is empty)"
-                        .to_owned(),
-                )
-            } else {
-                End {
-                    status: RunStatus::Completed,
-                    code: exit::OK,
-                    answer: Some(answer),
-                    questions: None,
-                    error: None,
-                }
-            }
-        }
-        Ok(TurnEnd::InputRequired { calls }) => {
-            let questions: Vec<String> = calls
-                .iter()
-                .map(|c| match c.args.get("question").and_then(Value::as_str) {
-                    Some(q) => q.to_owned(),
-                    None => c.args.to_string(),
-                })
-                .collect();
-            End {
-                status: RunStatus::InputRequired,
-                code: exit::INPUT_REQUIRED,
-                answer: None,
-                questions: Some(questions),
-                error: Some(
-                    "the agent asked a question, and there is no terminal to answer it (stdin \
-                     is not a terminal, or held the task)"
-                        .to_owned(),
-                ),
-            }
-        }
-        Ok(TurnEnd::Yielded) => End::failed(
-            RunStatus::StepLimit,
-            exit::STEP_LIMIT,
-            step_limit_message(cfg.max_steps).replace("PODHOST_MAX_STEPS", "--max-steps"),
-        ),
-        Ok(TurnEnd::Failed { code, message }) if code.ends_with(codes::model::CANCELLED) => {
-            End::failed(RunStatus::Error, exit::FAILURE, message)
-        }
-        Ok(TurnEnd::Failed { message, .. }) => End::failed(
-            RunStatus::ModelFailed,
-            exit::MODEL_FAILED,
-            format!("the model call failed: {message}"),
-        ),
-        Ok(TurnEnd::Cancelled) => End::failed(RunStatus::Error, exit::FAILURE, "cancelled".into()),
-        Ok(TurnEnd::Waiting { effect_ids }) => End::failed(
-            RunStatus::Error,
-            exit::FAILURE,
-            format!("the turn waits on {effect_ids:?}, which a local run cannot give"),
-        ),
-        Err(e) => End::failed(RunStatus::Error, exit::FAILURE, e.to_string()),
-    };
+    let mut end = End::of(ended, cfg.max_steps);
     // A signal wins over whatever the cancelled turn ended with.
     if let Some(signal) = stop.signal() {
-        end = End::failed(
-            match signal {
-                super::StopSignal::Interrupt => RunStatus::Interrupted,
-                super::StopSignal::Terminate => RunStatus::Terminated,
-            },
-            signal.exit_code(),
-            format!("stopped by {}", signal.name()),
-        );
+        end = End::stopped(signal);
     }
 
-    if let (Some(answer), Some(file)) = (&end.answer, &cfg.output_file)
+    Ok(deliver(&sink, end, cfg.output_file.as_deref(), cfg.json))
+}
+
+/// Writes the answer where it goes (the output file, stdout) and emits the run's last event;
+/// returns the exit code, which a failed write turns into a failure.
+fn deliver(sink: &Sink, mut end: End, output_file: Option<&Path>, json: bool) -> i32 {
+    if let (Some(answer), Some(file)) = (&end.answer, output_file)
         && let Err(e) = std::fs::write(file, answer)
     {
         // The answer is not lost: it still goes to stdout (or the event).
@@ -314,9 +339,7 @@ pub async fn run(cfg: RunConfig, stop: Stop) -> Result<i32, LocalError> {
             file.display()
         ));
     }
-    if !cfg.json
-        && let Some(answer) = &end.answer
-    {
+    if !json && let Some(answer) = &end.answer {
         // A closed stdout (`podhost run … | head -1`) ends quietly, as in `podhost tool`.
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "{}", answer.trim_end_matches('\n')).and_then(|()| out.flush());
@@ -329,7 +352,7 @@ pub async fn run(cfg: RunConfig, stop: Stop) -> Result<i32, LocalError> {
         error: end.error,
         summary: sink.summary(),
     });
-    Ok(end.code)
+    end.code
 }
 
 /// The task's text.

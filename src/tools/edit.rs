@@ -85,32 +85,10 @@ fn edit_locked(
     cancel: &CancellationToken,
 ) -> ToolOutcome {
     let display = &resolved.display;
-    let file = match read::open(resolved) {
-        Ok(f) => f,
+    let (decoded, mode) = match read_text(resolved) {
+        Ok(read) => read,
         Err(outcome) => return outcome,
     };
-    let meta = match file.metadata() {
-        Ok(m) => m,
-        Err(e) => return read_failed(display, &e),
-    };
-    if meta.len() > MAX_EDIT_BYTES {
-        return too_large(display, meta.len());
-    }
-    let mode = meta.permissions().mode() & 0o7777;
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    // The file may grow after the size check: never read past the limit.
-    if let Err(e) = file.take(MAX_EDIT_BYTES + 1).read_to_end(&mut bytes) {
-        return read_failed(display, &e);
-    }
-    if bytes.len() as u64 > MAX_EDIT_BYTES {
-        return too_large(display, bytes.len() as u64);
-    }
-    let decoded = match encoding::decode(&bytes) {
-        Ok(d) => d,
-        Err(EncodingError::Binary) => return read::binary(display, "edit changes text files only"),
-        Err(e) => return encoding_failed(display, &e),
-    };
-    drop(bytes);
 
     let old = fold_crlf(&input.old_string);
     let new = fold_crlf(&input.new_string);
@@ -120,26 +98,8 @@ fn edit_locked(
         .match_indices(old.as_ref())
         .map(|(i, _)| folded.original(i)..folded.original(i + old.len()))
         .collect();
-    match matches.len() {
-        0 => {
-            return ToolOutcome::failed(
-                codes::EDIT_NO_MATCH,
-                format!(
-                    "old_string was not found in {display}. Read the file and copy the text exactly."
-                ),
-            );
-        }
-        1 => {}
-        n if !input.replace_all => {
-            return ToolOutcome::failed(
-                codes::EDIT_NOT_UNIQUE,
-                format!(
-                    "old_string appears {n} times in {display}. Add surrounding context to make it \
-                     unique, or set replace_all."
-                ),
-            );
-        }
-        _ => {}
+    if let Err(outcome) = check_matches(matches.len(), input.replace_all, display) {
+        return outcome;
     }
 
     // The new bytes must read back as the intended text. UTF-8 and UTF-16 hold any text
@@ -182,6 +142,57 @@ fn edit_locked(
         "replacements": matches.len(),
         "snippet": snippet(&edited, first.start..first.start + replaced.len()),
     }))
+}
+
+/// Whether `n` matches of `old_string` make an edit: one, or several with `replace_all`.
+fn check_matches(n: usize, replace_all: bool, display: &str) -> Result<(), ToolOutcome> {
+    match n {
+        0 => Err(ToolOutcome::failed(
+            codes::EDIT_NO_MATCH,
+            format!(
+                "old_string was not found in {display}. Read the file and copy the text exactly."
+            ),
+        )),
+        1 => Ok(()),
+        n if !replace_all => Err(ToolOutcome::failed(
+            codes::EDIT_NOT_UNIQUE,
+            format!(
+                "old_string appears {n} times in {display}. Add surrounding context to make it \
+                 unique, or set replace_all."
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The file's text and its mode, read whole (up to [`MAX_EDIT_BYTES`]) and decoded.
+fn read_text(resolved: &Resolved) -> Result<(encoding::Decoded, u32), ToolOutcome> {
+    let display = &resolved.display;
+    let file = read::open(resolved)?;
+    let meta = match file.metadata() {
+        Ok(m) => m,
+        Err(e) => return Err(read_failed(display, &e)),
+    };
+    if meta.len() > MAX_EDIT_BYTES {
+        return Err(too_large(display, meta.len()));
+    }
+    let mode = meta.permissions().mode() & 0o7777;
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    // The file may grow after the size check: never read past the limit.
+    if let Err(e) = file.take(MAX_EDIT_BYTES + 1).read_to_end(&mut bytes) {
+        return Err(read_failed(display, &e));
+    }
+    if bytes.len() as u64 > MAX_EDIT_BYTES {
+        return Err(too_large(display, bytes.len() as u64));
+    }
+    let decoded = match encoding::decode(&bytes) {
+        Ok(d) => d,
+        Err(EncodingError::Binary) => {
+            return Err(read::binary(display, "edit changes text files only"));
+        }
+        Err(e) => return Err(encoding_failed(display, &e)),
+    };
+    Ok((decoded, mode))
 }
 
 /// The file's text after the edit, as `read` would show it (decoded).

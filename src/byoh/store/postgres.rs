@@ -861,6 +861,8 @@ impl Postgres {
 }
 
 /// One take of a uid (see [`super::Store::take_uid`]), in one transaction.
+/// Long: one transaction's statements in order (the session's own uid, one given back, one never
+/// handed out, one lent), each the fallback of the one before.
 async fn take_uid(
     c: &mut deadpool_postgres::Object,
     session_id: &str,

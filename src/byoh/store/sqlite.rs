@@ -888,6 +888,8 @@ impl Sqlite {
 }
 
 /// One take of a uid (see [`super::Store::take_uid`]), in one transaction on the writer.
+/// Long: the transaction's statements in order, each a fallback for the one before (as in
+/// the Postgres store).
 fn take_uid(
     c: &mut Connection,
     session_id: &str,

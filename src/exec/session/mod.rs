@@ -76,33 +76,7 @@ impl Session {
                 message: "refused (the failpoint sandbox.session_refused)".into(),
             });
         }
-        let (ours, theirs) = sys::seqpacket_pair()?;
-        let request = serde_json::to_vec(req).map_err(io::Error::other)?;
-        // Queued before the holder exists, so it reads it at once.
-        sys::send_with_fds(ours.as_raw_fd(), &request, &[])?;
-        set_nonblocking(&ours)?;
-        let mut cmd = Command::new(supervisor);
-        cmd.arg(holder::SESSION_ARG)
-            .env_clear()
-            .stdin(Stdio::from(theirs))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let child = reaper::spawn_registered(|| cmd.spawn(), Child::id).map_err(|source| {
-            ExecError::Spawn {
-                path: supervisor.to_path_buf(),
-                source,
-            }
-        })?;
-        drop(cmd);
-        let pid = child.id().map_or(0, |p| p as i32);
-        let mut session = Session {
-            sock: sys::async_fd(ours, Interest::READABLE | Interest::WRITABLE)?,
-            holder: Some(child),
-            pid,
-            pidfd: sys::pidfd_open(pid).ok(),
-            exit: CancellationToken::new(),
-            mntns: None,
-        };
+        let mut session = Session::spawn(supervisor, req)?;
         let mut answer = [0u8; 4096];
         let got = tokio::time::timeout(START_BOUND, session.recv(&mut answer)).await;
         let (n, fds) = match got {
@@ -146,6 +120,37 @@ impl Session {
             _ => "it answered something else than ready".to_owned(),
         };
         Err(ExecError::Session { message })
+    }
+
+    /// Spawns the holder with `req` already queued on its socket.
+    fn spawn(supervisor: &Path, req: &SessionRequest) -> Result<Session, ExecError> {
+        let (ours, theirs) = sys::seqpacket_pair()?;
+        let request = serde_json::to_vec(req).map_err(io::Error::other)?;
+        // Queued before the holder exists, so it reads it at once.
+        sys::send_with_fds(ours.as_raw_fd(), &request, &[])?;
+        set_nonblocking(&ours)?;
+        let mut cmd = Command::new(supervisor);
+        cmd.arg(holder::SESSION_ARG)
+            .env_clear()
+            .stdin(Stdio::from(theirs))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = reaper::spawn_registered(|| cmd.spawn(), Child::id).map_err(|source| {
+            ExecError::Spawn {
+                path: supervisor.to_path_buf(),
+                source,
+            }
+        })?;
+        drop(cmd);
+        let pid = child.id().map_or(0, |p| p as i32);
+        Ok(Session {
+            sock: sys::async_fd(ours, Interest::READABLE | Interest::WRITABLE)?,
+            holder: Some(child),
+            pid,
+            pidfd: sys::pidfd_open(pid).ok(),
+            exit: CancellationToken::new(),
+            mntns: None,
+        })
     }
 
     async fn recv(&self, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {

@@ -99,6 +99,8 @@ fn depth(p: &Path) -> usize {
 
 /// Prepares `view` for building. `proc`: mount a fresh `/proc` (the builder is pid 1 of a new
 /// PID namespace); `bind_devices`: device nodes by bind mount (a user namespace).
+/// Long: one pass that orders the hidden paths, sockets and binds against each other; its
+/// steps share the sets they build.
 pub fn prepare(view: &View, proc: bool, bind_devices: bool) -> Res<Prepared> {
     // Hidden paths that exist, as directories or files; the rest have nothing to cover.
     let mut hidden: Vec<(PathBuf, bool)> = Vec::new();
@@ -203,6 +205,8 @@ pub fn prepare(view: &View, proc: bool, bind_devices: bool) -> Res<Prepared> {
 impl Prepared {
     /// Builds the view. Call in a process that has just entered a new mount namespace (and, for
     /// `/proc`, is in a new PID namespace).
+    /// Long: the mount steps in the one order that works (capture, root read-only, `/dev`, the
+    /// view's operations, `/proc`); kept in one place so that order reads top to bottom.
     pub fn build(&self) -> Res<()> {
         sys::mount(
             "make / private",

@@ -237,14 +237,7 @@ pub async fn export_outputs(
             Err(Fatal { path, error }) if attempt == 1 && retryable(&error) && path.is_some() => {
                 let path = path.unwrap_or_default();
                 tracing::warn!(run_id = %artifacts.run_id(), %path, error = %error, "a file ended the outputs upload; exporting again without it");
-                report.failed.push(ExportProblem {
-                    path: Some(path.clone()),
-                    reason: "rejected".to_owned(),
-                    message: format!(
-                        "core ended the upload at this file, which was left out: {error}"
-                    ),
-                    limit: None,
-                });
+                report.failed.push(left_out(&path, &error));
                 excluded.push(path);
             }
             Err(Fatal { error, .. }) => {
@@ -254,26 +247,43 @@ pub async fn export_outputs(
                 return finish(report);
             }
             Ok(outcome) => {
-                report.skipped.append(&mut tried.skipped);
-                report.failed.append(&mut tried.failed);
-                if matches!(
-                    outcome,
-                    ExportOutcome::Written { .. } | ExportOutcome::Unchanged { .. }
-                ) {
-                    report.stored = tried.stored;
-                }
-                report.outcome = match outcome {
-                    ExportOutcome::Nothing { .. } => match report.skipped.first() {
-                        Some(first) => nothing_stored(first),
-                        None => outcome,
-                    },
-                    other => other,
-                };
+                report.settle(tried, outcome);
                 return finish(report);
             }
         }
     }
     finish(report)
+}
+
+/// The problem of a file core ended an upload at, left out of the next attempt.
+fn left_out(path: &str, error: &ArtifactError) -> ExportProblem {
+    ExportProblem {
+        path: Some(path.to_owned()),
+        reason: "rejected".to_owned(),
+        message: format!("core ended the upload at this file, which was left out: {error}"),
+        limit: None,
+    }
+}
+
+impl ExportReport {
+    /// Takes in the upload attempt that ended with `outcome`.
+    fn settle(&mut self, mut tried: Attempt, outcome: ExportOutcome) {
+        self.skipped.append(&mut tried.skipped);
+        self.failed.append(&mut tried.failed);
+        if matches!(
+            outcome,
+            ExportOutcome::Written { .. } | ExportOutcome::Unchanged { .. }
+        ) {
+            self.stored = tried.stored;
+        }
+        self.outcome = match outcome {
+            ExportOutcome::Nothing { .. } => match self.skipped.first() {
+                Some(first) => nothing_stored(first),
+                None => outcome,
+            },
+            other => other,
+        };
+    }
 }
 
 /// The outcome of an export that stored nothing because of `first`.
@@ -354,28 +364,8 @@ async fn upload(
             too_many += 1;
             continue;
         }
-        if f.size > up.max_file_bytes {
-            tried.skipped.push(problem(
-                &f.rel,
-                "file_too_large",
-                format!(
-                    "{} bytes is past the {}-byte limit of one file",
-                    f.size, up.max_file_bytes
-                ),
-                Some(up.max_file_bytes),
-            ));
-            continue;
-        }
-        if total + f.size > up.max_bytes {
-            tried.skipped.push(problem(
-                &f.rel,
-                "too_large",
-                format!(
-                    "{} bytes is past what is left of the folder's {}-byte limit",
-                    f.size, up.max_bytes
-                ),
-                Some(up.max_bytes),
-            ));
+        if let Some(p) = over_limits(&up, &f.rel, f.size, total) {
+            tried.skipped.push(p);
             continue;
         }
         match send_file(artifacts, toolbox, &mut up, f, total).await {
@@ -428,6 +418,33 @@ async fn upload(
     }
 }
 
+/// Why a file of `size` bytes cannot join a folder that holds `total` bytes so far, if it cannot.
+fn over_limits(up: &FolderUpload<'_>, rel: &str, size: u64, total: u64) -> Option<ExportProblem> {
+    if size > up.max_file_bytes {
+        return Some(problem(
+            rel,
+            "file_too_large",
+            format!(
+                "{size} bytes is past the {}-byte limit of one file",
+                up.max_file_bytes
+            ),
+            Some(up.max_file_bytes),
+        ));
+    }
+    if total + size > up.max_bytes {
+        return Some(problem(
+            rel,
+            "too_large",
+            format!(
+                "{size} bytes is past what is left of the folder's {}-byte limit",
+                up.max_bytes
+            ),
+            Some(up.max_bytes),
+        ));
+    }
+    None
+}
+
 fn problem(path: &str, reason: &str, message: String, limit: Option<u64>) -> ExportProblem {
     ExportProblem {
         path: Some(path.to_owned()),
@@ -467,27 +484,8 @@ async fn send_file(
     let opened =
         read.map_err(|(reason, message)| FileEnd::Failed(problem(&f.rel, reason, message, None)))?;
     // The file may have grown since the walk: the limits again, on what was read.
-    if opened.size > up.max_file_bytes {
-        return Err(FileEnd::Skip(problem(
-            &f.rel,
-            "file_too_large",
-            format!(
-                "{} bytes is past the {}-byte limit of one file",
-                opened.size, up.max_file_bytes
-            ),
-            Some(up.max_file_bytes),
-        )));
-    }
-    if total + opened.size > up.max_bytes {
-        return Err(FileEnd::Skip(problem(
-            &f.rel,
-            "too_large",
-            format!(
-                "{} bytes is past what is left of the folder's {}-byte limit",
-                opened.size, up.max_bytes
-            ),
-            Some(up.max_bytes),
-        )));
+    if let Some(p) = over_limits(up, &f.rel, opened.size, total) {
+        return Err(FileEnd::Skip(p));
     }
     let entry = FolderFile {
         path: f.rel.clone(),

@@ -375,67 +375,8 @@ async fn fetch_into(
         })
         .await
         .map_err(io("create", stage))?;
-    let chunk = artifacts.chunk_bytes() as u64;
     for (path, digest) in &skill.files {
-        let host = stage.join(path);
-        let h = host.clone();
-        // Opened confined; its bytes are then written to the open file, which needs no path.
-        let file = files
-            .confined(move || {
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                    .open(&h)
-            })
-            .await
-            .map_err(io("create", &host))?;
-        let mut file = tokio::fs::File::from_std(file);
-        let expected = &digest["sha256:".len()..];
-        let mut hasher = Sha256::new();
-        let mut offset = 0u64;
-        loop {
-            let (bytes, eof) = artifacts
-                .definition_chunk(digest, offset, chunk)
-                .await
-                .map_err(|source| SkillError::Fetch {
-                    skill: skill.name.clone(),
-                    path: path.clone(),
-                    source,
-                })?;
-            offset += bytes.len() as u64;
-            if offset > MAX_SKILL_FILE_BYTES {
-                return Err(SkillError::TooLarge {
-                    skill: skill.name.clone(),
-                    path: path.clone(),
-                    limit: MAX_SKILL_FILE_BYTES,
-                });
-            }
-            hasher.update(&bytes);
-            file.write_all(&bytes).await.map_err(io("write", &host))?;
-            // The end: core says so, a short range, or (for an answer without `eof` whose file
-            // is a whole number of chunks) the bytes so far are the file.
-            let done = eof == Some(true)
-                || (bytes.len() as u64) < chunk
-                || (eof.is_none() && hex::encode(hasher.clone().finalize()) == expected);
-            if done {
-                break;
-            }
-        }
-        let actual = hex::encode(hasher.finalize());
-        if actual != expected {
-            return Err(SkillError::Digest {
-                skill: skill.name.clone(),
-                path: path.clone(),
-                expected: digest.clone(),
-                actual,
-            });
-        }
-        file.sync_all().await.map_err(io("write", &host))?;
-        // fchmod: the open file, not its path.
-        file.set_permissions(std::fs::Permissions::from_mode(0o444))
-            .await
-            .map_err(io("set the mode of", &host))?;
+        fetch_file(artifacts, files, skill, stage, path, digest).await?;
     }
     // Deepest first, the staging root last: a directory is read-only once its files are in.
     let (st, dirs) = (stage.to_path_buf(), skill.dirs.clone());
@@ -449,6 +390,80 @@ async fn fetch_into(
         })
         .await
         .map_err(io("set the mode of", stage))
+}
+
+/// Fetches one file of the skill into `stage`, in chunks, checks its digest, and makes it
+/// read-only.
+async fn fetch_file(
+    artifacts: &Artifacts,
+    files: &SkillFiles<'_>,
+    skill: &Checked,
+    stage: &Path,
+    path: &str,
+    digest: &str,
+) -> Result<(), SkillError> {
+    let io = |action: &'static str, path: &Path| io_error(skill, action, path);
+    let chunk = artifacts.chunk_bytes() as u64;
+    let host = stage.join(path);
+    let h = host.clone();
+    // Opened confined; its bytes are then written to the open file, which needs no path.
+    let file = files
+        .confined(move || {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&h)
+        })
+        .await
+        .map_err(io("create", &host))?;
+    let mut file = tokio::fs::File::from_std(file);
+    let expected = &digest["sha256:".len()..];
+    let mut hasher = Sha256::new();
+    let mut offset = 0u64;
+    loop {
+        let (bytes, eof) = artifacts
+            .definition_chunk(digest, offset, chunk)
+            .await
+            .map_err(|source| SkillError::Fetch {
+                skill: skill.name.clone(),
+                path: path.to_owned(),
+                source,
+            })?;
+        offset += bytes.len() as u64;
+        if offset > MAX_SKILL_FILE_BYTES {
+            return Err(SkillError::TooLarge {
+                skill: skill.name.clone(),
+                path: path.to_owned(),
+                limit: MAX_SKILL_FILE_BYTES,
+            });
+        }
+        hasher.update(&bytes);
+        file.write_all(&bytes).await.map_err(io("write", &host))?;
+        // The end: core says so, a short range, or (for an answer without `eof` whose file
+        // is a whole number of chunks) the bytes so far are the file.
+        let done = eof == Some(true)
+            || (bytes.len() as u64) < chunk
+            || (eof.is_none() && hex::encode(hasher.clone().finalize()) == expected);
+        if done {
+            break;
+        }
+    }
+    let actual = hex::encode(hasher.finalize());
+    if actual != expected {
+        return Err(SkillError::Digest {
+            skill: skill.name.clone(),
+            path: path.to_owned(),
+            expected: digest.to_owned(),
+            actual,
+        });
+    }
+    file.sync_all().await.map_err(io("write", &host))?;
+    // fchmod: the open file, not its path.
+    file.set_permissions(std::fs::Permissions::from_mode(0o444))
+        .await
+        .map_err(io("set the mode of", &host))?;
+    Ok(())
 }
 
 enum Place {

@@ -104,6 +104,8 @@ impl From<Arc<dyn RunHandler>> for Handler {
 
 /// Runs the pod host until `shutdown` is cancelled. `supervisor` is the podhost binary each
 /// command runs under.
+/// Long: builds the host's parts in the order they depend on each other (TLS, toolbox, handler,
+/// health, client), then runs it under the shutdown deadline.
 pub async fn serve(
     config: PodConfig,
     supervisor: PathBuf,
@@ -355,7 +357,9 @@ impl Host {
         ended
     }
 
-    async fn work(&self, channel: &Channel, runs: Runs, tenant: &TenantCell) -> Ended {
+    /// Says hello to core; its answer, or how the connection ended when core's answer is not
+    /// one podhost can use (the connection is closed then, saying why).
+    async fn hello(&self, channel: &Channel) -> Result<HelloAnswer, Ended> {
         let hello = HelloParams {
             api: HARNESS_API_VERSION,
             name: self.config.harness_id.clone(),
@@ -366,18 +370,18 @@ impl Host {
             a = tokio::time::timeout(HELLO_TIMEOUT, channel.request::<_, HelloAnswer>(methods::HELLO, &hello)) => a,
             _ = self.shutdown.cancelled() => {
                 channel.close(1001, "podhost is stopping", Duration::from_secs(1)).await;
-                return Ended::Shutdown;
+                return Err(Ended::Shutdown);
             }
         };
-        let answer = match answer {
-            Ok(Ok(a)) if a.api == HARNESS_API_VERSION && a.check().is_ok() => a,
+        match answer {
+            Ok(Ok(a)) if a.api == HARNESS_API_VERSION && a.check().is_ok() => Ok(a),
             Ok(Ok(a)) if a.api == HARNESS_API_VERSION => {
                 let why = a.check().err().unwrap_or_default();
                 tracing::error!(%why, "core's hello answer is not one podhost can use");
                 channel
                     .close(1002, "unusable hello answer", Duration::from_secs(1))
                     .await;
-                return Ended::Lost;
+                Err(Ended::Lost)
             }
             Ok(Ok(a)) => {
                 tracing::error!(api = a.api, "core answered hello with another API version");
@@ -388,22 +392,29 @@ impl Host {
                         Duration::from_secs(1),
                     )
                     .await;
-                return Ended::Lost;
+                Err(Ended::Lost)
             }
             Ok(Err(e)) => {
                 tracing::error!(error = %e, harness_id = %self.config.harness_id, "core refused hello");
                 channel
                     .close(1000, "hello refused", Duration::from_secs(1))
                     .await;
-                return Ended::Lost;
+                Err(Ended::Lost)
             }
             Err(_) => {
                 tracing::error!(timeout = ?HELLO_TIMEOUT, "core did not answer hello");
                 channel
                     .close(1000, "hello timed out", Duration::from_secs(1))
                     .await;
-                return Ended::Lost;
+                Err(Ended::Lost)
             }
+        }
+    }
+
+    async fn work(&self, channel: &Channel, runs: Runs, tenant: &TenantCell) -> Ended {
+        let answer = match self.hello(channel).await {
+            Ok(a) => a,
+            Err(ended) => return ended,
         };
         let _ = tenant.set(answer.tenant_id.clone());
         tracing::info!(

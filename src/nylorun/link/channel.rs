@@ -709,6 +709,8 @@ async fn on_malformed(
 }
 
 /// Starts serving core's request `id`.
+/// Long: the request's whole life (unknown method, duplicate id, the task, its cancellation
+/// and its answer) in one place, as the channel's invariants describe it.
 async fn serve(
     shared: &Arc<Shared>,
     incoming: &Arc<dyn Incoming>,

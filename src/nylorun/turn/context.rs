@@ -146,26 +146,8 @@ pub fn render(entries: &[Value]) -> String {
                 e.get("summary").and_then(Value::as_str).unwrap_or("")
             )),
             "input" => {
-                let event = e.get("event").unwrap_or(&Value::Null);
-                if let Some(text) = event.get("text").and_then(Value::as_str) {
-                    line(format!("User: {text}"));
-                } else if let Some(parts) = event.get("content").and_then(Value::as_array) {
-                    let text: Vec<String> = parts
-                        .iter()
-                        .map(|p| match p.get("text").and_then(Value::as_str) {
-                            Some(t) => t.to_owned(),
-                            None => format!(
-                                "[file {}]",
-                                p.get("reference")
-                                    .and_then(|r| r.get("name").or_else(|| r.get("artifactId")))
-                                    .and_then(Value::as_str)
-                                    .unwrap_or("?")
-                            ),
-                        })
-                        .collect();
-                    line(format!("User: {}", text.join(" ")));
-                } else if let Some(kind) = event.get("kind").and_then(Value::as_str) {
-                    line(format!("User ({kind}): {event}"));
+                if let Some(text) = input_text(e.get("event").unwrap_or(&Value::Null)) {
+                    line(text);
                 }
             }
             "candidate" => {
@@ -220,6 +202,33 @@ pub fn render(entries: &[Value]) -> String {
         }
     }
     out
+}
+
+/// An input entry's event as a line of the conversation, if it says anything.
+fn input_text(event: &Value) -> Option<String> {
+    if let Some(text) = event.get("text").and_then(Value::as_str) {
+        Some(format!("User: {text}"))
+    } else if let Some(parts) = event.get("content").and_then(Value::as_array) {
+        let text: Vec<String> = parts
+            .iter()
+            .map(|p| match p.get("text").and_then(Value::as_str) {
+                Some(t) => t.to_owned(),
+                None => format!(
+                    "[file {}]",
+                    p.get("reference")
+                        .and_then(|r| r.get("name").or_else(|| r.get("artifactId")))
+                        .and_then(Value::as_str)
+                        .unwrap_or("?")
+                ),
+            })
+            .collect();
+        Some(format!("User: {}", text.join(" ")))
+    } else {
+        event
+            .get("kind")
+            .and_then(Value::as_str)
+            .map(|kind| format!("User ({kind}): {event}"))
+    }
 }
 
 /// The memory index as the session pinned it: kept in podhost's state, shown at the head of

@@ -69,7 +69,7 @@ use crate::nylorun::turn::tool_search;
 use crate::nylorun::turn::toolgate::client::{ToolGate, ToolGateError};
 use crate::nylorun::turn::toolgate::results::StepBudget;
 use crate::nylorun::turn::transcript::{self, Files};
-use crate::nylorun::turn::turn_start::{TurnInput, TurnStart, Unrunnable};
+use crate::nylorun::turn::turn_start::{Checkpoint, TurnInput, TurnStart, Unrunnable};
 use crate::tools::{CallContext, ToolName, Toolbox, unknown_tool};
 
 mod compaction;
@@ -277,6 +277,127 @@ struct Segment {
     uncertain: bool,
 }
 
+/// The segment's input and its raw JSON: the TurnStart's, or for an approval the waiting
+/// segment's own, saved in the state.
+fn segment_input(
+    raw: &Value,
+    cp: &Checkpoint,
+    state: Option<&HarnessState>,
+) -> Result<(TurnInput, Value), Unrunnable> {
+    let mut input_raw = raw.clone();
+    let mut input = cp.input.clone();
+    if let TurnInput::Approve { interaction_id, .. } = &input {
+        let saved = state
+            .filter(|s| s.turn_id.as_deref() == Some(cp.turn_id.as_str()))
+            .and_then(|s| s.input.clone());
+        let Some(saved) = saved else {
+            return Err(Unrunnable {
+                code: codes::turn::START_UNSUPPORTED,
+                message: format!(
+                    "podhost cannot pair the approval of {interaction_id}: its state holds no \
+                     waiting segment of turn {}",
+                    cp.turn_id
+                ),
+            });
+        };
+        match TurnInput::from_value(&saved) {
+            Ok(i @ (TurnInput::Message(_) | TurnInput::Messages(_) | TurnInput::Continue)) => {
+                input = i;
+                input_raw = saved;
+            }
+            _ => {
+                return Err(Unrunnable {
+                    code: codes::turn::START_INVALID,
+                    message: "the waiting segment's saved input is not a turn input".into(),
+                });
+            }
+        }
+    }
+    Ok((input, input_raw))
+}
+
+/// A model effect's recorded outcome, as the loop takes it.
+fn answer_of(effect_id: &str, value: &Value) -> Result<Effect<ModelAnswer>, Fault> {
+    ModelAnswer::from_value(value)
+        .map(Effect::Done)
+        .map_err(|e| Fault::Internal(format!("the outcome of {effect_id}: {e}")))
+}
+
+/// The files the transcript's entries name, as the model may read them.
+async fn learn_files(
+    artifacts: &Artifacts,
+    ts: &TurnStart,
+    run: &RunHandle,
+    entries: &[Value],
+) -> Result<Files, RunEnd> {
+    let mut files = Files::new(ts.model.as_ref(), ts.limits.model_file_bytes);
+    pod_context::learn_files(artifacts, entries, &mut files).await;
+    if run.cancelled().is_cancelled() {
+        return Err(stopped_or_thrown(run, Fault::Stopped));
+    }
+    Ok(files)
+}
+
+/// The variables the routing's sandbox gives every command.
+fn sandbox_env(ts: &TurnStart) -> Vec<(String, String)> {
+    ts.routing
+        .sandbox
+        .as_ref()
+        .map(|s| s.env_vars())
+        .unwrap_or_default()
+}
+
+/// The session's transcript before this turn, from core's journal.
+async fn read_before(journal: &Journal, run: &RunHandle) -> Result<Vec<Value>, RunEnd> {
+    match journal.read_transcript().await {
+        Ok((_, entries)) => Ok(entries),
+        Err(e) => Err(stopped_or_thrown(run, Fault::from(e))),
+    }
+}
+
+/// The ids every intent of the segment carries.
+fn segment_ids(ts: &TurnStart) -> SegmentIds {
+    let cp = &ts.checkpoint;
+    SegmentIds {
+        session_id: cp.session_id.clone(),
+        turn_id: cp.turn_id.clone(),
+        segment: cp.segment,
+        agent_id: ts.agent_id(),
+        manifest_hash: cp.manifest_hash.clone(),
+    }
+}
+
+/// The agent's skills, mounted in the workspace; a failure ends the run.
+async fn open_skills(
+    shared: &Shared,
+    run: &RunHandle,
+    ts: &TurnStart,
+    artifacts: &Artifacts,
+) -> Result<Vec<MountedSkill>, RunEnd> {
+    let skills_value = ts.manifest.skills.clone().unwrap_or(Value::Null);
+    match mount_skills(
+        artifacts,
+        &shared.toolbox,
+        &skills_value,
+        &shared.skills_root,
+    )
+    .await
+    {
+        Ok(s) => Ok(s),
+        Err(e) => {
+            if run.cancelled().is_cancelled() {
+                return Err(stopped_or_thrown(run, Fault::Stopped));
+            }
+            Err(failed(
+                &run.grant().run_id,
+                "skills.mount_failed",
+                &format!("podhost could not mount the agent's skills: {e}"),
+                None,
+            ))
+        }
+    }
+}
+
 impl Segment {
     /// Everything before the first step: the input, the transcript, skills, the offer.
     async fn open(
@@ -286,7 +407,6 @@ impl Segment {
         journal: Journal,
     ) -> Result<Segment, RunEnd> {
         let run_id = run.grant().run_id.clone();
-        let fail = |u: Unrunnable| failed(&run_id, u.code, &u.message, None);
         let cp = &ts.checkpoint;
         let state: Option<HarnessState> = cp
             .state
@@ -295,42 +415,12 @@ impl Segment {
 
         // An approval runs the waiting segment again: its intents now answer `execute` or
         // `completed` (denied). podhost needs the segment's own input for that.
-        let mut input_raw = run.input()["checkpoint"]["input"].clone();
-        let mut input = cp.input.clone();
-        if let TurnInput::Approve { interaction_id, .. } = &input {
-            let saved = state
-                .as_ref()
-                .filter(|s| s.turn_id.as_deref() == Some(cp.turn_id.as_str()))
-                .and_then(|s| s.input.clone());
-            let Some(saved) = saved else {
-                return Err(fail(Unrunnable {
-                    code: codes::turn::START_UNSUPPORTED,
-                    message: format!(
-                        "podhost cannot pair the approval of {interaction_id}: its state holds no \
-                         waiting segment of turn {}",
-                        cp.turn_id
-                    ),
-                }));
-            };
-            match TurnInput::from_value(&saved) {
-                Ok(i @ (TurnInput::Message(_) | TurnInput::Messages(_) | TurnInput::Continue)) => {
-                    input = i;
-                    input_raw = saved;
-                }
-                _ => {
-                    return Err(fail(Unrunnable {
-                        code: codes::turn::START_INVALID,
-                        message: "the waiting segment's saved input is not a turn input".into(),
-                    }));
-                }
-            }
-        }
+        let (input, input_raw) =
+            segment_input(&run.input()["checkpoint"]["input"], cp, state.as_ref())
+                .map_err(|u| failed(&run_id, u.code, &u.message, None))?;
 
         let before = if ts.transcript.cursor >= 0 {
-            match journal.read_transcript().await {
-                Ok((_, entries)) => entries,
-                Err(e) => return Err(stopped_or_thrown(&run, Fault::from(e))),
-            }
+            read_before(&journal, &run).await?
         } else {
             Vec::new()
         };
@@ -341,38 +431,13 @@ impl Segment {
 
         let artifacts = Artifacts::new(run.channel().clone(), run_id.clone(), ts.limits.clone())
             .with_loss(run.loss());
-        let mut files = Files::new(ts.model.as_ref(), ts.limits.model_file_bytes);
-        pod_context::learn_files(&artifacts, &entries, &mut files).await;
-        if run.cancelled().is_cancelled() {
-            return Err(stopped_or_thrown(&run, Fault::Stopped));
-        }
+        let files = learn_files(&artifacts, &ts, &run, &entries).await?;
         let pin_at_start = state
             .as_ref()
             .and_then(|s| s.memory.clone())
             .filter(|_| ts.memory.is_some());
         let skills = if ts.has_sandbox() && ts.manifest.has_skills() {
-            let skills_value = ts.manifest.skills.clone().unwrap_or(Value::Null);
-            match mount_skills(
-                &artifacts,
-                &shared.toolbox,
-                &skills_value,
-                &shared.skills_root,
-            )
-            .await
-            {
-                Ok(s) => s,
-                Err(e) => {
-                    if run.cancelled().is_cancelled() {
-                        return Err(stopped_or_thrown(&run, Fault::Stopped));
-                    }
-                    return Err(failed(
-                        &run_id,
-                        "skills.mount_failed",
-                        &format!("podhost could not mount the agent's skills: {e}"),
-                        None,
-                    ));
-                }
-            }
+            open_skills(&shared, &run, &ts, &artifacts).await?
         } else {
             Vec::new()
         };
@@ -382,19 +447,7 @@ impl Segment {
         };
 
         let (yield_steps, yield_after) = ts.yield_after();
-        let ids = SegmentIds {
-            session_id: cp.session_id.clone(),
-            turn_id: cp.turn_id.clone(),
-            segment: cp.segment,
-            agent_id: ts.agent_id(),
-            manifest_hash: cp.manifest_hash.clone(),
-        };
-        let env = ts
-            .routing
-            .sandbox
-            .as_ref()
-            .map(|s| s.env_vars())
-            .unwrap_or_default();
+        let ids = segment_ids(&ts);
         Ok(Segment {
             offer: Offer::new(&ts, &skills, catalog),
             step_budget: StepBudget::new(ts.limits.record_entry_bytes),
@@ -411,7 +464,7 @@ impl Segment {
             ids,
             journal,
             skills,
-            env,
+            env: sandbox_env(&ts),
             before,
             entries,
             input_raw,
@@ -467,71 +520,136 @@ impl Segment {
                 return Ok(Effect::Wait(effect_id));
             }
             Decision::Execute { rejoin, .. } => {
-                if rejoin {
-                    tracing::info!(%effect_id, "rejoining a model call a previous owner left at the gate");
-                }
-                let started = Instant::now();
-                let trace = self.ts.trace.clone().unwrap_or_default();
-                let sent = self
-                    .shared
-                    .gates
-                    .model_call(
-                        ModelRequest {
-                            token: self.current_token(),
-                            effect_id: &effect_id,
-                            traceparent: trace.traceparent.as_deref(),
-                            tracestate: trace.tracestate.as_deref(),
-                            body: &body,
-                        },
-                        cancel,
-                    )
+                return self
+                    .call_model(effect_id, &body, step, rejoin, cancel)
                     .await;
-                let answer = match sent {
-                    Ok(CallFate::Answered(a)) if !cancel.is_cancelled() => a,
-                    Ok(CallFate::Unknown(why)) if !cancel.is_cancelled() => {
-                        // The gate may have run it: the effect becomes uncertain, and the next
-                        // owner rejoins it under its key (v5 §4).
-                        tracing::warn!(%effect_id, %why, "the model call's fate is unknown");
-                        match self.journal.outcome_error(&effect_id, &why).await? {
-                            Recorded::Uncertain => {
-                                self.uncertain = true;
-                                return Ok(Effect::Wait(effect_id));
-                            }
-                            Recorded::Completed(value) => {
-                                return ModelAnswer::from_value(&value).map(Effect::Done).map_err(
-                                    |e| Fault::Internal(format!("the outcome of {effect_id}: {e}")),
-                                );
-                            }
-                        }
-                    }
-                    _ => return Err(self.stopped_in_model_call(&effect_id).await),
-                };
-                tracing::debug!(%effect_id, ms = started.elapsed().as_secs_f64() * 1000.0, "model call answered");
-                // Core records no outcome past the record entry limit, and a model's answer is
-                // not podhost's to cut: the turn fails, saying so.
-                let value = answer.to_value();
-                let (bytes, limit) = (json_len(&value) as u64, self.limits().record_entry_bytes);
-                if bytes > limit {
-                    return Err(Fault::Failed {
-                        code: codes::model::ANSWER_TOO_LARGE,
-                        message: format!(
-                            "The model's answer of step {step} is {bytes} bytes, past \
-                             limits.recordEntryBytes ({limit} bytes)"
-                        ),
-                    });
-                }
-                match self.journal.outcome(&effect_id, value).await? {
-                    Recorded::Completed(v) => v,
-                    Recorded::Uncertain => {
-                        self.uncertain = true;
-                        return Ok(Effect::Wait(effect_id));
-                    }
-                }
             }
         };
-        ModelAnswer::from_value(&value)
-            .map(Effect::Done)
-            .map_err(|e| Fault::Internal(format!("the outcome of {effect_id}: {e}")))
+        answer_of(&effect_id, &value)
+    }
+
+    /// Sends a model call through the gate and records its outcome (`rejoin`: a previous owner
+    /// left it at the gate).
+    async fn call_model(
+        &mut self,
+        effect_id: String,
+        body: &[u8],
+        step: u32,
+        rejoin: bool,
+        cancel: &CancellationToken,
+    ) -> Result<Effect<ModelAnswer>, Fault> {
+        if rejoin {
+            tracing::info!(%effect_id, "rejoining a model call a previous owner left at the gate");
+        }
+        let started = Instant::now();
+        let trace = self.ts.trace.clone().unwrap_or_default();
+        let sent = self
+            .shared
+            .gates
+            .model_call(
+                ModelRequest {
+                    token: self.current_token(),
+                    effect_id: &effect_id,
+                    traceparent: trace.traceparent.as_deref(),
+                    tracestate: trace.tracestate.as_deref(),
+                    body,
+                },
+                cancel,
+            )
+            .await;
+        let answer = match sent {
+            Ok(CallFate::Answered(a)) if !cancel.is_cancelled() => a,
+            Ok(CallFate::Unknown(why)) if !cancel.is_cancelled() => {
+                // The gate may have run it: the effect becomes uncertain, and the next owner
+                // rejoins it under its key (v5 §4).
+                tracing::warn!(%effect_id, %why, "the model call's fate is unknown");
+                return match self.journal.outcome_error(&effect_id, &why).await? {
+                    Recorded::Uncertain => {
+                        self.uncertain = true;
+                        Ok(Effect::Wait(effect_id))
+                    }
+                    Recorded::Completed(value) => answer_of(&effect_id, &value),
+                };
+            }
+            _ => return Err(self.stopped_in_model_call(&effect_id).await),
+        };
+        tracing::debug!(%effect_id, ms = started.elapsed().as_secs_f64() * 1000.0, "model call answered");
+        // Core records no outcome past the record entry limit, and a model's answer is
+        // not podhost's to cut: the turn fails, saying so.
+        let value = answer.to_value();
+        let (bytes, limit) = (json_len(&value) as u64, self.limits().record_entry_bytes);
+        if bytes > limit {
+            return Err(Fault::Failed {
+                code: codes::model::ANSWER_TOO_LARGE,
+                message: format!(
+                    "The model's answer of step {step} is {bytes} bytes, past \
+                     limits.recordEntryBytes ({limit} bytes)"
+                ),
+            });
+        }
+        match self.journal.outcome(&effect_id, value).await? {
+            Recorded::Completed(v) => answer_of(&effect_id, &v),
+            Recorded::Uncertain => {
+                self.uncertain = true;
+                Ok(Effect::Wait(effect_id))
+            }
+        }
+    }
+
+    /// The intent of a tool call and its arguments (a command tool's `command` put in), or the
+    /// outcome of a memory call whose input is refused before it is asked.
+    fn tool_intent(
+        &self,
+        step: u32,
+        call: &ToolCallBlock,
+        route: Route,
+        command: Option<String>,
+    ) -> Result<(Intent, Value), ToolEffect> {
+        let mut args = call.args.clone();
+        if let (Some(cmd), Some(o)) = (command, args.as_object_mut()) {
+            o.insert("command".to_owned(), Value::String(cmd));
+        }
+        let memory_text = MEMORY_TEXT_BYTES.min(
+            self.limits()
+                .record_entry_bytes
+                .saturating_sub(ENTRY_ENVELOPE_BYTES as u64),
+        );
+        if route == Route::Memory
+            && let Err(message) = self.offer.check_memory(&args, memory_text)
+        {
+            return Err(ToolEffect::Done(ResultOutcome::failed(
+                "memory.invalid_input",
+                message,
+            )));
+        }
+        let mut intent = Intent::tool(
+            &self.ids,
+            step,
+            &call.id,
+            &call.name,
+            self.offer.target(route),
+            args.clone(),
+        );
+        if matches!(route, Route::Sandbox(_)) {
+            intent.skill = self.skill_of(&args);
+        }
+        Ok((intent, args))
+    }
+
+    /// Reads an artifact for the model, fitted to the call's budget.
+    async fn read_artifact(
+        &self,
+        effect_id: &str,
+        name: &str,
+        args: &Value,
+    ) -> Result<Value, Fault> {
+        let outcome = read_for_model(&self.artifacts(self.limits().clone()), args).await;
+        if self.cancel.is_cancelled() {
+            return Err(Fault::Stopped);
+        }
+        let value = serde_json::to_value(&outcome)
+            .map_err(|e| Fault::Internal(format!("could not encode an outcome: {e}")))?;
+        Ok(self.fit(effect_id, name, value).await)
     }
 
     /// The run's artifacts within `limits`; a loss of the run they hear of stops it.
@@ -727,34 +845,10 @@ impl TurnHost for Segment {
                 unknown_tool(&call.name, &self.offer.names()).into(),
             ));
         };
-        let mut args = call.args.clone();
-        if let (Some(cmd), Some(o)) = (command, args.as_object_mut()) {
-            o.insert("command".to_owned(), Value::String(cmd));
-        }
-        let memory_text = MEMORY_TEXT_BYTES.min(
-            self.limits()
-                .record_entry_bytes
-                .saturating_sub(ENTRY_ENVELOPE_BYTES as u64),
-        );
-        if route == Route::Memory
-            && let Err(message) = self.offer.check_memory(&args, memory_text)
-        {
-            return Ok(ToolEffect::Done(ResultOutcome::failed(
-                "memory.invalid_input",
-                message,
-            )));
-        }
-        let mut intent = Intent::tool(
-            &self.ids,
-            step,
-            &call.id,
-            &call.name,
-            self.offer.target(route),
-            args.clone(),
-        );
-        if matches!(route, Route::Sandbox(_)) {
-            intent.skill = self.skill_of(&args);
-        }
+        let (intent, args) = match self.tool_intent(step, call, route, command) {
+            Ok(prepared) => prepared,
+            Err(refused) => return Ok(refused),
+        };
         let effect_id = intent.effect_id.clone();
         let hash = intent.hash();
         let (traceparent, rejoin) = match self.journal.decide(&intent, &hash).await? {
@@ -777,15 +871,7 @@ impl TurnHost for Segment {
                 self.run_sandbox(tool, &effect_id, &call.name, &args, traceparent)
                     .await?
             }
-            Route::ReadArtifact => {
-                let outcome = read_for_model(&self.artifacts(self.limits().clone()), &args).await;
-                if self.cancel.is_cancelled() {
-                    return Err(Fault::Stopped);
-                }
-                let value = serde_json::to_value(&outcome)
-                    .map_err(|e| Fault::Internal(format!("could not encode an outcome: {e}")))?;
-                Ok(self.fit(&effect_id, &call.name, value).await)
-            }
+            Route::ReadArtifact => Ok(self.read_artifact(&effect_id, &call.name, &args).await?),
             Route::Remote(index) => {
                 match self
                     .gate_call(index, &intent, &hash, rejoin, traceparent)

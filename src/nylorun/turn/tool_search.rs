@@ -74,7 +74,47 @@ pub fn search(catalog: &Catalog, args: &Value) -> Value {
     let deferred: Vec<usize> = (0..catalog.tools.len())
         .filter(|i| catalog.tools[*i].deferred)
         .collect();
-    let found: Vec<usize> = if let Some(list) = query.strip_prefix("select:") {
+    let found = matches(catalog, &deferred, query);
+    let mut tools = Vec::new();
+    let mut unshown = Vec::new();
+    let mut bytes = 0;
+    for &i in &found {
+        let def = catalog.tools[i].model_tool();
+        let size = json_len(&def);
+        if tools.len() < limit && bytes + size <= ANSWER_BYTES {
+            bytes += size;
+            tools.push(def);
+        } else {
+            unshown.push(catalog.tools[i].name.clone());
+        }
+    }
+    let mut output = json!({"tools": tools});
+    if tools.is_empty() {
+        let names: Vec<&str> = deferred
+            .iter()
+            .map(|i| catalog.tools[*i].name.as_str())
+            .collect();
+        output["note"] = json!(format!(
+            "No tool that is not loaded matches {query:?}. The tools not loaded are: {}.",
+            if names.is_empty() {
+                "none".to_owned()
+            } else {
+                names.join(", ")
+            }
+        ));
+    } else if !unshown.is_empty() {
+        output["more"] = json!(unshown);
+        output["note"] = json!(
+            "More tools matched than one answer shows; search again to load those in `more`."
+        );
+    }
+    json!({"kind": "completed", "output": output})
+}
+
+/// The deferred tools `query` finds: those `select:` names, else those whose name or
+/// description holds its words, best first.
+fn matches(catalog: &Catalog, deferred: &[usize], query: &str) -> Vec<usize> {
+    if let Some(list) = query.strip_prefix("select:") {
         let wanted: Vec<&str> = list
             .split(',')
             .map(str::trim)
@@ -112,41 +152,7 @@ pub fn search(catalog: &Catalog, args: &Value) -> Value {
         // Best first; ties in catalog order.
         scored.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         scored.into_iter().map(|(i, _)| i).collect()
-    };
-    let mut tools = Vec::new();
-    let mut unshown = Vec::new();
-    let mut bytes = 0;
-    for &i in &found {
-        let def = catalog.tools[i].model_tool();
-        let size = json_len(&def);
-        if tools.len() < limit && bytes + size <= ANSWER_BYTES {
-            bytes += size;
-            tools.push(def);
-        } else {
-            unshown.push(catalog.tools[i].name.clone());
-        }
     }
-    let mut output = json!({"tools": tools});
-    if tools.is_empty() {
-        let names: Vec<&str> = deferred
-            .iter()
-            .map(|i| catalog.tools[*i].name.as_str())
-            .collect();
-        output["note"] = json!(format!(
-            "No tool that is not loaded matches {query:?}. The tools not loaded are: {}.",
-            if names.is_empty() {
-                "none".to_owned()
-            } else {
-                names.join(", ")
-            }
-        ));
-    } else if !unshown.is_empty() {
-        output["more"] = json!(unshown);
-        output["note"] = json!(
-            "More tools matched than one answer shows; search again to load those in `more`."
-        );
-    }
-    json!({"kind": "completed", "output": output})
 }
 
 /// The names a transcript's completed `tool_search` results loaded, in the order they first

@@ -92,6 +92,9 @@ pub(super) fn walk(root: &Path, max_files: usize) -> Option<Walked> {
     Some(w)
 }
 
+/// Walks `dir` (at `prefix`, `depth` deep) into `w`, in name order, within `budget` entries.
+/// Long: one branch per kind of entry (bad name, symlink, directory, file, other), each
+/// recording its own problem.
 fn walk_dir(
     dir: &Path,
     prefix: &str,

@@ -105,6 +105,69 @@ pub(super) async fn open_catalog(
     Ok(catalog)
 }
 
+/// A call's route, its body (serialized once: every re-send is the same bytes), and whether it is
+/// an MCP call.
+fn call_body(
+    kind: &RemoteKind,
+    effect_id: &str,
+    args: &Value,
+) -> Result<(&'static [&'static str], Vec<u8>, bool), Fault> {
+    let (route, body, mcp): (&'static [&'static str], _, bool) = match kind {
+        RemoteKind::Mcp { server, tool: raw } => (
+            &routes::TOOL_CALLS,
+            serde_json::to_vec(&ToolCallBody {
+                server,
+                effect_id,
+                name: raw,
+                arguments: args,
+            }),
+            true,
+        ),
+        RemoteKind::Http { tool: name } => (
+            &routes::HTTP_CALLS,
+            serde_json::to_vec(&HttpCallBody {
+                tool: HttpToolRef {
+                    agent_id: None,
+                    tool_name: name,
+                },
+                effect_id,
+                input: args,
+            }),
+            false,
+        ),
+    };
+    let body = body.map_err(|e| Fault::Internal(format!("could not encode a tool call: {e}")))?;
+    Ok((route, body, mcp))
+}
+
+/// The failed outcome of a call the gate refused: it did not run.
+fn refused(label: &str, status: u16, code: &str, message: &str) -> Value {
+    json!({
+        "kind": "failed",
+        "code": codes::gate::REFUSED,
+        "message": format!(
+            "The Tool Gate refused the call of {label} ({status} {code}: {message}); it did not run."
+        ),
+    })
+}
+
+/// The failed outcome of an answer past its bound, of which podhost read nothing.
+fn too_large(label: &str, limit: u64, mcp: bool) -> Value {
+    let code = if mcp {
+        codes::gate::MCP_TOO_LARGE
+    } else {
+        codes::gate::HTTP_TOO_LARGE
+    };
+    json!({
+        "kind": "failed",
+        "code": code,
+        "message": format!(
+            "The answer of {label} is past {limit} bytes (limits.toolAnswerBytes \
+             and its envelope); podhost read none of it."
+        ),
+    })
+}
+
 impl Segment {
     /// Runs the catalog's tool `index` for `intent`, answered `execute` (`rejoin` when a
     /// previous owner left it at the gate).
@@ -121,32 +184,7 @@ impl Segment {
         };
         let effect_id = intent.effect_id.as_str();
         let args = intent.input.clone().unwrap_or_else(|| json!({}));
-        let (route, body, mcp): (&[&str], _, bool) = match &tool.kind {
-            RemoteKind::Mcp { server, tool: raw } => (
-                &routes::TOOL_CALLS,
-                serde_json::to_vec(&ToolCallBody {
-                    server,
-                    effect_id,
-                    name: raw,
-                    arguments: &args,
-                }),
-                true,
-            ),
-            RemoteKind::Http { tool: name } => (
-                &routes::HTTP_CALLS,
-                serde_json::to_vec(&HttpCallBody {
-                    tool: HttpToolRef {
-                        agent_id: None,
-                        tool_name: name,
-                    },
-                    effect_id,
-                    input: &args,
-                }),
-                false,
-            ),
-        };
-        let body =
-            body.map_err(|e| Fault::Internal(format!("could not encode a tool call: {e}")))?;
+        let (route, body, mcp) = call_body(&tool.kind, effect_id, &args)?;
         let trace = self.ts.trace.clone().unwrap_or_default();
         let traceparent = traceparent.or(trace.traceparent);
         let bound = answer_bound(self.limits().tool_answer_bytes);
@@ -158,26 +196,17 @@ impl Segment {
             }
             boundary_after_intent(effect_id);
             let started = Instant::now();
-            let sent = self
-                .shared
-                .toolgate
-                .call(
-                    CallRequest {
-                        token: self.current_token(),
-                        route,
-                        key: effect_id,
-                        traceparent: traceparent.as_deref(),
-                        tracestate: trace.tracestate.as_deref(),
-                        body: &body,
-                        bound,
-                    },
-                    &self.cancel,
-                )
-                .await;
-            let reply = match sent {
-                Some(r) if !self.cancel.is_cancelled() => r,
-                _ => return Err(self.stopped_in_gate_call(effect_id).await),
-            };
+            let reply = self
+                .send_call(CallRequest {
+                    token: self.current_token(),
+                    route,
+                    key: effect_id,
+                    traceparent: traceparent.as_deref(),
+                    tracestate: trace.tracestate.as_deref(),
+                    body: &body,
+                    bound,
+                })
+                .await?;
             tracing::debug!(%effect_id, tool = %label, ms = started.elapsed().as_secs_f64() * 1000.0, "the Tool Gate answered");
             boundary_after_answer(effect_id);
             let answer = match &reply {
@@ -185,19 +214,7 @@ impl Segment {
                 GateReply::Ok(result) => Answer::Http(result),
                 GateReply::Failed { code, message } => Answer::Failed { code, message, mcp },
                 GateReply::TooLarge { limit } => {
-                    let code = if mcp {
-                        codes::gate::MCP_TOO_LARGE
-                    } else {
-                        codes::gate::HTTP_TOO_LARGE
-                    };
-                    return Ok(GateEnd::Produced(json!({
-                        "kind": "failed",
-                        "code": code,
-                        "message": format!(
-                            "The answer of {label} is past {limit} bytes (limits.toolAnswerBytes \
-                             and its envelope); podhost read none of it."
-                        ),
-                    })));
+                    return Ok(GateEnd::Produced(too_large(&label, *limit, mcp)));
                 }
                 GateReply::Refused {
                     status,
@@ -205,14 +222,7 @@ impl Segment {
                     message,
                 } => {
                     tracing::warn!(%effect_id, tool = %label, status, %code, %message, "the Tool Gate refused a call");
-                    return Ok(GateEnd::Produced(json!({
-                        "kind": "failed",
-                        "code": codes::gate::REFUSED,
-                        "message": format!(
-                            "The Tool Gate refused the call of {label} ({status} {code}: \
-                             {message}); it did not run."
-                        ),
-                    })));
+                    return Ok(GateEnd::Produced(refused(&label, *status, code, message)));
                 }
                 GateReply::RunStale => {
                     tracing::warn!(%effect_id, "the Tool Gate says the run is over (run_stale)");
@@ -220,45 +230,77 @@ impl Segment {
                 }
                 GateReply::Lost(why) => {
                     lost += 1;
-                    tracing::warn!(%effect_id, tool = %label, lost, error = %why, "a Tool Gate hop was lost; asking the intent again");
-                    if lost > MAX_LOST_HOPS {
-                        return Ok(GateEnd::Unknown(format!(
-                            "{why}. podhost sent the call {lost} times without an answer and \
-                             cannot tell whether it ran."
-                        )));
-                    }
-                    let pause = LOST_HOP_PAUSE * 2u32.pow(lost - 1);
-                    tokio::select! {
-                        _ = tokio::time::sleep(pause) => {}
-                        _ = self.cancel.cancelled() => return Err(self.stopped_in_gate_call(effect_id).await),
-                    }
-                    match self.journal.decide(intent, hash).await? {
-                        Decision::Execute { rejoin: r, .. } => {
+                    match self.after_lost_hop(intent, hash, &label, why, lost).await? {
+                        Ok(r) => {
                             rejoin = r;
                             continue;
                         }
-                        Decision::Known { value, .. } => return Ok(GateEnd::Known(value)),
-                        Decision::Wait { uncertain } => return Ok(GateEnd::Wait { uncertain }),
+                        Err(end) => return Ok(end),
                     }
                 }
             };
-            let ctx = ResultContext {
-                effect_id,
-                tool: &tool.name,
-                label: &label,
-                cap: self.step_budget.cap(self.call_budget() as usize),
-            };
-            let artifacts = Artifacts::new(
-                self.run.channel().clone(),
-                self.run_id.clone(),
-                self.limits().clone(),
-            );
-            let value = results::outcome(answer, &ctx, &ArtifactParts(&artifacts)).await;
+            let value = self.outcome(answer, effect_id, &tool.name, &label).await;
             if self.cancel.is_cancelled() {
                 return Err(Fault::Stopped);
             }
             return Ok(GateEnd::Produced(value));
         }
+    }
+
+    /// Sends one hop of a call; the run stopping meanwhile ends the call (see
+    /// [`Self::stopped_in_gate_call`]).
+    async fn send_call(&self, request: CallRequest<'_>) -> Result<GateReply, Fault> {
+        let effect_id = request.key;
+        match self.shared.toolgate.call(request, &self.cancel).await {
+            Some(r) if !self.cancel.is_cancelled() => Ok(r),
+            _ => Err(self.stopped_in_gate_call(effect_id).await),
+        }
+    }
+
+    /// After a lost hop: past [`MAX_LOST_HOPS`] the call's fate is unknown; else, after a pause,
+    /// asks core the intent again. `Ok(rejoin)` sends the same bytes again.
+    async fn after_lost_hop(
+        &self,
+        intent: &Intent,
+        hash: &str,
+        label: &str,
+        why: &str,
+        lost: u32,
+    ) -> Result<Result<bool, GateEnd>, Fault> {
+        let effect_id = intent.effect_id.as_str();
+        tracing::warn!(%effect_id, tool = %label, lost, error = %why, "a Tool Gate hop was lost; asking the intent again");
+        if lost > MAX_LOST_HOPS {
+            return Ok(Err(GateEnd::Unknown(format!(
+                "{why}. podhost sent the call {lost} times without an answer and \
+                 cannot tell whether it ran."
+            ))));
+        }
+        let pause = LOST_HOP_PAUSE * 2u32.pow(lost - 1);
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = self.cancel.cancelled() => return Err(self.stopped_in_gate_call(effect_id).await),
+        }
+        Ok(match self.journal.decide(intent, hash).await? {
+            Decision::Execute { rejoin, .. } => Ok(rejoin),
+            Decision::Known { value, .. } => Err(GateEnd::Known(value)),
+            Decision::Wait { uncertain } => Err(GateEnd::Wait { uncertain }),
+        })
+    }
+
+    /// The outcome the model reads of a gate's answer, fitted to the step's budget.
+    async fn outcome(&self, answer: Answer<'_>, effect_id: &str, tool: &str, label: &str) -> Value {
+        let ctx = ResultContext {
+            effect_id,
+            tool,
+            label,
+            cap: self.step_budget.cap(self.call_budget() as usize),
+        };
+        let artifacts = Artifacts::new(
+            self.run.channel().clone(),
+            self.run_id.clone(),
+            self.limits().clone(),
+        );
+        results::outcome(answer, &ctx, &ArtifactParts(&artifacts)).await
     }
 
     /// Cancels a tool call at the gate when the run was cancelled (not when it was taken away:

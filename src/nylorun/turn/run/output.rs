@@ -190,73 +190,9 @@ impl Segment {
         };
         match end {
             Ok(TurnEnd::Completed { candidate }) => {
-                let output = Value::String(candidate.text_output());
-                let step_id = self.ids.step_id(self.last_step.unwrap_or(0));
-                self.entries.push(transcript::final_entry(
-                    &self.ids.turn_id,
-                    &step_id,
-                    &output,
-                ));
-                let edits = match self.edits() {
-                    Ok(e) => e,
-                    Err(e) => {
-                        return failed(&run_id, "transcript.entry_too_large", &e.to_string(), None);
-                    }
-                };
-                if self.ts.has_sandbox() {
-                    let artifacts = self.artifacts(self.limits().clone());
-                    let outputs = self.shared.toolbox.workspace().root().join("outputs");
-                    let report = export_outputs(
-                        &artifacts,
-                        &self.shared.toolbox,
-                        &outputs,
-                        &self.ids.turn_id,
-                    )
-                    .await;
-                    tracing::info!(%run_id, ?report, "outputs folder exported");
-                    for (kind, payload) in report.claims() {
-                        self.claim(kind, payload).await;
-                    }
-                    // Core said the run is another owner's: it is released, not completed.
-                    if self.cancel.is_cancelled() {
-                        return stopped_end(&self.run, None);
-                    }
-                }
-                RunEnd::Output {
-                    method: methods::TURN_COMPLETED,
-                    output: json!({
-                        "runId": run_id,
-                        "status": "completed",
-                        "output": output,
-                        "state": state.value(),
-                        "transcript": edits,
-                    }),
-                }
+                self.completed(candidate.text_output(), &state).await
             }
-            Ok(TurnEnd::Waiting { effect_ids }) => {
-                // The segment runs again once its effects are settled; it leaves no edits, and
-                // keeps its input for an `approval.answer`.
-                // The segment runs again from its start: with the index it started with.
-                let mut waiting = HarnessState {
-                    v: STATE_VERSION,
-                    turn_id: Some(self.ids.turn_id.clone()),
-                    input: Some(self.input_raw.clone()),
-                    memory: self.pin_at_start.clone(),
-                };
-                if json_len(&waiting.value()) as u64 > self.limits().harness_state_bytes {
-                    tracing::warn!(%run_id, "the waiting segment's input is too large for the state; an approval cannot run it again");
-                    waiting.input = None;
-                }
-                RunEnd::Output {
-                    method: methods::TURN_WAITING,
-                    output: json!({
-                        "runId": run_id,
-                        "status": if self.uncertain { "uncertain" } else { "waiting" },
-                        "effectIds": effect_ids,
-                        "state": waiting.value(),
-                    }),
-                }
-            }
+            Ok(TurnEnd::Waiting { effect_ids }) => self.waiting(effect_ids),
             Ok(TurnEnd::Yielded) => match self.edits() {
                 Ok(edits) => RunEnd::Output {
                     method: methods::CHECKPOINT,
@@ -299,6 +235,81 @@ impl Segment {
                 "the loop asked the user a question podhost cannot ask",
             ),
             Err(fault) => stopped_or_thrown(&self.run, fault),
+        }
+    }
+
+    /// The output of a completed segment: its final entry, then the `outputs` folder exported
+    /// (a sandboxed turn), then `turn.completed`.
+    async fn completed(&mut self, text: String, state: &HarnessState) -> RunEnd {
+        let run_id = self.run_id.clone();
+        let output = Value::String(text);
+        let step_id = self.ids.step_id(self.last_step.unwrap_or(0));
+        self.entries.push(transcript::final_entry(
+            &self.ids.turn_id,
+            &step_id,
+            &output,
+        ));
+        let edits = match self.edits() {
+            Ok(e) => e,
+            Err(e) => {
+                return failed(&run_id, "transcript.entry_too_large", &e.to_string(), None);
+            }
+        };
+        if self.ts.has_sandbox() {
+            let artifacts = self.artifacts(self.limits().clone());
+            let outputs = self.shared.toolbox.workspace().root().join("outputs");
+            let report = export_outputs(
+                &artifacts,
+                &self.shared.toolbox,
+                &outputs,
+                &self.ids.turn_id,
+            )
+            .await;
+            tracing::info!(%run_id, ?report, "outputs folder exported");
+            for (kind, payload) in report.claims() {
+                self.claim(kind, payload).await;
+            }
+            // Core said the run is another owner's: it is released, not completed.
+            if self.cancel.is_cancelled() {
+                return stopped_end(&self.run, None);
+            }
+        }
+        RunEnd::Output {
+            method: methods::TURN_COMPLETED,
+            output: json!({
+                "runId": run_id,
+                "status": "completed",
+                "output": output,
+                "state": state.value(),
+                "transcript": edits,
+            }),
+        }
+    }
+
+    /// The output of a segment that waits on its effects (`turn.waiting`).
+    fn waiting(&self, effect_ids: Vec<String>) -> RunEnd {
+        let run_id = &self.run_id;
+        // The segment runs again once its effects are settled; it leaves no edits, and
+        // keeps its input for an `approval.answer`.
+        // The segment runs again from its start: with the index it started with.
+        let mut waiting = HarnessState {
+            v: STATE_VERSION,
+            turn_id: Some(self.ids.turn_id.clone()),
+            input: Some(self.input_raw.clone()),
+            memory: self.pin_at_start.clone(),
+        };
+        if json_len(&waiting.value()) as u64 > self.limits().harness_state_bytes {
+            tracing::warn!(%run_id, "the waiting segment's input is too large for the state; an approval cannot run it again");
+            waiting.input = None;
+        }
+        RunEnd::Output {
+            method: methods::TURN_WAITING,
+            output: json!({
+                "runId": run_id,
+                "status": if self.uncertain { "uncertain" } else { "waiting" },
+                "effectIds": effect_ids,
+                "state": waiting.value(),
+            }),
         }
     }
 }

@@ -93,30 +93,85 @@ pub struct Catalog {
     pub skipped_servers: Vec<(String, String)>,
 }
 
+/// A tool declared by the facts or the manifest, before it is named and offered.
+struct Candidate {
+    wanted: Wanted,
+    kind: RemoteKind,
+    description: String,
+    input_schema: Value,
+    enabled: bool,
+    deferred: Option<bool>,
+}
+
+/// The enabled candidates under their model names, each once, deferred as they ask (past
+/// [`DEFER_PAST_TOOLS`] tools or [`DEFER_PAST_SCHEMA_BYTES`], those that do not say are too).
+fn offered(candidates: Vec<Candidate>) -> Vec<RemoteTool> {
+    let wanted: Vec<Wanted> = candidates.iter().map(|c| c.wanted.clone()).collect();
+    let names = model_names(&wanted);
+    let mut tools: Vec<(RemoteTool, Option<bool>)> = candidates
+        .into_iter()
+        .zip(names)
+        .filter(|(c, _)| c.enabled)
+        .map(|(c, name)| {
+            (
+                RemoteTool {
+                    name,
+                    kind: c.kind,
+                    description: c.description,
+                    input_schema: c.input_schema,
+                    deferred: c.deferred == Some(true),
+                },
+                c.deferred,
+            )
+        })
+        .collect();
+    // Two facts entries for one tool (a server listing a name twice) offer it once.
+    let mut seen = std::collections::HashSet::new();
+    tools.retain(|(t, _)| seen.insert(t.name.clone()));
+    let loading: Vec<&RemoteTool> = tools
+        .iter()
+        .filter(|(_, d)| *d != Some(true))
+        .map(|(t, _)| t)
+        .collect();
+    let bytes: usize = loading.iter().map(|t| json_len(&t.model_tool())).sum();
+    let defer_open = loading.len() > DEFER_PAST_TOOLS || bytes > DEFER_PAST_SCHEMA_BYTES;
+    tools
+        .into_iter()
+        .map(|(mut t, d)| {
+            if d.is_none() {
+                t.deferred = defer_open;
+            }
+            t
+        })
+        .collect()
+}
+
 impl Catalog {
     pub fn build(facts: Option<&McpFacts>, manifest_tools: Option<&Value>) -> Catalog {
-        struct Candidate {
-            wanted: Wanted,
-            kind: RemoteKind,
-            description: String,
-            input_schema: Value,
-            enabled: bool,
-            deferred: Option<bool>,
-        }
         let mut catalog = Catalog::default();
+        let candidates = catalog.candidates(facts, manifest_tools);
+        catalog.tools = offered(candidates);
+        catalog
+    }
+
+    /// Every tool the facts and the manifest declare, in order; notes the servers' instructions
+    /// and the servers left out.
+    fn candidates(
+        &mut self,
+        facts: Option<&McpFacts>,
+        manifest_tools: Option<&Value>,
+    ) -> Vec<Candidate> {
         let mut candidates = Vec::new();
         for server in facts.map(|f| f.servers.as_slice()).unwrap_or_default() {
             if let Some(agent) = &server.agent_id {
-                catalog
-                    .skipped_servers
+                self.skipped_servers
                     .push((agent.clone(), server.name.clone()));
                 continue;
             }
             if let Some(text) = server.instructions.as_deref().map(str::trim)
                 && !text.is_empty()
             {
-                catalog
-                    .server_instructions
+                self.server_instructions
                     .push((server.name.clone(), cut_instructions(text)));
             }
             for tool in &server.tools {
@@ -152,45 +207,7 @@ impl Catalog {
                 deferred: http.deferred,
             });
         }
-        let wanted: Vec<Wanted> = candidates.iter().map(|c| c.wanted.clone()).collect();
-        let names = model_names(&wanted);
-        let mut tools: Vec<(RemoteTool, Option<bool>)> = candidates
-            .into_iter()
-            .zip(names)
-            .filter(|(c, _)| c.enabled)
-            .map(|(c, name)| {
-                (
-                    RemoteTool {
-                        name,
-                        kind: c.kind,
-                        description: c.description,
-                        input_schema: c.input_schema,
-                        deferred: c.deferred == Some(true),
-                    },
-                    c.deferred,
-                )
-            })
-            .collect();
-        // Two facts entries for one tool (a server listing a name twice) offer it once.
-        let mut seen = std::collections::HashSet::new();
-        tools.retain(|(t, _)| seen.insert(t.name.clone()));
-        let loading: Vec<&RemoteTool> = tools
-            .iter()
-            .filter(|(_, d)| *d != Some(true))
-            .map(|(t, _)| t)
-            .collect();
-        let bytes: usize = loading.iter().map(|t| json_len(&t.model_tool())).sum();
-        let defer_open = loading.len() > DEFER_PAST_TOOLS || bytes > DEFER_PAST_SCHEMA_BYTES;
-        catalog.tools = tools
-            .into_iter()
-            .map(|(mut t, d)| {
-                if d.is_none() {
-                    t.deferred = defer_open;
-                }
-                t
-            })
-            .collect();
-        catalog
+        candidates
     }
 
     /// The tool the model calls `name`.

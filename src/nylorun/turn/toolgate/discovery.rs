@@ -133,48 +133,9 @@ async fn one_server(run: &DiscoveryRun<'_>, name: &str) -> Result<Found, Discove
     };
     let bound = answer_bound(run.tool_answer_bytes);
     let ask = |route: &'static [&'static str], cursor: Option<String>| {
-        let server = &server;
-        async move {
-            run.gate
-                .discovery(
-                    run.token.as_ref(),
-                    route,
-                    server,
-                    cursor.as_deref(),
-                    bound,
-                    run.cancel,
-                )
-                .await
-                .ok_or(DiscoveryError::Stopped)
-        }
+        ask_gate(run, &server, route, cursor, bound)
     };
-    let fail = |stage: &str, reply: GateReply| -> Result<Found, DiscoveryError> {
-        let (code, message) = match reply {
-            GateReply::RunStale => return Err(DiscoveryError::RunStale),
-            GateReply::Failed { code, message } => (code, message),
-            GateReply::Refused {
-                status,
-                code,
-                message,
-            } => (
-                code,
-                format!("the Tool Gate refused with {status}: {message}"),
-            ),
-            GateReply::Lost(why) => ("unavailable".to_owned(), why),
-            GateReply::TooLarge { limit } => (
-                "mcp.too-large".to_owned(),
-                format!("the answer is past {limit} bytes"),
-            ),
-            GateReply::Ok(_) => (
-                "invalid".to_owned(),
-                "an answer podhost cannot read".to_owned(),
-            ),
-        };
-        tracing::warn!(run_id = %run.run_id, server = %name, %stage, %code, %message, "an MCP server could not be discovered");
-        Ok(Found::Diagnostic(diagnostic(
-            &server, stage, &code, &message,
-        )))
-    };
+    let fail = |stage: &str, reply: GateReply| not_found(run, &server, stage, reply);
     let initialize = match ask(&routes::CONNECT, None).await? {
         GateReply::Ok(result) => result,
         other => return fail("connect", other),
@@ -232,6 +193,61 @@ async fn one_server(run: &DiscoveryRun<'_>, name: &str) -> Result<Found, Discove
         initialize,
         tools,
     }))
+}
+
+/// One discovery request to the gate for `server`; the run stopping ends the discovery.
+async fn ask_gate(
+    run: &DiscoveryRun<'_>,
+    server: &ServerRef,
+    route: &'static [&'static str],
+    cursor: Option<String>,
+    bound: u64,
+) -> Result<GateReply, DiscoveryError> {
+    run.gate
+        .discovery(
+            run.token.as_ref(),
+            route,
+            server,
+            cursor.as_deref(),
+            bound,
+            run.cancel,
+        )
+        .await
+        .ok_or(DiscoveryError::Stopped)
+}
+
+/// What a server that could not be discovered leaves: a diagnostic (`run_stale` ends the run).
+fn not_found(
+    run: &DiscoveryRun<'_>,
+    server: &ServerRef,
+    stage: &str,
+    reply: GateReply,
+) -> Result<Found, DiscoveryError> {
+    let (code, message) = match reply {
+        GateReply::RunStale => return Err(DiscoveryError::RunStale),
+        GateReply::Failed { code, message } => (code, message),
+        GateReply::Refused {
+            status,
+            code,
+            message,
+        } => (
+            code,
+            format!("the Tool Gate refused with {status}: {message}"),
+        ),
+        GateReply::Lost(why) => ("unavailable".to_owned(), why),
+        GateReply::TooLarge { limit } => (
+            "mcp.too-large".to_owned(),
+            format!("the answer is past {limit} bytes"),
+        ),
+        GateReply::Ok(_) => (
+            "invalid".to_owned(),
+            "an answer podhost cannot read".to_owned(),
+        ),
+    };
+    tracing::warn!(run_id = %run.run_id, server = %server.server_name, %stage, %code, %message, "an MCP server could not be discovered");
+    Ok(Found::Diagnostic(diagnostic(
+        server, stage, &code, &message,
+    )))
 }
 
 /// `mcp/close`, best effort.

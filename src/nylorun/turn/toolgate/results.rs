@@ -275,24 +275,7 @@ async fn mcp_outcome<S: PartStore>(result: &Value, ctx: &ResultContext<'_>, stor
         .cloned()
         .unwrap_or_default();
     if result.get("isError").and_then(Value::as_bool) == Some(true) {
-        let text: Vec<String> = content
-            .iter()
-            .map(|p| match p.get("text").and_then(Value::as_str) {
-                Some(t) => t.to_owned(),
-                None => format!(
-                    "[{} part]",
-                    p.get("type").and_then(Value::as_str).unwrap_or("a")
-                ),
-            })
-            .collect();
-        let message = if text.is_empty() {
-            format!("{} failed and said nothing more.", ctx.label)
-        } else {
-            text.join("\n")
-        };
-        let value =
-            json!({"kind": "failed", "code": codes::gate::MCP_TOOL_ERROR, "message": message});
-        return fit_failure(value, ctx).await;
+        return mcp_error(&content, ctx).await;
     }
     let mut files = Vec::new();
     let mut parts = Vec::with_capacity(content.len());
@@ -348,6 +331,34 @@ async fn mcp_outcome<S: PartStore>(result: &Value, ctx: &ResultContext<'_>, stor
         return bare;
     }
     // Too many parts for the cap: the whole output, stored as one JSON piece.
+    whole_piece(&shaped, ctx, store).await
+}
+
+/// The failed outcome of a call the MCP server answered `isError`: its text parts, joined.
+async fn mcp_error(content: &[Value], ctx: &ResultContext<'_>) -> Value {
+    let text: Vec<String> = content
+        .iter()
+        .map(|p| match p.get("text").and_then(Value::as_str) {
+            Some(t) => t.to_owned(),
+            None => format!(
+                "[{} part]",
+                p.get("type").and_then(Value::as_str).unwrap_or("a")
+            ),
+        })
+        .collect();
+    let message = if text.is_empty() {
+        format!("{} failed and said nothing more.", ctx.label)
+    } else {
+        text.join("\n")
+    };
+    let value = json!({"kind": "failed", "code": codes::gate::MCP_TOOL_ERROR, "message": message});
+    fit_failure(value, ctx).await
+}
+
+/// The outcome when its parts cannot fit even bare: the whole output stored as one JSON piece,
+/// else a failure saying how large it was.
+async fn whole_piece<S: PartStore>(shaped: &Shaped, ctx: &ResultContext<'_>, store: &S) -> Value {
+    let full = PREVIEW_HEAD_BYTES + PREVIEW_TAIL_BYTES;
     let output = shaped.output(full);
     let text = output.to_string();
     let piece = Piece {
