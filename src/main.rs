@@ -61,9 +61,9 @@ fn main() -> ExitCode {
             config::VERSION
         );
     }
-    // `podhost tool bash`, as root, makes its command's namespaces itself and falls back where
-    // the kernel refuses them: the probe's own namespaces would cost a teardown on the
-    // command's path (see exec::probe::assume_root_namespaces).
+    // `podhost tool bash`, as root with CAP_SYS_ADMIN, makes its command's namespaces itself
+    // and falls back where the kernel refuses them: the probe's forks and namespaces would be on
+    // the command's path (see exec::probe::assume_root_namespaces).
     if matches!(&front, Front::Tool(c) if c.name == "bash") {
         exec::probe::assume_root_namespaces();
     }

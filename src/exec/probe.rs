@@ -134,10 +134,15 @@ static NAMESPACES_ASSUMED: AtomicBool = AtomicBool::new(false);
 /// back to none where the kernel refuses them (`podhost tool`, see
 /// [`oneshot`](super::oneshot)): the level of [`probe_namespaces`] is taken to be
 /// [`Namespaces::Root`] without the probe, whose forks and throw-away namespaces would be on
-/// the path of the one command. Returns whether it was; not for a process that is not root,
-/// nor once the level was probed.
+/// the path of the one command. Returns whether it was; not once the level was probed, nor for
+/// a process that is not root or lacks `CAP_SYS_ADMIN` (a container's root without it may still
+/// be allowed a user namespace, which only the probe finds).
 pub fn assume_root_namespaces() -> bool {
-    if !nix::unistd::geteuid().is_root() {
+    let sys_admin = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| effective_capabilities(&status))
+        .is_some_and(|caps| caps & (1 << CAP_SYS_ADMIN) != 0);
+    if !nix::unistd::geteuid().is_root() || !sys_admin {
         return false;
     }
     let assumed = Probe {
@@ -151,6 +156,15 @@ pub fn assume_root_namespaces() -> bool {
         NAMESPACES_ASSUMED.store(true, Ordering::Relaxed);
     }
     set
+}
+
+/// The capability to make namespaces (and mount) as root, `<linux/capability.h>`.
+const CAP_SYS_ADMIN: u32 = 21;
+
+/// The effective capability set (`CapEff`) of a `/proc/<pid>/status` text.
+fn effective_capabilities(status: &str) -> Option<u64> {
+    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+    u64::from_str_radix(hex.trim(), 16).ok()
 }
 
 /// Whether the namespaces level was assumed rather than probed (see
@@ -444,4 +458,26 @@ fn mounts(pid: bool) -> Result<(), StepError> {
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_effective_capabilities_are_read_from_a_status_text() {
+        let status = "Name:\tpodhost\nCapInh:\t0000000000000000\nCapPrm:\t000001ffffffffff\n\
+                      CapEff:\t000001ffffffffff\nCapBnd:\t000001ffffffffff\n";
+        let caps = effective_capabilities(status).unwrap();
+        assert_eq!(caps, 0x1ff_ffff_ffff);
+        assert_ne!(caps & (1 << CAP_SYS_ADMIN), 0);
+        // A container's root without CAP_SYS_ADMIN (Docker's default set).
+        let docker = "CapEff:\t00000000a80425fb\n";
+        assert_eq!(
+            effective_capabilities(docker).map(|c| c & (1 << CAP_SYS_ADMIN)),
+            Some(0)
+        );
+        assert_eq!(effective_capabilities("Name:\tx\n"), None);
+        assert_eq!(effective_capabilities("CapEff:\tzz\n"), None);
+    }
 }
