@@ -132,17 +132,26 @@ impl Front {
                 config::completions(args.shell, &mut std::io::stdout());
                 Front::Done(exit::OK)
             }
-            Command::Man(args) => match config::man_pages(&args.dir) {
-                Ok(pages) => {
-                    for page in pages {
-                        println!("{}", page.display());
+            Command::Man(args) => match args.dir {
+                None => match config::man_page(&mut std::io::stdout()) {
+                    Ok(()) => Front::Done(exit::OK),
+                    Err(e) => {
+                        eprintln!("podhost man: {e}");
+                        Front::Done(exit::FAILURE)
                     }
-                    Front::Done(exit::OK)
-                }
-                Err(e) => {
-                    eprintln!("podhost man: {}: {e}", args.dir.display());
-                    Front::Done(exit::FAILURE)
-                }
+                },
+                Some(dir) => match config::man_pages(&dir) {
+                    Ok(pages) => {
+                        for page in pages {
+                            println!("{}", page.display());
+                        }
+                        Front::Done(exit::OK)
+                    }
+                    Err(e) => {
+                        eprintln!("podhost man: {}: {e}", dir.display());
+                        Front::Done(exit::FAILURE)
+                    }
+                },
             },
         })
     }

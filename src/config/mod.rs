@@ -158,8 +158,8 @@ pub enum Command {
     Health(HealthArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish or powershell) for podhost.
     Completions(CompletionsArgs),
-    /// Write podhost's man pages (podhost.1 and one per subcommand) into a directory.
-    #[command(hide = true)]
+    /// Print podhost's man page (podhost.1) to stdout, or, with --dir, write it and one per
+    /// subcommand into a directory.
     Man(ManArgs),
 }
 
@@ -171,14 +171,20 @@ pub struct CompletionsArgs {
 
 #[derive(Debug, Args)]
 pub struct ManArgs {
-    /// The directory to write the pages into (created if missing).
-    #[arg(long, default_value = ".")]
-    pub dir: std::path::PathBuf,
+    /// Write podhost.1 and a page per subcommand (podhost-serve.1, …) into this directory
+    /// (created if missing), and list them; without it, podhost.1 goes to stdout.
+    #[arg(long)]
+    pub dir: Option<std::path::PathBuf>,
 }
 
 /// Writes the completion script of `shell` for podhost's whole command line to `out`.
 pub fn completions(shell: clap_complete::Shell, out: &mut dyn std::io::Write) {
     clap_complete::generate(shell, &mut Cli::command(), "podhost", out);
+}
+
+/// Writes podhost's own page, `podhost.1`, to `out`.
+pub fn man_page(out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    clap_mangen::Man::new(Cli::command().version(VERSION)).render(out)
 }
 
 /// Writes `podhost.1` and a page per visible subcommand (`podhost-serve.1`, …) into `dir`;
@@ -326,6 +332,7 @@ mod tests {
                 "podhost-pod.1",
                 "podhost-health.1",
                 "podhost-completions.1",
+                "podhost-man.1",
                 "podhost.1"
             ]
         );

@@ -62,10 +62,35 @@ fn completions_and_man_pages_come_from_the_command_line_definitions() {
     let man = dir.path().join("man1");
     let (code, listed, err) = run(&["man", "--dir", man.to_str().unwrap()], &[]);
     assert_eq!((code, err.as_str()), (Some(0), ""));
-    assert_eq!(listed.lines().count(), 8, "{listed}");
+    assert_eq!(listed.lines().count(), 9, "{listed}");
     let page = std::fs::read_to_string(man.join("podhost-serve.1")).unwrap();
     assert!(page.starts_with(".ie \\n(.g .ds Aq \\(aq"), "{page}");
     assert!(page.contains("PODHOST_MAX_RUNNING"), "{page}");
+}
+
+/// `podhost man` without `--dir` prints podhost.1 to stdout, as `rg --generate man` does, and
+/// writes nothing where it runs; `--help` lists it.
+#[test]
+fn man_without_a_directory_prints_the_page_and_writes_no_file() {
+    let cwd = tempfile::tempdir().unwrap();
+    let out = Command::new(podhost_bin())
+        .arg("man")
+        .current_dir(cwd.path())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let page = String::from_utf8(out.stdout).unwrap();
+    assert!(page.starts_with(".ie \\n(.g .ds Aq \\(aq"), "{page}");
+    assert!(page.contains(".TH podhost 1"), "{page}");
+    let left: Vec<_> = std::fs::read_dir(cwd.path()).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+    let (code, help, _) = run(&["--help"], &[]);
+    assert_eq!(code, Some(0));
+    assert!(
+        help.lines().any(|l| l.trim_start().starts_with("man ")),
+        "{help}"
+    );
 }
 
 #[test]
