@@ -230,6 +230,11 @@ async fn authenticate(State(app): State<App>, req: Request, next: Next) -> Respo
     }
 }
 
+/// The routes a kubelet probes and Prometheus scrapes every few seconds: their answers are
+/// logged at DEBUG when they succeed (at INFO they would fill the log with the same line);
+/// every other request, and a probe that fails, at INFO.
+const POLLED_ROUTES: [&str; 4] = ["/healthz", "/livez", "/readyz", "/metrics"];
+
 async fn log_request(req: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = req.method().clone();
@@ -240,14 +245,25 @@ async fn log_request(req: Request, next: Next) -> Response {
         .get::<Tag>()
         .map(|t| t.0.as_str())
         .unwrap_or("");
-    info!(
-        method = %method,
-        path,
-        invocation_id,
-        status = resp.status().as_u16(),
-        duration_us = started.elapsed().as_micros() as u64,
-        "request"
-    );
+    let status = resp.status().as_u16();
+    let duration_us = started.elapsed().as_micros() as u64;
+    macro_rules! request {
+        ($level:ident) => {
+            tracing::$level!(
+                method = %method,
+                path,
+                invocation_id,
+                status,
+                duration_us,
+                "request"
+            )
+        };
+    }
+    if resp.status().is_success() && POLLED_ROUTES.contains(&path.as_str()) {
+        request!(debug);
+    } else {
+        request!(info);
+    }
     resp
 }
 

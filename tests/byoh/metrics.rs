@@ -290,3 +290,35 @@ impl WriteLock {
         }
     }
 }
+
+/// The kubelet's probes and Prometheus's scrapes, every few seconds, are logged at DEBUG when
+/// they succeed; the API's requests stay at INFO.
+#[tokio::test]
+async fn probes_and_scrapes_are_not_logged_at_info() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Serve::start(dir.path());
+    for _ in 0..3 {
+        for route in ["/livez", "/readyz", "/metrics"] {
+            let (code, _, text) = open_get(&s, route).await;
+            assert_eq!(code, StatusCode::OK, "{route}: {text}");
+        }
+        let (code, body) = s.call("GET", "/healthz", None).await;
+        assert_eq!(code, StatusCode::OK, "{body}");
+    }
+    let (code, body) = s.call("GET", "/get_status?invocation_id=none", None).await;
+    assert_eq!(code, StatusCode::NOT_FOUND, "{body}");
+    // The log is read from serve's stderr as it comes: wait for the last request's line.
+    let deadline = Instant::now() + T;
+    while !s.logs().contains("/get_status") && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let logs = s.logs();
+    let requests: Vec<&str> = logs.lines().filter(|l| l.contains("request")).collect();
+    assert!(requests.iter().any(|l| l.contains("/get_status")), "{logs}");
+    for route in ["/healthz", "/livez", "/readyz", "/metrics"] {
+        assert!(
+            !requests.iter().any(|l| l.contains(&format!("\"{route}\""))),
+            "{route} logged at INFO:\n{logs}"
+        );
+    }
+}
