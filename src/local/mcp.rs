@@ -309,7 +309,11 @@ async fn http(
     // The credential check, then the guard (as for serve), then rmcp.
     let guard = Guard::new(local, token.is_some(), refuse);
     let app = guard
-        .around(axum::Router::new().route_service("/mcp", service))
+        .around(
+            axum::Router::new()
+                .route_service("/mcp", service)
+                .layer(middleware::from_fn(session_ended)),
+        )
         .layer(middleware::from_fn_with_state(
             token.map(|t| Arc::new(Secret::new(t))),
             require_bearer,
@@ -351,6 +355,20 @@ fn credential(cfg: &McpConfig) -> Result<Option<String>, LocalError> {
     }
     // On stdio the client that started podhost is the only one it serves: no credential.
     Ok(token.filter(|_| cfg.listen.is_some()))
+}
+
+/// A session ended with `DELETE /mcp` answers 204 No Content: rmcp answers 202 Accepted,
+/// which the official SDKs' clients take for a failure to end it (and warn of).
+async fn session_ended(req: Request, next: Next) -> Response {
+    let delete = req.method() == axum::http::Method::DELETE;
+    let mut resp = next.run(req).await;
+    if delete && resp.status() == StatusCode::ACCEPTED {
+        *resp.status_mut() = StatusCode::NO_CONTENT;
+        *resp.body_mut() = axum::body::Body::empty();
+        resp.headers_mut().remove(header::CONTENT_LENGTH);
+        resp.headers_mut().remove(header::CONTENT_TYPE);
+    }
+    resp
 }
 
 async fn require_bearer(

@@ -757,3 +757,52 @@ async fn a_fault_of_podhost_is_an_error_of_the_protocol_not_a_tool_result() {
         "hi\n"
     );
 }
+
+/// Ending a session with `DELETE /mcp` answers 204 No Content, as the official SDKs' clients
+/// expect (they warn of a 202), and the session is gone afterwards.
+#[tokio::test]
+async fn ending_a_session_with_delete_answers_no_content() {
+    let ws = tempfile::tempdir().unwrap();
+    let server = serve_http_with(ws.path(), &[], Some(TOKEN), None, &[]).await;
+    let url = format!("http://{}/mcp", server.addr());
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let http = reqwest::Client::new();
+    let init = http
+        .post(&url)
+        .bearer_auth(TOKEN)
+        .header("Accept", "application/json, text/event-stream")
+        .header("Content-Type", "application/json")
+        .body(INITIALIZE)
+        .send()
+        .await
+        .unwrap();
+    assert!(init.status().is_success(), "{init:?}");
+    let id = init.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    drop(init);
+    let ended = http
+        .delete(&url)
+        .bearer_auth(TOKEN)
+        .header("mcp-session-id", &id)
+        .header("mcp-protocol-version", "2025-11-25")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ended.status(), 204, "{ended:?}");
+    assert_eq!(ended.bytes().await.unwrap().len(), 0);
+    // The session is gone: a request in it is answered 404, as the transport's spec says.
+    let after = http
+        .post(&url)
+        .bearer_auth(TOKEN)
+        .header("Accept", "application/json, text/event-stream")
+        .header("Content-Type", "application/json")
+        .header("mcp-session-id", &id)
+        .header("mcp-protocol-version", "2025-11-25")
+        .body(r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(after.status(), 404, "{after:?}");
+}
