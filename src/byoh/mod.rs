@@ -278,6 +278,14 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
         )));
     }
     warn_small_uid_pool(&args);
+    // The store's setting is checked before anything is made: one podhost cannot use leaves no
+    // data directory behind.
+    let spec = StoreSpec::parse(
+        args.store.as_ref().map(Secret::expose),
+        &args.data,
+        &args.store_setting,
+    )
+    .map_err(ServeError::Config)?;
     std::fs::create_dir_all(&args.data).map_err(|source| ServeError::Io {
         what: format!(
             "could not create the data directory {}",
@@ -289,7 +297,7 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
         what: "could not find podhost's own executable".into(),
         source,
     })?;
-    let (store, spec, guards) = open_store(&args, &tls).await?;
+    let (store, spec, guards) = open_store(&args, spec, &tls).await?;
     let store_engine = store.engine();
     let client = ModelClient::new(
         RetryPolicy {
@@ -361,14 +369,9 @@ fn warn_small_uid_pool(args: &ServeConfig) {
 /// new store does not strand the invocations of an old one.
 async fn open_store(
     args: &ServeConfig,
+    spec: StoreSpec,
     tls: &std::sync::Arc<rustls::ClientConfig>,
 ) -> Result<(Store, StoreSpec, Vec<Guard>), ServeError> {
-    let spec = StoreSpec::parse(
-        args.store.as_ref().map(Secret::expose),
-        &args.data,
-        &args.store_setting,
-    )
-    .map_err(ServeError::Config)?;
     let guards = state_guards(args);
     // An SQLite store's files are made now on a first start: private at once, without a warning.
     let fresh = matches!(&spec, StoreSpec::Sqlite(db) if !db.exists());

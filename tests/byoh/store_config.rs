@@ -17,6 +17,8 @@ pub fn refused(data: &std::path::Path, opts: &Options) -> String {
     }
 }
 
+/// A URL that is not PostgreSQL's is refused, without its password, before the data directory
+/// is made.
 #[test]
 fn a_store_url_that_is_not_postgresql_is_refused_without_its_password() {
     let dir = tempfile::tempdir().unwrap();
@@ -34,6 +36,11 @@ fn a_store_url_that_is_not_postgresql_is_refused_without_its_password() {
         "{err}"
     );
     assert!(!err.contains("hunter2"), "{err}");
+    // Refused before anything was made.
+    assert!(
+        !dir.path().join("data").exists(),
+        "the data directory was made before the store was checked"
+    );
 }
 
 #[test]
