@@ -278,14 +278,8 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
         )));
     }
     warn_small_uid_pool(&args);
-    // The store's setting is checked before anything is made: one podhost cannot use leaves no
-    // data directory behind.
-    let spec = StoreSpec::parse(
-        args.store.as_ref().map(Secret::expose),
-        &args.data,
-        &args.store_setting,
-    )
-    .map_err(ServeError::Config)?;
+    // Before anything is made: a store podhost cannot use leaves no data directory behind.
+    let spec = store_spec(&args)?;
     std::fs::create_dir_all(&args.data).map_err(|source| ServeError::Io {
         what: format!(
             "could not create the data directory {}",
@@ -367,6 +361,16 @@ fn warn_small_uid_pool(args: &ServeConfig) {
 
 /// Opens the store `args` name, checking the modes of podhost's state around it and that a
 /// new store does not strand the invocations of an old one.
+/// The store the settings name, parsed (not yet opened).
+fn store_spec(args: &ServeConfig) -> Result<StoreSpec, ServeError> {
+    StoreSpec::parse(
+        args.store.as_ref().map(Secret::expose),
+        &args.data,
+        &args.store_setting,
+    )
+    .map_err(ServeError::Config)
+}
+
 async fn open_store(
     args: &ServeConfig,
     spec: StoreSpec,
