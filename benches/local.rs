@@ -8,7 +8,7 @@
 //!   script pays: podhost's start-up, the supervisor, the shell);
 //! * **bare**: `bash -c true` spawned with `std::process`.
 //!
-//! podhost runs from a copy of the build (see `installed`), as it would be installed.
+//! podhost runs from a copy of the build (see `support/installed.rs`), as it would be installed.
 //!
 //! Each round is measured on a quiet host, then again with 1,000 idle processes on it (`sleep`s
 //! the bench starts and ends): a command's cost must not grow with the host's process count.
@@ -23,6 +23,10 @@
 
 #[path = "support/smoke.rs"]
 mod smoke;
+
+#[path = "support/installed.rs"]
+mod installed;
+use installed::installed;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -195,23 +199,9 @@ fn median(mut v: Vec<Duration>) -> f64 {
     v[v.len() / 2].as_secs_f64() * 1000.0
 }
 
-/// Copies of the built `podhost` and `podhost-exec` in `dir`, as an installation has them: a
-/// file the linker has just written sits in the page cache in small pages, and each start of
-/// it takes more page faults (about 0.5 ms of a start) than a copied or installed one.
-fn installed(dir: &Path) -> std::path::PathBuf {
-    let built = Path::new(env!("CARGO_BIN_EXE_podhost"));
-    let podhost = dir.join("podhost");
-    std::fs::copy(built, &podhost).unwrap();
-    let exec = built.with_file_name("podhost-exec");
-    if exec.exists() {
-        std::fs::copy(&exec, dir.join("podhost-exec")).unwrap();
-    }
-    podhost
-}
-
 fn main() {
     let install = tempfile::tempdir().unwrap();
-    let podhost = &installed(install.path());
+    let podhost = &installed(Path::new(env!("CARGO_BIN_EXE_podhost")), install.path());
     let dir = tempfile::tempdir().unwrap();
     let mut session = Session::start(podhost, dir.path());
     let input = json!({"command": "true"}).to_string();

@@ -14,6 +14,9 @@
 #[path = "../support/smoke.rs"]
 mod smoke;
 
+#[path = "../support/installed.rs"]
+mod installed;
+
 mod bash;
 mod oneshot;
 mod reaper;

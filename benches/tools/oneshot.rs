@@ -1,9 +1,9 @@
 //! The whole `podhost tool bash --input '{"command":"true"}'` process (a copy of the release
-//! build cargo makes for this bench, as installed: see `installed`) against a bare `bash -c true` and against
-//! `bwrap --ro-bind / / --dev /dev --proc /proc bash -c true` (left out, and said so, where
-//! `bwrap` is not installed), interleaved call by call; then the same with 1,000 idle processes
-//! on the host (`sleep`s started for the part's duration). Every round's medians are printed,
-//! then the median of the rounds' ratios.
+//! build cargo makes for this bench, as installed: see `support/installed.rs`) against a bare
+//! `bash -c true` and against `bwrap --ro-bind / / --dev /dev --proc /proc bash -c true` (left
+//! out, and said so, where `bwrap` is not installed), interleaved call by call; then the same
+//! with 1,000 idle processes on the host (`sleep`s started for the part's duration). Every
+//! round's medians are printed, then the median of the rounds' ratios.
 //!
 //! What it shows: what one tool call costs a script that runs `podhost tool` per command —
 //! podhost's start, its confinement and its supervision of the command — against a shell alone
@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use crate::bash::{Sample, measure, medians};
+use crate::installed::installed;
 use crate::smoke;
 
 /// Rounds, calls of each kind per round, warm-up calls, idle processes.
@@ -64,21 +65,6 @@ pub fn main() {
     }
     kinds.rounds(&format!("{idle} idle processes"), rounds, iterations);
     sleepers.stop();
-}
-
-/// A copy of the binary `built` (and of `podhost-exec` beside it, when there is one), as an
-/// installation has it. Not the linker's output itself: a file the linker has just written sits
-/// in the page cache in small pages, and each start of it takes more page faults (about
-/// 0.5 ms more of a start, measured on a 2-core machine) than a copied or installed one, or
-/// one read back from disk.
-fn installed(built: &Path, dir: &Path) -> PathBuf {
-    let podhost = dir.join("podhost");
-    std::fs::copy(built, &podhost).unwrap();
-    let exec = built.with_file_name("podhost-exec");
-    if exec.exists() {
-        std::fs::copy(&exec, dir.join("podhost-exec")).unwrap();
-    }
-    podhost
 }
 
 /// The three ways of running `true`, and where.

@@ -138,11 +138,13 @@ static NAMESPACES_ASSUMED: AtomicBool = AtomicBool::new(false);
 /// a process that is not root or lacks `CAP_SYS_ADMIN` (a container's root without it may still
 /// be allowed a user namespace, which only the probe finds).
 pub fn assume_root_namespaces() -> bool {
-    let sys_admin = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| effective_capabilities(&status))
-        .is_some_and(|caps| caps & (1 << CAP_SYS_ADMIN) != 0);
-    if !nix::unistd::geteuid().is_root() || !sys_admin {
+    let sys_admin = || {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|status| effective_capabilities(&status))
+            .is_some_and(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
+    };
+    if !nix::unistd::geteuid().is_root() || !sys_admin() {
         return false;
     }
     let assumed = Probe {
@@ -287,7 +289,7 @@ fn attempt_disk() -> Result<(), String> {
     let image = dir.join("probe.img");
     let tried = crate::exec::disk::make_image(&image, 8 << 20)
         .map_err(|e| e.to_string())
-        .and_then(|()| in_child(|| mount_image(&image)));
+        .and_then(|()| in_child(0, "fork", "the probe died", || mount_image(&image)));
     let _ = std::fs::remove_dir_all(&dir);
     tried
 }
@@ -311,10 +313,16 @@ fn mount_image(image: &Path) -> Result<(), StepError> {
     sys::fsmount_ext4(&path, &[c"discard", c"noinit_itable"]).map(drop)
 }
 
-/// Runs `f` in a forked child; its error, in words.
-fn in_child(f: impl FnOnce() -> Result<(), StepError>) -> Result<(), String> {
+/// Runs `f` in a child forked with the clone `flags` (0: a plain fork), `what` naming the fork
+/// in its error; `f`'s error, in words, or `died` when the child ended without one.
+fn in_child<E: std::fmt::Display>(
+    flags: libc::c_int,
+    what: &str,
+    died: &str,
+    f: impl FnOnce() -> Result<(), E>,
+) -> Result<(), String> {
     let (rd, wr) = sys::pipe().map_err(|e| format!("pipe: {e}"))?;
-    let child = sys::fork_with("fork", 0).map_err(|e| e.to_string())?;
+    let child = sys::fork_with(what, flags).map_err(|e| e.to_string())?;
     if child == 0 {
         drop(rd);
         let code = match f() {
@@ -333,7 +341,7 @@ fn in_child(f: impl FnOnce() -> Result<(), StepError>) -> Result<(), String> {
     if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
         Ok(())
     } else if why.is_empty() {
-        Err("the probe died".to_owned())
+        Err(died.to_owned())
     } else {
         Err(why)
     }
@@ -343,32 +351,11 @@ fn in_child(f: impl FnOnce() -> Result<(), StepError>) -> Result<(), String> {
 /// (and, with `net`, a network namespace with its loopback up); the first step that fails, in
 /// words.
 fn attempt(userns: bool, pid: bool, net: bool) -> Result<(), String> {
-    let (rd, wr) = sys::pipe().map_err(|e| format!("pipe: {e}"))?;
     let uid = nix::unistd::geteuid().as_raw();
     let gid = nix::unistd::getegid().as_raw();
-    let child = sys::fork_with("fork", 0).map_err(|e| e.to_string())?;
-    if child == 0 {
-        drop(rd);
-        let code = match in_namespaces(userns, pid, net, uid, gid) {
-            Ok(()) => 0,
-            Err(e) => {
-                let _ = sys::write_all(wr.as_raw_fd(), e.to_string().as_bytes());
-                1
-            }
-        };
-        sys::exit_now(code);
-    }
-    drop(wr);
-    let mut why = String::new();
-    let _ = std::fs::File::from(rd).read_to_string(&mut why);
-    let status = sys::wait(child, 0).map(|(_, s)| s).unwrap_or(-1);
-    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
-        Ok(())
-    } else if why.is_empty() {
-        Err("the probe died".to_owned())
-    } else {
-        Err(why)
-    }
+    in_child(0, "fork", "the probe died", || {
+        in_namespaces(userns, pid, net, uid, gid)
+    })
 }
 
 fn in_namespaces(userns: bool, pid: bool, net: bool, uid: u32, gid: u32) -> Result<(), String> {
@@ -393,31 +380,12 @@ fn in_namespaces(userns: bool, pid: bool, net: bool, uid: u32, gid: u32) -> Resu
     if net {
         flags |= libc::CLONE_NEWNET;
     }
-    let (rd, wr) = sys::pipe().map_err(|e| format!("pipe: {e}"))?;
-    let inner =
-        sys::fork_with("clone(CLONE_NEWNS|CLONE_NEWPID)", flags).map_err(|e| e.to_string())?;
-    if inner == 0 {
-        drop(rd);
-        let code = match mounts(pid).and_then(|()| if net { sys::loopback_up() } else { Ok(()) }) {
-            Ok(()) => 0,
-            Err(e) => {
-                let _ = sys::write_all(wr.as_raw_fd(), e.to_string().as_bytes());
-                1
-            }
-        };
-        sys::exit_now(code);
-    }
-    drop(wr);
-    let mut why = String::new();
-    let _ = std::fs::File::from(rd).read_to_string(&mut why);
-    let status = sys::wait(inner, 0).map(|(_, s)| s).unwrap_or(-1);
-    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
-        Ok(())
-    } else if why.is_empty() {
-        Err("the namespaced child died".to_owned())
-    } else {
-        Err(why)
-    }
+    in_child(
+        flags,
+        "clone(CLONE_NEWNS|CLONE_NEWPID)",
+        "the namespaced child died",
+        || mounts(pid).and_then(|()| if net { sys::loopback_up() } else { Ok(()) }),
+    )
 }
 
 /// The mounts of a view, in miniature: private propagation, a detached copy of a tree, the
