@@ -64,7 +64,7 @@ fn main() -> ExitCode {
     // `podhost tool bash`, as root with CAP_SYS_ADMIN, makes its command's namespaces itself
     // and falls back where the kernel refuses them: the probe's forks and namespaces would be on
     // the command's path (see exec::probe::assume_root_namespaces).
-    if matches!(&front, Front::Tool(c) if c.name == "bash") {
+    if matches!(&front, Front::Tool(c) if c.name == podhost::tools::ToolName::Bash) {
         exec::probe::assume_root_namespaces();
     }
     // One-shot fronts report their confinement now; long-running ones once their configuration

@@ -14,6 +14,7 @@ use crate::exec::{ExecSettings, ResourceLimits};
 
 /// How commands run: limits and the shell.
 #[derive(Clone, Debug, Args)]
+#[command(next_help_heading = "Commands")]
 pub struct ExecArgs {
     /// Most open files per command (RLIMIT_NOFILE).
     #[arg(long, env = "PODHOST_LIMIT_OPEN_FILES", default_value_t = 4096)]
@@ -45,6 +46,7 @@ pub struct ExecArgs {
 
 /// How commands and file tools are confined (see `exec::confine`).
 #[derive(Clone, Debug, Args)]
+#[command(next_help_heading = "Confinement")]
 pub struct ConfineArgs {
     /// Confine commands and file tools with Landlock where the kernel has it: on or off.
     #[arg(long, env = "PODHOST_CONFINE", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]

@@ -9,6 +9,7 @@ use crate::floor::http::HttpLimits;
 
 /// The listener's timeouts and caps (`PODHOST_HTTP_*`), the same for every HTTP front.
 #[derive(Clone, Debug, Args)]
+#[command(next_help_heading = "HTTP listener")]
 pub struct HttpArgs {
     /// Seconds a connection may take to send a request's headers (from its accept, or from its
     /// first byte after the previous response); past it, the connection is closed.

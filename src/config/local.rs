@@ -22,12 +22,14 @@ use crate::chat::session::DEFAULT_MAX_STEPS;
 use crate::floor::secret::Secret;
 use crate::local::run::{ModelChoice, Task};
 use crate::local::{LocalEnv, McpConfig, RunConfig, ToolConfig};
+use crate::tools::ToolName;
 
 /// The base URL when neither a flag nor `OPENAI_BASE_URL` names one (the OpenAI clients' own).
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 
 /// How commands of local use get their environment, and where else they may write.
 #[derive(Clone, Debug, Args)]
+#[command(next_help_heading = "Commands")]
 pub struct LocalEnvArgs {
     /// Pass this variable to commands although its name looks like a credential (repeat the
     /// flag, or separate names with `,` in the environment). Commands get the rest of your
@@ -78,13 +80,18 @@ pub struct RunArgs {
     pub task: Option<String>,
     /// The OpenAI-compatible base URL (requests go to `{base_url}/chat/completions`); default
     /// `OPENAI_BASE_URL`, else `https://api.openai.com/v1`.
-    #[arg(long, env = "PODHOST_BASE_URL")]
+    #[arg(long, env = "PODHOST_BASE_URL", help_heading = "Model")]
     pub base_url: Option<String>,
     /// The model name.
-    #[arg(long, env = "PODHOST_MODEL")]
+    #[arg(long, env = "PODHOST_MODEL", help_heading = "Model")]
     pub model: Option<String>,
     /// The environment variable that holds the API key; default `OPENAI_API_KEY` when it is set.
-    #[arg(long, env = "PODHOST_API_KEY_ENV", value_name = "NAME")]
+    #[arg(
+        long,
+        env = "PODHOST_API_KEY_ENV",
+        value_name = "NAME",
+        help_heading = "Model"
+    )]
     pub api_key_env: Option<String>,
     /// The workspace directory.
     #[arg(long, env = "PODHOST_WORKSPACE", default_value = ".")]
@@ -99,14 +106,19 @@ pub struct RunArgs {
     #[arg(long, env = "PODHOST_SYSTEM", value_name = "TEXT")]
     pub system: Option<String>,
     /// Sampling temperature, passed to the model.
-    #[arg(long, env = "PODHOST_TEMPERATURE", value_parser = temperature)]
+    #[arg(long, env = "PODHOST_TEMPERATURE", value_parser = temperature, help_heading = "Model")]
     pub temperature: Option<f64>,
     /// Most tokens of each answer (`max_tokens`), passed to the model.
-    #[arg(long, env = "PODHOST_MAX_TOKENS",
+    #[arg(long, env = "PODHOST_MAX_TOKENS", help_heading = "Model",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_tokens: Option<u32>,
     /// How hard a reasoning model thinks (`reasoning_effort`), passed to the model.
-    #[arg(long, env = "PODHOST_REASONING_EFFORT", value_enum)]
+    #[arg(
+        long,
+        env = "PODHOST_REASONING_EFFORT",
+        value_enum,
+        help_heading = "Model"
+    )]
     pub reasoning_effort: Option<ReasoningEffort>,
     /// Print JSON Lines events on stdout (schemas/run-events.v1.json) instead of text.
     #[arg(long, env = "PODHOST_JSON", value_parser = BoolishValueParser::new())]
@@ -120,7 +132,7 @@ pub struct RunArgs {
     )]
     pub output: Option<PathBuf>,
     /// Ask for whole answers instead of streamed ones (server-sent events).
-    #[arg(long, env = "PODHOST_NO_STREAM", value_parser = BoolishValueParser::new())]
+    #[arg(long, env = "PODHOST_NO_STREAM", value_parser = BoolishValueParser::new(), help_heading = "Model")]
     pub no_stream: bool,
     #[command(flatten)]
     pub env: LocalEnvArgs,
@@ -145,8 +157,9 @@ fn temperature(s: &str) -> Result<f64, String> {
 /// `podhost tool`.
 #[derive(Debug, Args)]
 pub struct ToolArgs {
-    /// The tool: bash, read, write, edit, grep or glob.
-    pub name: String,
+    /// The tool.
+    #[arg(value_name = "TOOL", value_parser = tool_name())]
+    pub name: ToolName,
     /// The tool's input as a JSON object, or `-` to read it from stdin.
     #[arg(long)]
     pub input: String,
@@ -277,11 +290,18 @@ fn check_base_url(url: &str, from: &str) -> Result<Url, String> {
     }
 }
 
+/// The six tools' names, offered by completions and listed by `--help`.
+fn tool_name() -> impl clap::builder::TypedValueParser<Value = ToolName> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(ToolName::ALL.map(ToolName::as_str))
+        .try_map(|name| name.parse::<ToolName>())
+}
+
 impl ToolArgs {
     /// The plain configuration; pure.
     pub fn config(&self) -> ToolConfig {
         ToolConfig {
-            name: self.name.clone(),
+            name: self.name,
             input: self.input.clone(),
             workspace: self.workspace.clone(),
             env: self.env.settings(),

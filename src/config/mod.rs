@@ -53,7 +53,7 @@ impl Cli {
         if args.get(1).is_some_and(|a| a == "tool") {
             return Cli::parse_tool(&args);
         }
-        let command = Cli::command();
+        let command = command();
         let matches = command
             .clone()
             .try_get_matches_from(&args)
@@ -74,7 +74,7 @@ impl Cli {
     /// command line costs a one-shot call more than its command), with the same names, help and
     /// errors as in the whole tree.
     fn parse_tool(args: &[std::ffi::OsString]) -> Result<Cli, ParseError> {
-        let command = ToolCli::command();
+        let command = shaped(ToolCli::command());
         let matches = command
             .clone()
             .try_get_matches_from(args)
@@ -143,17 +143,20 @@ pub enum Command {
     Tool(ToolArgs),
     /// Serve the Oumi BYOH endpoint (submit, get_status, collect_output, cancel).
     Serve(Box<ServeArgs>),
-    /// Run one agent task in a local workspace against an OpenAI-compatible model: activity on
-    /// stderr, the answer on stdout (or JSON Lines events with --json); exit 0 only with an
-    /// answer.
+    /// Run one agent task in a local workspace against an OpenAI-compatible model.
+    ///
+    /// Activity goes to stderr and the answer to stdout (or JSON Lines events to stdout with
+    /// --json); the exit code is 0 only with an answer.
     Run(Box<RunArgs>),
-    /// Serve the six tools over the Model Context Protocol (stdio, or streamable HTTP with
-    /// --listen) on a local workspace.
+    /// Serve the six tools over the Model Context Protocol on a local workspace.
+    ///
+    /// Over stdio, or streamable HTTP at `/mcp` with --listen.
     Mcp(McpArgs),
     /// Be a Nylorun pod's harness: join core, serve the Harness API, lease runs.
     Pod(Box<PodArgs>),
-    /// Ask the running pod host whether it is connected to core (a Kubernetes exec probe):
-    /// exit 0 when it answers `connected: true`, 1 otherwise; with `--live`, exit 0 for any
+    /// Ask the running pod host whether it is connected to core (a Kubernetes exec probe).
+    ///
+    /// Exit 0 when it answers `connected: true`, 1 otherwise; with `--live`, exit 0 for any
     /// answer.
     Health(HealthArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish or powershell) for podhost.
@@ -177,21 +180,88 @@ pub struct ManArgs {
     pub dir: Option<std::path::PathBuf>,
 }
 
+/// Help wraps at the terminal's width, and at most this many columns.
+const HELP_WIDTH: usize = 100;
+
+/// Settings that only a host serving others (a pod, a BYOH host) uses: hidden from the help and
+/// completions of the local fronts, which accept and ignore them.
+const HOST_ONLY: [&str; 6] = [
+    "limit_memory_mb",
+    "cpu_weight",
+    "namespaces",
+    "session_network",
+    "session_allow_networks",
+    "uid_pool",
+];
+
+/// Settings that only the local fronts use, hidden from `serve` and `pod`.
+const LOCAL_ONLY: [&str; 1] = ["read_only_system"];
+
+/// podhost's whole command line, as parsed, helped, completed and paged.
+fn command() -> clap::Command {
+    shaped(Cli::command())
+}
+
+/// `cli` with its help width and each subcommand's flags for other fronts hidden.
+fn shaped(cli: clap::Command) -> clap::Command {
+    let hide = |mut sub: clap::Command, ids: &[&str]| {
+        for id in ids {
+            if sub.get_arguments().any(|a| a.get_id() == id) {
+                sub = sub.mut_arg(*id, |a| a.hide(true));
+            }
+        }
+        sub
+    };
+    let names: Vec<String> = cli
+        .get_subcommands()
+        .map(|s| s.get_name().to_owned())
+        .collect();
+    let mut cli = cli.max_term_width(HELP_WIDTH);
+    // Each one, in order: `mut_subcommand` moves the one it changes to the end.
+    for name in names {
+        let ids: &[&str] = match name.as_str() {
+            "serve" | "pod" => &LOCAL_ONLY,
+            "tool" | "run" | "mcp" => &HOST_ONLY,
+            _ => &[],
+        };
+        cli = cli.mut_subcommand(name, |sub| hide(sub, ids));
+    }
+    cli
+}
+
+/// `cmd` without its hidden flags and subcommands, for a completion script: clap's generators
+/// offer what `--help` hides.
+fn visible(cmd: &clap::Command) -> clap::Command {
+    let mut out = clap::Command::new(cmd.get_name().to_owned())
+        .about(cmd.get_about().cloned().unwrap_or_default())
+        .version(VERSION)
+        .disable_help_flag(true)
+        .disable_version_flag(true)
+        .disable_help_subcommand(true)
+        .args(cmd.get_arguments().filter(|a| !a.is_hide_set()).cloned());
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        out = out.subcommand(visible(sub));
+    }
+    out
+}
+
 /// Writes the completion script of `shell` for podhost's whole command line to `out`.
 pub fn completions(shell: clap_complete::Shell, out: &mut dyn std::io::Write) {
-    clap_complete::generate(shell, &mut Cli::command(), "podhost", out);
+    let mut cli = command();
+    cli.build();
+    clap_complete::generate(shell, &mut visible(&cli), "podhost", out);
 }
 
 /// Writes podhost's own page, `podhost.1`, to `out`.
 pub fn man_page(out: &mut dyn std::io::Write) -> std::io::Result<()> {
-    clap_mangen::Man::new(Cli::command().version(VERSION)).render(out)
+    clap_mangen::Man::new(command().version(VERSION)).render(out)
 }
 
 /// Writes `podhost.1` and a page per visible subcommand (`podhost-serve.1`, …) into `dir`;
 /// returns the files written.
 pub fn man_pages(dir: &std::path::Path) -> std::io::Result<Vec<std::path::PathBuf>> {
     std::fs::create_dir_all(dir)?;
-    let cli = Cli::command().version(VERSION);
+    let cli = command().version(VERSION);
     let mut written = Vec::new();
     let mut write = |name: String, cmd: clap::Command| -> std::io::Result<()> {
         let path = dir.join(format!("{name}.1"));
@@ -267,7 +337,7 @@ mod tests {
                 .render_long_help()
                 .to_string()
         };
-        assert_eq!(help(ToolCli::command()), help(Cli::command()));
+        assert_eq!(help(shaped(ToolCli::command())), help(command()));
         for bad in [
             &["podhost", "tool", "bash"][..],
             &["podhost", "tool", "bash", "--input", "{}", "--bogus"],
@@ -275,7 +345,7 @@ mod tests {
             &["podhost", "tool", "--version"],
         ] {
             let alone = Cli::parse_args(args(bad)).unwrap_err();
-            let whole = Cli::command().try_get_matches_from(args(bad)).unwrap_err();
+            let whole = command().try_get_matches_from(args(bad)).unwrap_err();
             assert_eq!(
                 (alone.message, alone.is_error),
                 (whole.render().to_string(), whole.use_stderr()),

@@ -128,6 +128,7 @@ pub(super) fn secrets_on_the_command_line(
 
 /// What `podhost serve` and `podhost run` know of the model's limits.
 #[derive(Debug, Args)]
+#[command(next_help_heading = "Model")]
 pub struct ModelLimitsArgs {
     /// The model's context window in tokens. Unset: 128000 (`run`: what the server's model
     /// listing says first, when it says; `serve` never asks it, the evaluator's key being for

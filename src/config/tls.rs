@@ -10,6 +10,7 @@ use crate::floor::tls::TlsSettings;
 /// Which CA certificates podhost trusts besides the system's, for core, the gates, the model and
 /// a PostgreSQL store.
 #[derive(Clone, Debug, Args)]
+#[command(next_help_heading = "TLS")]
 pub struct TlsArgs {
     /// A PEM file of CA certificates to trust besides the system's, for every TLS connection
     /// podhost opens (core, the gates, the model endpoint, a PostgreSQL store). Default:

@@ -24,8 +24,8 @@ use crate::tools::{CallContext, ToolName, ToolOutcome, Toolbox, codes};
 /// `podhost tool`'s configuration.
 #[derive(Clone, Debug)]
 pub struct ToolConfig {
-    /// The tool's name, as typed (checked when it runs).
-    pub name: String,
+    /// The tool.
+    pub name: ToolName,
     /// The tool's input as JSON text, or `-` for stdin.
     pub input: String,
     /// The workspace directory.
@@ -47,7 +47,7 @@ pub struct Call {
 /// Checks the tool's name and input (read from stdin for `-`) and builds the workspace's
 /// toolbox; says on stderr which `--env` variables are not set. Needs no async runtime.
 pub fn prepare(args: ToolConfig) -> Result<Call, LocalError> {
-    let name: ToolName = args.name.parse().map_err(LocalError::Usage)?;
+    let name = args.name;
     let raw = if args.input == "-" {
         let mut s = String::new();
         std::io::stdin()

@@ -187,10 +187,22 @@ pub enum ToolError {
     },
 }
 
-/// Parses a tool's input, or explains to the model what is wrong with it.
+/// Parses a tool's input, or explains to the model what is wrong with it, naming the field
+/// (`timeout: invalid type: …`) unless the explanation already names it.
 pub fn parse<I: DeserializeOwned>(tool: ToolName, input: &Value) -> Result<I, ToolOutcome> {
-    I::deserialize(input).map_err(|e| {
-        ToolOutcome::failed(codes::INVALID_INPUT, format!("Invalid {tool} input: {e}."))
+    serde_path_to_error::deserialize(input).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.inner().to_string();
+        let named = inner.starts_with(&path) || inner.contains(&format!("`{path}`"));
+        let message = if path == "." || named {
+            inner
+        } else {
+            format!("{path}: {inner}")
+        };
+        ToolOutcome::failed(
+            codes::INVALID_INPUT,
+            format!("Invalid {tool} input: {message}."),
+        )
     })
 }
 

@@ -68,6 +68,111 @@ fn completions_and_man_pages_come_from_the_command_line_definitions() {
     assert!(page.contains("PODHOST_MAX_RUNNING"), "{page}");
 }
 
+/// Help reads like rg's: wrapped at 100 columns, each subcommand's line short (detail in its long
+/// help), `run`'s flags under headings, and the local fronts' help without the settings only a
+/// host serving others uses (which they still accept).
+#[test]
+fn help_is_wrapped_grouped_and_shows_each_front_its_own_settings() {
+    for args in [
+        &["--help"][..],
+        &["run", "--help"],
+        &["run", "-h"],
+        &["serve", "--help"],
+        &["pod", "--help"],
+        &["mcp", "--help"],
+        &["tool", "--help"],
+    ] {
+        let (code, help, _) = run(args, &[("COLUMNS", "300")]);
+        assert_eq!(code, Some(0), "{args:?}");
+        let long: Vec<_> = help.lines().filter(|l| l.chars().count() > 100).collect();
+        assert!(long.is_empty(), "{args:?}: {long:#?}");
+    }
+    let (_, top, _) = run(&["--help"], &[]);
+    let run_line = top
+        .lines()
+        .find(|l| l.trim_start().starts_with("run "))
+        .unwrap();
+    assert_eq!(
+        run_line.trim(),
+        "run          Run one agent task in a local workspace against an OpenAI-compatible model"
+    );
+    let (_, run_help, _) = run(&["run", "-h"], &[]);
+    for heading in ["Model:", "Commands:", "Confinement:", "TLS:"] {
+        assert!(
+            run_help.lines().any(|l| l == heading),
+            "{heading}: {run_help}"
+        );
+    }
+    let host_only = [
+        "--limit-memory-mb",
+        "--cpu-weight",
+        "--namespaces",
+        "--session-network",
+        "--session-allow-networks",
+        "--uid-pool",
+    ];
+    for front in ["run", "tool", "mcp"] {
+        let (_, help, _) = run(&[front, "--help"], &[]);
+        for flag in host_only {
+            assert!(!help.contains(flag), "{front} shows {flag}");
+        }
+        assert!(help.contains("--limit-open-files"), "{front}: {help}");
+    }
+    let (_, serve_help, _) = run(&["serve", "--help"], &[]);
+    for flag in host_only {
+        assert!(serve_help.contains(flag), "serve hides {flag}");
+    }
+    assert!(!serve_help.contains("--read-only-system"), "{serve_help}");
+    // Hidden is not refused: a local front accepts (and ignores) a host's setting.
+    let (code, _, err) = run(
+        &[
+            "tool",
+            "read",
+            "--input",
+            r#"{"path":"none"}"#,
+            "--cpu-weight",
+            "5",
+        ],
+        &[],
+    );
+    assert!(!err.contains("unexpected argument"), "{code:?} {err}");
+}
+
+/// Completion scripts offer what `--help` shows: the six tools' names (bash and zsh), and no
+/// hidden flag (the test-only ones, an environment variable's alias).
+#[test]
+fn completions_offer_the_tools_and_hide_what_help_hides() {
+    for shell in ["bash", "zsh", "fish"] {
+        let (code, script, err) = run(&["completions", shell], &[]);
+        assert_eq!((code, err.as_str()), (Some(0), ""), "{shell}");
+        for hidden in [
+            "landlock-abi-max",
+            "isolate",
+            "ssl-cert-file",
+            "nylorun-harness-root",
+        ] {
+            assert!(!script.contains(hidden), "{shell} offers --{hidden}");
+        }
+        // clap's fish script completes flags only, not a positional's values.
+        if shell != "fish" {
+            for tool in ["read", "write", "edit", "grep", "glob"] {
+                assert!(script.contains(tool), "{shell} lacks {tool}");
+            }
+        }
+    }
+    let (_, bash, _) = run(&["completions", "bash"], &[]);
+    let tool_opts = bash
+        .lines()
+        .skip_while(|l| !l.contains("podhost__subcmd__tool)"))
+        .find(|l| l.trim_start().starts_with("opts="))
+        .unwrap();
+    assert!(
+        tool_opts.contains("bash read write edit grep glob"),
+        "{tool_opts}"
+    );
+    assert!(!tool_opts.contains("--uid-pool"), "{tool_opts}");
+}
+
 /// `podhost man` without `--dir` prints podhost.1 to stdout, as `rg --generate man` does, and
 /// writes nothing where it runs; `--help` lists it.
 #[test]

@@ -742,7 +742,7 @@ async fn invalid_inputs_are_refused_before_running() {
         ),
         (
             json!({"command": "true", "timeout": 1.5}),
-            "Invalid bash input: invalid type: floating point `1.5`, expected u64.",
+            "Invalid bash input: timeout: invalid type: floating point `1.5`, expected u64.",
         ),
         (
             json!({"command": "true", "cwd": "/"}),
@@ -750,7 +750,7 @@ async fn invalid_inputs_are_refused_before_running() {
         ),
         (
             json!({"command": 7}),
-            "Invalid bash input: invalid type: integer `7`, expected a string.",
+            "Invalid bash input: command: invalid type: integer `7`, expected a string.",
         ),
         (json!({"command": ""}), "The command is empty."),
         (

@@ -88,7 +88,7 @@ fn refused_input_exits_two_with_a_clear_message() {
     let cases: [(&[&str], &str); 4] = [
         (
             &["rm", "--input", "{}"],
-            "podhost tool: unknown tool \"rm\"; the tools are bash, read, write, edit, grep, glob\n",
+            "error: invalid value 'rm' for '<TOOL>'\n  [possible values: bash, read, write, edit, grep, glob]\n\nFor more information, try '--help'.\n",
         ),
         (
             &["read", "--input", "[1]"],

@@ -139,7 +139,12 @@ async fn invalid_inputs_are_refused_with_what_is_wrong() {
         (
             ToolName::Read,
             json!({"path": "a.txt", "offset": -1}),
-            "Invalid read input: invalid value: integer `-1`, expected u64.",
+            "Invalid read input: offset: invalid value: integer `-1`, expected u64.",
+        ),
+        (
+            ToolName::Read,
+            json!({"path": "a.txt", "limit": "3"}),
+            "Invalid read input: limit: invalid type: string \"3\", expected u64.",
         ),
         (ToolName::Read, json!({"path": ""}), "The path is empty."),
         (
