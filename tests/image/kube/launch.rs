@@ -207,6 +207,11 @@ fn volume_flags(ex: &Example, root: &Path, spec: &Value, c: &Value) -> Vec<Strin
 /// How the container of pod `pod_name` (spec `spec`) in example `ex` is started, its volumes'
 /// directories under `root` (pass the same `root` to start replicas that share their claims).
 pub fn launch(ex: &Example, pod_name: &str, spec: &Value, root: &Path) -> Launch {
+    assert!(
+        spec["initContainers"].is_null() && spec["containers"].as_array().map(Vec::len) == Some(1),
+        "{}: {pod_name} has more than one container, which this test does not run",
+        ex.heading
+    );
     let c = &spec["containers"][0];
     let mut flags = vec![
         "--pull=never".to_owned(),
