@@ -339,8 +339,13 @@ fn missing_references(ex: &Example) -> Vec<String> {
     out
 }
 
-/// A Secret's or ConfigMap's value for `key` (`stringData`, or `data` as it is).
+/// A Secret's or ConfigMap's value for `key` (`stringData`, or a ConfigMap's `data`).
 fn data_of<'a>(obj: &'a Value, key: &str) -> Option<&'a str> {
+    assert!(
+        obj["kind"] != "Secret" || obj["data"].is_null(),
+        "Secret {}: `data` (base64) is not read by this test, use `stringData`",
+        obj["metadata"]["name"]
+    );
     ["stringData", "data"]
         .iter()
         .find_map(|field| obj[field][key].as_str())

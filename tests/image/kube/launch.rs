@@ -122,9 +122,9 @@ fn volume_dir(dir: &Path, fs_group: Option<u32>, mode: u32) {
 fn object_files(dir: &Path, obj: &Value, fs_group: Option<u32>, mode: u32) {
     volume_dir(dir, fs_group, 0o755);
     for field in ["stringData", "data"] {
-        for (key, value) in obj[field].as_object().into_iter().flatten() {
+        for key in obj[field].as_object().into_iter().flatten().map(|(k, _)| k) {
             let file = dir.join(key);
-            std::fs::write(&file, value.as_str().unwrap()).unwrap();
+            std::fs::write(&file, data_of(obj, key).unwrap()).unwrap();
             std::os::unix::fs::chown(&file, Some(0), fs_group).unwrap();
             std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
         }
