@@ -290,9 +290,9 @@ fn missing_references(ex: &Example) -> Vec<String> {
     let mut need = |kind: &str, name: &Value, key: Option<&Value>| {
         let name = name.as_str().unwrap_or_default();
         match (object(ex, kind, name), key.and_then(Value::as_str)) {
-            (None, _) => out.push(format!("{kind} {name}")),
+            (None, _) => out.push(format!("{kind} {name} is not defined")),
             (Some(obj), Some(key)) if data_of(obj, key).is_none() => {
-                out.push(format!("{kind} {name} key {key}"));
+                out.push(format!("{kind} {name} has no key {key}"));
             }
             _ => {}
         }
@@ -336,6 +336,44 @@ fn missing_references(ex: &Example) -> Vec<String> {
             ));
         }
     }
+    out.extend(service_misses(ex));
+    out
+}
+
+/// Services of the block that select no pod of it, or send to a port no container of the
+/// selected pods has.
+fn service_misses(ex: &Example) -> Vec<String> {
+    let mut out = Vec::new();
+    for svc in ex.docs.iter().filter(|d| d["kind"] == "Service") {
+        let name = &svc["metadata"]["name"];
+        let selector = svc["spec"]["selector"].as_object();
+        let selected: Vec<&Value> = ex
+            .docs
+            .iter()
+            .filter(|d| {
+                let labels = &d["spec"]["template"]["metadata"]["labels"];
+                selector.is_some_and(|s| s.iter().all(|(k, v)| &labels[k] == v))
+            })
+            .collect();
+        if selected.is_empty() {
+            out.push(format!("Service {name} selects no pod of the block"));
+        }
+        for port in svc["spec"]["ports"].as_array().into_iter().flatten() {
+            let target = &port["targetPort"];
+            // A port's name, or its number.
+            let found = selected.iter().any(|d| {
+                containers(&d["spec"]["template"]["spec"]).any(|c| {
+                    let mut ports = c["ports"].as_array().into_iter().flatten();
+                    ports.any(|p| p["name"] == *target || p["containerPort"] == *target)
+                })
+            });
+            if !found {
+                out.push(format!(
+                    "Service {name} targets port {target}, which no container has"
+                ));
+            }
+        }
+    }
     out
 }
 
@@ -358,7 +396,7 @@ fn every_object_an_example_refers_to_is_defined_in_it() {
         .flat_map(|ex| {
             missing_references(ex)
                 .into_iter()
-                .map(|m| format!("{}: {m} is not defined", ex.heading))
+                .map(|m| format!("{}: {m}", ex.heading))
                 .collect::<Vec<_>>()
         })
         .collect();
