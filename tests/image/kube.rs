@@ -602,13 +602,14 @@ async fn assert_up_and_ready(image: &Image, container: &Container, c: &Value) {
         )
         .await;
     assert_eq!(state.trim(), "running", "{}", container.logs().await);
+    // What the container got, and what podhost warned about, for the test's output.
     let logs = container.logs().await;
-    let level = logs.lines().find(|l| l.contains("are confined"));
-    println!(
-        "{}: {}",
-        container.name,
-        level.unwrap_or("no confinement level logged")
-    );
+    for line in logs
+        .lines()
+        .filter(|l| l.contains("are confined") || l.contains(r#""level":"WARN""#))
+    {
+        println!("{}: {line}", container.name);
+    }
 }
 
 /// Stops the container as the kubelet stops a pod (SIGTERM, SIGKILL after the pod's
