@@ -513,6 +513,23 @@ impl Image {
         container
     }
 
+    /// Starts a container in the background with `flags` alone (none of the pod flags): the
+    /// image, then `args` for its entrypoint.
+    pub async fn start_bare(&'static self, flags: &[String], args: &[String]) -> Container {
+        let name = unique_name("podhost-test");
+        let mut argv = vec![
+            "run".to_owned(),
+            "--detach".to_owned(),
+            format!("--name={name}"),
+        ];
+        argv.extend(flags.iter().cloned());
+        argv.push(IMAGE.to_owned());
+        argv.extend(args.iter().cloned());
+        let container = Container { name, image: self };
+        self.podman.ok(&argv, CALL_WITHIN).await;
+        container
+    }
+
     /// Runs a container to its end (`podman run --rm`) with the pod flags, then `extra`, the
     /// image and its arguments.
     pub async fn run(&self, extra: &[String], args: &[&str]) -> Output {

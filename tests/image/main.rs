@@ -28,11 +28,18 @@ mod fake_toolgate;
 #[path = "../support/turn_fixture.rs"]
 mod turn_fixture;
 
+#[path = "../support/pg.rs"]
+mod pg;
+
+#[path = "../support/tls_front.rs"]
+mod tls_front;
+
 mod container;
 mod containerfile;
 mod files;
 mod fixture;
 mod health;
+mod kube;
 mod pid1;
 mod pod;
 mod pod_host;
