@@ -242,11 +242,13 @@ fn guarded_credential(file: &Path) -> Option<PathBuf> {
     let read_only = nix::sys::statvfs::statvfs(&real)
         .is_ok_and(|v| v.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY));
     if read_only {
-        if meta.mode() & 0o077 != 0 {
+        // A Secret's files belong to root; podhost reads them through the pod's fsGroup, so
+        // only what every user may read is too much.
+        if meta.mode() & 0o007 != 0 {
             warn!(
                 path = %file.display(),
                 mode = format!("{:o}", meta.mode() & 0o777),
-                "the credential file is readable by other users and on a read-only mount, where \
+                "the credential file is readable by every user and on a read-only mount, where \
                  podhost cannot change its mode (a Kubernetes Secret: set its volume's \
                  defaultMode, 0440 with the pod's fsGroup)"
             );

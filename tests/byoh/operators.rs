@@ -398,22 +398,35 @@ fn secrets_on_the_command_line_are_refused_and_taken_from_the_environment() {
 
 /// A Kubernetes Secret's file, as its volume lays it out: the path is a link into the volume's
 /// `..data`, the file is 0644 (the default mode) and the mount is read-only. serve starts,
-/// warns that other users may read the credential and how to set the mode, and serves with it.
+/// warns that every user may read the credential and how to set the mode, and serves with it;
+/// with the mode the warning asks for (0440, read through the pod's fsGroup) it does not warn.
 #[test]
 fn a_credential_from_a_kubernetes_secret_volume_is_served_with() {
-    use std::io::BufRead;
-    use std::os::unix::fs::PermissionsExt;
     if !nix::unistd::geteuid().is_root() {
         println!("not root: no read-only bind mount to lay a Secret volume out (not exercised)");
         return;
     }
+    let (warned, answers) = serve_from_a_secret_volume(0o644);
+    assert!(warned, "no warning about the credential file's mode");
+    assert_eq!(answers, ("200".to_owned(), "401".to_owned()));
+    let (warned, answers) = serve_from_a_secret_volume(0o440);
+    assert!(!warned, "a warning about the mode the warning recommends");
+    assert_eq!(answers, ("200".to_owned(), "401".to_owned()));
+}
+
+/// Starts serve with its credential in a Secret-like volume whose file has `mode`; answers
+/// whether it warned about the mode, and the health route's status with the right and a wrong
+/// credential.
+fn serve_from_a_secret_volume(mode: u32) -> (bool, (String, String)) {
+    use std::io::BufRead;
+    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let volume = dir.path().join("secret");
     std::fs::create_dir_all(volume.join("..data")).unwrap();
     std::fs::write(volume.join("..data/token"), "k8s-secret-token\n").unwrap();
     std::fs::set_permissions(
         volume.join("..data/token"),
-        std::fs::Permissions::from_mode(0o644),
+        std::fs::Permissions::from_mode(mode),
     )
     .unwrap();
     std::os::unix::fs::symlink("..data/token", volume.join("token")).unwrap();
@@ -442,7 +455,7 @@ fn a_credential_from_a_kubernetes_secret_volume_is_served_with() {
             let _ = child.kill();
             panic!("serve stopped before it listened (warned: {warned})");
         };
-        warned |= line.contains("the credential file is readable by other users")
+        warned |= line.contains("the credential file is readable by every user")
             && line.contains("defaultMode, 0440 with the pod's fsGroup");
         if let Some(rest) = line.split("listening on http://").nth(1) {
             break rest.split_whitespace().next().unwrap().to_owned();
@@ -460,6 +473,5 @@ fn a_credential_from_a_kubernetes_secret_volume_is_served_with() {
     let answers = (health("k8s-secret-token"), health("wrong"));
     let _ = child.kill();
     let _ = child.wait();
-    assert!(warned, "no warning about the credential file's mode");
-    assert_eq!(answers, ("200".to_owned(), "401".to_owned()));
+    (warned, answers)
 }
