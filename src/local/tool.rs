@@ -128,8 +128,13 @@ pub async fn tool(args: ToolConfig, stop: Stop) -> Result<i32, LocalError> {
     prepare(args)?.run(stop).await
 }
 
-/// Prints the outcome on stdout; the exit code.
+/// Prints the outcome on stdout (a call a stop signal ended as `sandbox.cancelled`); the exit
+/// code.
 fn report(outcome: &ToolOutcome, stopped: Option<StopSignal>) -> i32 {
+    let outcome = match stopped {
+        Some(signal) => cancelled(outcome, signal),
+        None => outcome.clone(),
+    };
     // A closed stdout (`… | head -c 1`) ends quietly: whoever stopped reading wants no more.
     {
         let mut out = std::io::stdout().lock();
@@ -145,4 +150,22 @@ fn report(outcome: &ToolOutcome, stopped: Option<StopSignal>) -> i32 {
         }
         _ => exit::OK,
     }
+}
+
+/// A call `signal` stopped, as `sandbox.cancelled`: a command's output so far (already within
+/// the tool's caps) follows the message, so nothing it printed is lost.
+fn cancelled(outcome: &ToolOutcome, signal: StopSignal) -> ToolOutcome {
+    let ToolOutcome::Completed { output } = outcome else {
+        return outcome.clone();
+    };
+    let mut message = format!(
+        "Stopped by {}: the call was cancelled and its processes killed.",
+        signal.name()
+    );
+    for stream in ["stdout", "stderr"] {
+        if let Some(text) = output[stream].as_str().filter(|t| !t.is_empty()) {
+            message.push_str(&format!("\n{stream} so far:\n{text}"));
+        }
+    }
+    ToolOutcome::failed(codes::CANCELLED, message)
 }

@@ -112,8 +112,37 @@ async fn ctrl_c_stops_podhost_tool_with_130_and_its_outcome() {
     assert_eq!(out.code, 130, "{}", out.stderr);
     let outcome: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(
-        (&outcome["kind"], &outcome["output"]["exitCode"]),
-        (&json!("completed"), &json!(130))
+        (&outcome["kind"], &outcome["code"]),
+        (&json!("failed"), &json!("sandbox.cancelled"))
+    );
+    let message = outcome["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("Stopped by SIGINT: the call was cancelled and its processes killed."),
+        "{message}"
+    );
+    assert_eq!(wait_gone(&started).await, Vec::<i32>::new());
+}
+
+/// SIGTERM likewise, and what the command printed before it is kept in the message.
+#[tokio::test]
+async fn sigterm_stops_podhost_tool_with_143_and_its_output_so_far() {
+    let dir = tempfile::tempdir().unwrap();
+    let command = format!("echo before-the-stop; {TREE}");
+    let input = json!({ "command": command }).to_string();
+    let mut cmd = podhost(&["tool", "bash", "--input", &input, "--workspace"]);
+    cmd.arg(dir.path());
+    let child = cmd.spawn().unwrap();
+    let started = pids(&wait_for_line(&dir.path().join("pids")).await);
+    signal(&child, Signal::SIGTERM);
+    let out = finish(child).await;
+    assert_eq!(out.code, 143, "{}", out.stderr);
+    let outcome: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(outcome["code"], json!("sandbox.cancelled"), "{outcome}");
+    let message = outcome["message"].as_str().unwrap();
+    assert!(message.starts_with("Stopped by SIGTERM: "), "{message}");
+    assert!(
+        message.contains("stdout so far:\nbefore-the-stop\n"),
+        "{message}"
     );
     assert_eq!(wait_gone(&started).await, Vec::<i32>::new());
 }
