@@ -37,8 +37,15 @@ impl Backoff {
             .min(self.cap);
         self.attempt = self.attempt.saturating_add(1);
         let ms = exp.as_millis().max(1) as u64;
-        Duration::from_millis(rand::random_range(ms / 2..=ms))
+        Duration::from_millis(ms / 2 + jitter() % (ms - ms / 2 + 1))
     }
+}
+
+/// A fresh random number, for jitter only: `RandomState` is seeded from the system's random
+/// source and varied per instance (the standard library's hash-flooding defence).
+fn jitter() -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(0u8)
 }
 
 /// Sleeps `d` unless `cancel` fires first; false when cancelled.
@@ -91,6 +98,22 @@ mod tests {
                 None,
             ]
         );
+    }
+
+    /// The jitter spreads: 200 first delays of 1 s fall on both sides of 750 ms and take many
+    /// values (all the same with a constant jitter; a chance of 2^-199 otherwise).
+    #[test]
+    fn the_jitter_spreads_over_the_upper_half() {
+        let delays: std::collections::BTreeSet<u128> = (0..200)
+            .map(|_| {
+                let mut b = Backoff::new(Duration::from_secs(1), Duration::from_secs(1));
+                b.next_delay().as_millis()
+            })
+            .collect();
+        let (low, high) = (delays.first().unwrap(), delays.last().unwrap());
+        assert!(*low >= 500 && *high <= 1000, "{low}..{high}");
+        assert!(*low < 750 && *high > 750, "{delays:?}");
+        assert!(delays.len() > 50, "{delays:?}");
     }
 
     #[test]
