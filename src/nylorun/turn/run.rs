@@ -63,12 +63,13 @@ use crate::nylorun::turn::effects::{
 };
 use crate::nylorun::turn::gates::{CallFate, Gates, GatesError, ModelRequest};
 use crate::nylorun::turn::instructions::{Offer, Route};
+use crate::nylorun::turn::outcome::{self, Produced};
 use crate::nylorun::turn::shaping::{ENTRY_ENVELOPE_BYTES, json_len};
 use crate::nylorun::turn::spill::fit_outcome;
 use crate::nylorun::turn::tool_search;
 use crate::nylorun::turn::toolgate::client::{ToolGate, ToolGateError};
 use crate::nylorun::turn::toolgate::results::StepBudget;
-use crate::nylorun::turn::transcript::{self, Files};
+use crate::nylorun::turn::transcript::{self, Entry, Files};
 use crate::nylorun::turn::turn_start::{Checkpoint, TurnInput, TurnStart, Unrunnable};
 use crate::tools::{CallContext, ToolName, Toolbox, unknown_tool};
 
@@ -426,7 +427,7 @@ impl Segment {
         };
         let mut entries = before.clone();
         for m in input.messages() {
-            entries.push(transcript::input_entry(&cp.turn_id, m));
+            entries.push(Entry::input(&cp.turn_id, m).into());
         }
 
         let artifacts = Artifacts::new(run.channel().clone(), run_id.clone(), ts.limits.clone())
@@ -636,20 +637,13 @@ impl Segment {
         Ok((intent, args))
     }
 
-    /// Reads an artifact for the model, fitted to the call's budget.
-    async fn read_artifact(
-        &self,
-        effect_id: &str,
-        name: &str,
-        args: &Value,
-    ) -> Result<Value, Fault> {
+    /// Reads an artifact for the model.
+    async fn read_artifact(&self, args: &Value) -> Result<Produced, Fault> {
         let outcome = read_for_model(&self.artifacts(self.limits().clone()), args).await;
         if self.cancel.is_cancelled() {
             return Err(Fault::Stopped);
         }
-        let value = serde_json::to_value(&outcome)
-            .map_err(|e| Fault::Internal(format!("could not encode an outcome: {e}")))?;
-        Ok(self.fit(effect_id, name, value).await)
+        Ok(Produced::Outcome(outcome.into()))
     }
 
     /// The run's artifacts within `limits`; a loss of the run they hear of stops it.
@@ -698,16 +692,15 @@ impl Segment {
             .map(|s| s.name.clone())
     }
 
-    /// Runs a sandbox tool call: `Ok(value to record)`, or `Err` when podhost could not learn
-    /// what the call did (its fate is unknown).
+    /// Runs a sandbox tool call: its outcome, or its fate unknown when podhost could not learn
+    /// what the call did.
     async fn run_sandbox(
         &self,
         tool: ToolName,
         effect_id: &str,
-        tool_name: &str,
         args: &Value,
         traceparent: Option<String>,
-    ) -> Result<Result<Value, String>, Fault> {
+    ) -> Result<Produced, Fault> {
         let mut env = self.env.clone();
         if let Some(tp) = traceparent.or_else(|| self.ts.traceparent().map(str::to_owned)) {
             env.push(("TRACEPARENT".to_owned(), tp));
@@ -723,19 +716,10 @@ impl Segment {
             return Err(Fault::Stopped);
         }
         Ok(match result {
-            Ok(outcome) => {
-                let value = serde_json::to_value(&outcome)
-                    .map_err(|e| Fault::Internal(format!("could not encode an outcome: {e}")))?;
-                let fitted = self.fit(effect_id, tool_name, value).await;
-                // The spill may have learned the run is no longer ours.
-                if self.cancel.is_cancelled() {
-                    return Err(Fault::Stopped);
-                }
-                Ok(fitted)
-            }
+            Ok(outcome) => Produced::Outcome(outcome.into()),
             Err(e) => {
                 tracing::error!(%effect_id, %tool, error = %e, "a tool call failed in podhost");
-                Err(format!("podhost could not learn what the call did: {e}"))
+                Produced::Unknown(format!("podhost could not learn what the call did: {e}"))
             }
         })
     }
@@ -820,11 +804,14 @@ impl TurnHost for Segment {
 
     async fn answered(&mut self, step: u32, candidate: &Candidate) -> Result<(), Fault> {
         let step_id = self.ids.step_id(step);
-        self.entries.push(transcript::candidate_entry(
-            &self.ids.turn_id,
-            &step_id,
-            candidate,
-        ));
+        self.entries.push(
+            Entry::Candidate {
+                turn_id: self.ids.turn_id.clone(),
+                step_id,
+                candidate: candidate.clone(),
+            }
+            .into(),
+        );
         self.last_step = Some(step);
         self.calls_in_step = candidate
             .tool_calls()
@@ -866,19 +853,18 @@ impl TurnHost for Segment {
             } => (traceparent, rejoin),
         };
         crate::failpoint!("pod.after_execute");
-        let produced: Result<Value, String> = match route {
+        let produced = match route {
             Route::Sandbox(tool) => {
-                self.run_sandbox(tool, &effect_id, &call.name, &args, traceparent)
+                self.run_sandbox(tool, &effect_id, &args, traceparent)
                     .await?
             }
-            Route::ReadArtifact => Ok(self.read_artifact(&effect_id, &call.name, &args).await?),
+            Route::ReadArtifact => self.read_artifact(&args).await?,
             Route::Remote(index) => {
                 match self
                     .gate_call(index, &intent, &hash, rejoin, traceparent)
                     .await?
                 {
-                    GateEnd::Produced(value) => Ok(value),
-                    GateEnd::Unknown(error) => Err(error),
+                    GateEnd::Produced(produced) => produced,
                     GateEnd::Known(value) => {
                         return Ok(ToolEffect::Done(self.remote_seen(route, value)));
                     }
@@ -888,20 +874,17 @@ impl TurnHost for Segment {
                     }
                 }
             }
-            Route::ToolSearch => {
-                let value = tool_search::search(&self.offer.catalog, &args);
-                Ok(self.fit(&effect_id, &call.name, value).await)
-            }
+            Route::ToolSearch => Produced::Outcome(tool_search::search(&self.offer.catalog, &args)),
             // Core runs these in the intent's own transaction; `execute` is not an answer
             // podhost can act on, so the call fails to the model.
-            Route::Memory | Route::ScheduleWake => Ok(json!({
-                "kind": "failed",
-                "code": codes::tool::UNAVAILABLE,
-                "message": format!("{} is run by core, which did not run it", call.name),
-            })),
+            Route::Memory | Route::ScheduleWake => Produced::Exact(ResultOutcome::failed(
+                codes::tool::UNAVAILABLE,
+                format!("{} is run by core, which did not run it", call.name),
+            )),
         };
+        let to_record = self.to_record(&effect_id, &call.name, produced).await?;
         crate::failpoint!("pod.after_tool");
-        let recorded = match produced {
+        let recorded = match to_record {
             Ok(value) => self.journal.outcome(&effect_id, value).await?,
             Err(error) => self.journal.outcome_error(&effect_id, &error).await?,
         };
@@ -917,11 +900,14 @@ impl TurnHost for Segment {
 
     async fn results(&mut self, step: u32, results: &[ToolResult]) -> Result<(), Fault> {
         let step_id = self.ids.step_id(step);
-        self.entries.push(transcript::results_entry(
-            &self.ids.turn_id,
-            &step_id,
-            results,
-        ));
+        self.entries.push(
+            Entry::ToolResults {
+                turn_id: self.ids.turn_id.clone(),
+                step_id,
+                results: results.to_vec(),
+            }
+            .into(),
+        );
         Ok(())
     }
 }
@@ -933,58 +919,31 @@ impl Segment {
         if matches!(route, Route::Remote(_)) {
             self.step_budget.spend(&value);
         }
-        result_outcome(value)
+        outcome::recorded(value)
     }
-}
 
-/// A recorded tool outcome as the model is told: a `{kind: completed | denied | failed, …}`
-/// value as such, anything else (a spilled stub, a plain output) as a completed output.
-fn result_outcome(value: Value) -> ResultOutcome {
-    let kind = value.get("kind").and_then(Value::as_str);
-    if matches!(kind, Some("completed" | "denied" | "failed"))
-        && let Ok(o) = ResultOutcome::deserialize(&value)
-    {
-        return o;
-    }
-    ResultOutcome::Completed {
-        output: value,
-        files: None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use pretty_assertions::assert_eq;
-
-    #[test]
-    fn recorded_tool_outcomes_read_as_results() {
-        assert_eq!(
-            result_outcome(json!({"kind": "failed", "code": "tool.denied", "message": "no"})),
-            ResultOutcome::failed("tool.denied", "no")
-        );
-        assert_eq!(
-            result_outcome(json!({"kind": "denied", "reason": "policy"})),
-            ResultOutcome::Denied {
-                reason: "policy".into()
+    /// What a tool call produced as core records it: the one place its outcome becomes JSON,
+    /// fitted to the call's share of the record when podhost made it; `Err` reports its fate
+    /// unknown (`{error}`).
+    async fn to_record(
+        &self,
+        effect_id: &str,
+        tool_name: &str,
+        produced: Produced,
+    ) -> Result<Result<Value, String>, Fault> {
+        Ok(Ok(match produced {
+            Produced::Outcome(o) => {
+                let value = outcome::to_value(&o).map_err(Fault::Internal)?;
+                let fitted = self.fit(effect_id, tool_name, value).await;
+                // The spill may have learned the run is no longer ours.
+                if self.cancel.is_cancelled() {
+                    return Err(Fault::Stopped);
+                }
+                fitted
             }
-        );
-        // A spilled stub, or any plain value, is what the call produced.
-        let stub = json!({"truncated": true, "artifactId": "a1", "size": 9, "preview": "…"});
-        assert_eq!(
-            result_outcome(stub.clone()),
-            ResultOutcome::Completed {
-                output: stub,
-                files: None
-            }
-        );
-        let odd = json!({"kind": "completed"});
-        assert_eq!(
-            result_outcome(odd.clone()),
-            ResultOutcome::Completed {
-                output: odd,
-                files: None
-            }
-        );
+            Produced::Exact(o) => outcome::to_value(&o).map_err(Fault::Internal)?,
+            Produced::Shaped(value) => value,
+            Produced::Unknown(error) => return Ok(Err(error)),
+        }))
     }
 }

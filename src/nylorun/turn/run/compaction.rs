@@ -16,7 +16,7 @@ use crate::agent::model::{ModelAnswer, ModelFailure};
 use crate::agent::turn::Effect;
 use crate::nylorun::turn::context::{self as pod_context, MemoryPin};
 use crate::nylorun::turn::effects::{self, Decision, Intent, Recorded};
-use crate::nylorun::turn::transcript;
+use crate::nylorun::turn::transcript::{self, Entry};
 
 impl Segment {
     /// Pins a memory index when the session has memory and its state holds none.
@@ -141,14 +141,17 @@ impl Segment {
         let step_id = self.ids.step_id(c.step);
         let mut next = Vec::with_capacity(self.entries.len());
         if let Some(summary) = &c.summary {
-            next.push(transcript::compaction_entry(
-                &self.ids.turn_id,
-                &step_id,
-                summary,
-                c.trigger.as_str(),
-                c.tokens_before,
-                c.tokens_after,
-            ));
+            next.push(
+                Entry::Compaction {
+                    turn_id: self.ids.turn_id.clone(),
+                    step_id: step_id.clone(),
+                    summary: summary.clone(),
+                    trigger: c.trigger.as_str().to_owned(),
+                    tokens_before: c.tokens_before,
+                    tokens_after: c.tokens_after,
+                }
+                .into(),
+            );
         }
         for &i in &c.kept {
             let Some((kind, range)) = units.get(i) else {

@@ -23,10 +23,12 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::{Fault, Segment, Shared};
+use crate::agent::model::ResultOutcome;
 use crate::floor::codes;
 use crate::nylorun::artifacts::Artifacts;
 use crate::nylorun::link::lease::{RunHandle, StopReason};
 use crate::nylorun::turn::effects::{Decision, Intent};
+use crate::nylorun::turn::outcome::Produced;
 use crate::nylorun::turn::toolgate::catalog::{Catalog, RemoteKind};
 use crate::nylorun::turn::toolgate::client::{CallRequest, GateReply, answer_bound};
 use crate::nylorun::turn::toolgate::discovery::{DiscoveryError, DiscoveryRun, discover};
@@ -45,10 +47,9 @@ const LOST_HOP_PAUSE: Duration = Duration::from_millis(100);
 
 /// How a gate call ended, short of the segment stopping.
 pub(super) enum GateEnd {
-    /// The outcome to report.
-    Produced(Value),
-    /// podhost could not learn what the call did: report `{error}`.
-    Unknown(String),
+    /// What to report: the answer fitted to the step's budget, a refusal, or the call's fate
+    /// unknown.
+    Produced(Produced),
     /// The re-asked intent was answered `completed`: this is the call's outcome.
     Known(Value),
     /// The re-asked intent was answered `pending` or `uncertain`.
@@ -141,31 +142,29 @@ fn call_body(
 }
 
 /// The failed outcome of a call the gate refused: it did not run.
-fn refused(label: &str, status: u16, code: &str, message: &str) -> Value {
-    json!({
-        "kind": "failed",
-        "code": codes::gate::REFUSED,
-        "message": format!(
+fn refused(label: &str, status: u16, code: &str, message: &str) -> Produced {
+    Produced::Exact(ResultOutcome::failed(
+        codes::gate::REFUSED,
+        format!(
             "The Tool Gate refused the call of {label} ({status} {code}: {message}); it did not run."
         ),
-    })
+    ))
 }
 
 /// The failed outcome of an answer past its bound, of which podhost read nothing.
-fn too_large(label: &str, limit: u64, mcp: bool) -> Value {
+fn too_large(label: &str, limit: u64, mcp: bool) -> Produced {
     let code = if mcp {
         codes::gate::MCP_TOO_LARGE
     } else {
         codes::gate::HTTP_TOO_LARGE
     };
-    json!({
-        "kind": "failed",
-        "code": code,
-        "message": format!(
+    Produced::Exact(ResultOutcome::failed(
+        code,
+        format!(
             "The answer of {label} is past {limit} bytes (limits.toolAnswerBytes \
              and its envelope); podhost read none of it."
         ),
-    })
+    ))
 }
 
 impl Segment {
@@ -243,7 +242,7 @@ impl Segment {
             if self.cancel.is_cancelled() {
                 return Err(Fault::Stopped);
             }
-            return Ok(GateEnd::Produced(value));
+            return Ok(GateEnd::Produced(Produced::Shaped(value)));
         }
     }
 
@@ -270,10 +269,10 @@ impl Segment {
         let effect_id = intent.effect_id.as_str();
         tracing::warn!(%effect_id, tool = %label, lost, error = %why, "a Tool Gate hop was lost; asking the intent again");
         if lost > MAX_LOST_HOPS {
-            return Ok(Err(GateEnd::Unknown(format!(
+            return Ok(Err(GateEnd::Produced(Produced::Unknown(format!(
                 "{why}. podhost sent the call {lost} times without an answer and \
                  cannot tell whether it ran."
-            ))));
+            )))));
         }
         let pause = LOST_HOP_PAUSE * 2u32.pow(lost - 1);
         tokio::select! {

@@ -16,7 +16,7 @@ use crate::nylorun::link::lease::{RunEnd, RunHandle, StopReason};
 use crate::nylorun::link::protocol::{ReleaseReason, methods};
 use crate::nylorun::turn::context::MemoryPin;
 use crate::nylorun::turn::shaping::json_len;
-use crate::nylorun::turn::transcript;
+use crate::nylorun::turn::transcript::{self, Entry};
 
 /// podhost's `state` (v5 §7: "what you want back next segment").
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -244,11 +244,14 @@ impl Segment {
         let run_id = self.run_id.clone();
         let output = Value::String(text);
         let step_id = self.ids.step_id(self.last_step.unwrap_or(0));
-        self.entries.push(transcript::final_entry(
-            &self.ids.turn_id,
-            &step_id,
-            &output,
-        ));
+        self.entries.push(
+            Entry::Final {
+                turn_id: self.ids.turn_id.clone(),
+                step_id,
+                output: output.clone(),
+            }
+            .into(),
+        );
         let edits = match self.edits() {
             Ok(e) => e,
             Err(e) => {
