@@ -721,7 +721,7 @@ impl TurnHost for Segment {
     }
 
     fn unit_text(&self, unit: usize) -> String {
-        self.text_of_unit(unit)
+        self.history.unit_text(unit)
     }
 
     async fn summarize(

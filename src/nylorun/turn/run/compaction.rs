@@ -12,10 +12,11 @@ use tokio_util::sync::CancellationToken;
 use super::{Fault, MEMORY_INDEX_EFFECT, Segment};
 use crate::agent::compaction::{Compaction, SummaryCall};
 use crate::agent::context::{Context, UnitKind, estimate_json};
-use crate::agent::model::{ModelAnswer, ModelFailure};
+use crate::agent::model::{ModelAnswer, ModelFailure, ResultOutcome};
 use crate::agent::turn::Effect;
 use crate::nylorun::turn::context::{self as pod_context, MemoryPin};
 use crate::nylorun::turn::effects::{self, Decision, Intent, Recorded};
+use crate::nylorun::turn::outcome;
 use crate::nylorun::turn::transcript::{self, Entry};
 
 impl Segment {
@@ -56,7 +57,11 @@ impl Segment {
             Decision::Known { value, .. } => value,
             Decision::Wait { .. } => return Ok(None),
             Decision::Execute { .. } => {
-                let value = json!({"kind": "completed", "output": fresh.value()});
+                let value = outcome::to_value(&ResultOutcome::Completed {
+                    output: fresh.value(),
+                    files: None,
+                })
+                .map_err(Fault::Internal)?;
                 match self.run.journal.outcome(&intent.effect_id, value).await? {
                     Recorded::Completed(v) => v,
                     Recorded::Uncertain => return Ok(None),
@@ -90,14 +95,6 @@ impl Segment {
                 &self.history.files,
             ),
         })
-    }
-
-    /// A unit's entries as text, for a summary call.
-    pub(super) fn text_of_unit(&self, unit: usize) -> String {
-        pod_context::units(&self.history.entries)
-            .get(unit)
-            .map(|(_, range)| pod_context::render(&self.history.entries[range.clone()]))
-            .unwrap_or_default()
     }
 
     /// Runs or replays a summary call: a model effect with `purpose: "summary"`.

@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 
-use crate::nylorun::turn::context::MemoryPin;
+use crate::nylorun::turn::context::{self as pod_context, MemoryPin};
 use crate::nylorun::turn::transcript::{self, Files};
 
 /// The transcript and its context.
@@ -27,6 +27,14 @@ pub(super) struct History {
 }
 
 impl History {
+    /// A unit's entries as text, for a summary call.
+    pub(super) fn unit_text(&self, unit: usize) -> String {
+        pod_context::units(&self.entries)
+            .get(unit)
+            .map(|(_, range)| pod_context::render(&self.entries[range.clone()]))
+            .unwrap_or_default()
+    }
+
     /// The transcript's edits since the segment read it, each at most `limit` bytes: each
     /// compaction's own edit, marked with its facts, then the rest.
     pub(super) fn edits(&self, limit: usize) -> Result<Value, transcript::EntryTooLarge> {
