@@ -65,6 +65,7 @@ mod tls;
 mod turn;
 mod turn_context;
 mod turn_fakes;
+mod turn_journal;
 mod turn_replay;
 mod turn_segments;
 mod turn_stop;

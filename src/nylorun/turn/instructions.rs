@@ -740,6 +740,7 @@ mod tests {
         );
         // Once a search in the transcript found it, the next call offers it.
         let found = tool_search::search(&offer.catalog, &json!({"query": "select:docs__read"}));
+        let found = serde_json::to_value(found).unwrap();
         let entries = vec![json!({"kind": "tool-results", "turnId": "t", "stepId": "s",
             "results": [{"callId": "1", "toolName": "tool_search", "kind": "completed",
                          "output": found["output"]}]})];

@@ -7,6 +7,7 @@
 //!   transcript's edits; [`instructions`] says what the model reads and may call; [`context`]
 //!   is the pod's side of the context budget (units, summaries' text, previews, the pinned
 //!   memory index, the prompt's files).
+//! * [`outcome`] is a tool call's outcome, typed until it is journaled.
 //! * [`gates`] calls the Model Gate; [`shaping`] and [`spill`] fit a tool's result into one
 //!   record entry (v5 §5b), storing what does not fit as an artifact.
 //! * [`toolgate`] runs MCP and HTTP tools through the Tool Gate (discovery, the catalog, the
@@ -19,6 +20,7 @@ pub mod effects;
 pub(crate) mod gates;
 pub(crate) mod instructions;
 pub mod naming;
+pub(crate) mod outcome;
 pub mod run;
 pub(crate) mod shaping;
 pub mod spill;

@@ -33,6 +33,12 @@
 //! catalog (discovering the servers when the session has none yet), offers them with the rest,
 //! and sends each call once core journaled it.
 //!
+//! The segment is in parts, each with its methods in its own file: `clients` (the gates'
+//! clients the pod's segments share), `run_state` (what the run holds for the whole segment),
+//! `history` (the transcript, its files, the pinned index and the compactions), `step` (the step
+//! in progress and its calls' budgets) and `budget` (when the segment yields, and the context
+//! budget). `compaction`, `gate_calls` and `output` are the segment's work over them.
+//!
 //! Non-goals: compaction, `turn.paused` (core's engine only).
 
 use std::path::PathBuf;
@@ -46,7 +52,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::compaction::{Compaction, SummaryCall};
-use crate::agent::context::{Budget, Context};
+use crate::agent::context::Context;
 use crate::agent::model::{
     Candidate, ModelAnswer, ModelFailure, ResultOutcome, ToolCallBlock, ToolResult,
 };
@@ -61,28 +67,36 @@ use crate::nylorun::turn::context::{self as pod_context, MemoryPin};
 use crate::nylorun::turn::effects::{
     self, Decision, Intent, Journal, JournalError, Recorded, SegmentIds,
 };
-use crate::nylorun::turn::gates::{CallFate, Gates, GatesError, ModelRequest};
+use crate::nylorun::turn::gates::{CallFate, ModelRequest};
 use crate::nylorun::turn::instructions::{Offer, Route};
+use crate::nylorun::turn::outcome::{self, Produced};
 use crate::nylorun::turn::shaping::{ENTRY_ENVELOPE_BYTES, json_len};
 use crate::nylorun::turn::spill::fit_outcome;
 use crate::nylorun::turn::tool_search;
-use crate::nylorun::turn::toolgate::client::{ToolGate, ToolGateError};
-use crate::nylorun::turn::toolgate::results::StepBudget;
-use crate::nylorun::turn::transcript::{self, Files};
+use crate::nylorun::turn::transcript::{self, Entry, Files};
 use crate::nylorun::turn::turn_start::{Checkpoint, TurnInput, TurnStart, Unrunnable};
 use crate::tools::{CallContext, ToolName, Toolbox, unknown_tool};
 
+mod budget;
+mod clients;
 mod compaction;
 mod gate_calls;
+mod history;
 mod output;
+mod run_state;
+mod step;
 
+use budget::SegmentBudget;
+use clients::Clients;
+pub use clients::RunnerError;
 use gate_calls::GateEnd;
+use history::History;
 use output::{HarnessState, end_name, failed, stopped_or_thrown};
+use run_state::RunState;
+use step::Step;
 
 /// The version of podhost's `state`.
 const STATE_VERSION: u32 = 1;
-/// Room per result in a `tool-results` entry beyond its value (`callId`, `toolName`, keys).
-const RESULT_OVERHEAD_BYTES: u64 = 64;
 /// The `toolName` of the journaled effect that takes a fresh memory index.
 const MEMORY_INDEX_EFFECT: &str = "memory_index";
 /// The most text one memory call carries (and at most the record entry limit less room).
@@ -91,26 +105,7 @@ const MEMORY_TEXT_BYTES: u64 = 256 * 1024;
 /// Runs every granted run's turn segment on the pod's workspace.
 #[derive(Clone)]
 pub struct TurnRunner {
-    shared: Arc<Shared>,
-}
-
-struct Shared {
-    /// The pod's toolbox: its commands run one at a time, with `workspace.exec`'s.
-    toolbox: Toolbox,
-    gates: Gates,
-    /// The Tool Gate, at the same URL: MCP and HTTP tools.
-    toolgate: ToolGate,
-    /// The host directory the sandbox path `/skills` maps onto.
-    skills_root: PathBuf,
-}
-
-/// Why the runner could not be built.
-#[derive(Debug, thiserror::Error)]
-pub enum RunnerError {
-    #[error(transparent)]
-    Gates(#[from] GatesError),
-    #[error(transparent)]
-    ToolGate(#[from] ToolGateError),
+    clients: Arc<Clients>,
 }
 
 impl TurnRunner {
@@ -124,21 +119,17 @@ impl TurnRunner {
         tls: &Arc<rustls::ClientConfig>,
         gate_pacing: Backoff,
     ) -> Result<Self, RunnerError> {
+        let clients = Clients::new(toolbox, gates_url, skills_root, tls, gate_pacing)?;
         Ok(TurnRunner {
-            shared: Arc::new(Shared {
-                toolbox,
-                gates: Gates::new(gates_url.clone(), tls, gate_pacing)?,
-                toolgate: ToolGate::new(gates_url, tls)?,
-                skills_root,
-            }),
+            clients: Arc::new(clients),
         })
     }
 }
 
 impl RunHandler for TurnRunner {
     fn handle(&self, run: RunHandle) -> BoxFuture<'static, RunEnd> {
-        let shared = self.shared.clone();
-        Box::pin(async move { run_segment(shared, run).await })
+        let clients = self.clients.clone();
+        Box::pin(async move { run_segment(clients, run).await })
     }
 }
 
@@ -170,7 +161,7 @@ impl From<JournalError> for Fault {
     }
 }
 
-async fn run_segment(shared: Arc<Shared>, run: RunHandle) -> RunEnd {
+async fn run_segment(clients: Arc<Clients>, run: RunHandle) -> RunEnd {
     let run_id = run.grant().run_id.clone();
     let mut ts = match TurnStart::parse(run.input())
         .and_then(|ts| ts.check(run.grant()).map(|()| ts))
@@ -190,19 +181,19 @@ async fn run_segment(shared: Arc<Shared>, run: RunHandle) -> RunEnd {
         run.cancelled(),
         Some(run.loss()),
     );
-    let mut segment = match Segment::open(shared, run, ts, journal).await {
+    let mut segment = match Segment::open(clients, run, ts, journal).await {
         Ok(s) => s,
         Err(end) => return end,
     };
     tracing::info!(
         %run_id,
-        session_id = %segment.ids.session_id,
-        turn_id = %segment.ids.turn_id,
-        segment = segment.ids.segment,
+        session_id = %segment.run.ids.session_id,
+        turn_id = %segment.run.ids.turn_id,
+        segment = segment.run.ids.segment,
         replayable,
         "turn segment starting"
     );
-    let cancel = segment.cancel.clone();
+    let cancel = segment.run.cancel.clone();
     let running = crate::floor::metrics::turn_running("pod");
     let end = match segment.pin_first().await {
         Ok(()) => agent_turn::drive(&mut segment, 0, &cancel).await,
@@ -236,45 +227,18 @@ fn end_outcome(end: &RunEnd) -> &'static str {
     }
 }
 
-/// One segment of a turn, as the agent loop's host.
+/// One segment of a turn, as the agent loop's host: its parts, each with its own methods.
 struct Segment {
-    shared: Arc<Shared>,
-    run: RunHandle,
-    run_id: String,
-    cancel: CancellationToken,
-    ts: TurnStart,
-    ids: SegmentIds,
-    journal: Journal,
-    offer: Offer,
-    files: Files,
-    /// The model's context budget (`model.contextWindow`), if it has one.
-    budget: Option<Budget>,
-    /// The memory index shown at the head of the prompt (`None` without memory, or when none
-    /// could be pinned), and as the session's state had it when the segment started.
-    pin: Option<MemoryPin>,
-    pin_at_start: Option<MemoryPin>,
-    /// Each compaction of this segment: the transcript it left, and its facts.
-    compactions: Vec<(Vec<Value>, Value)>,
-    /// The summary calls of the compaction in progress.
-    summary_ids: Vec<String>,
-    skills: Vec<MountedSkill>,
-    /// The session's environment plus nothing else: every command's variables.
-    env: Vec<(String, String)>,
-    /// The transcript as read, and as it grows.
-    before: Vec<Value>,
-    entries: Vec<Value>,
-    /// The segment's input as core sent it (or, after an approval, as the waiting segment had it).
-    input_raw: Value,
-    started: Instant,
-    yield_steps: u32,
-    yield_after: std::time::Duration,
-    last_step: Option<u32>,
-    /// Tool calls of the step in progress (they share one record entry).
-    calls_in_step: Vec<(usize, usize)>,
-    /// The step's budget for its MCP and HTTP results (v5 §5b).
-    step_budget: StepBudget,
-    /// An effect's fate is unknown: a waiting segment ends `uncertain`.
-    uncertain: bool,
+    /// The gates' clients, shared by the pod's segments.
+    clients: Arc<Clients>,
+    /// What the run holds for the whole segment.
+    run: RunState,
+    /// The transcript and its context.
+    history: History,
+    /// The step in progress.
+    step: Step,
+    /// How long the segment runs, and the model's context budget.
+    budget: SegmentBudget,
 }
 
 /// The segment's input and its raw JSON: the TurnStart's, or for an approval the waiting
@@ -369,7 +333,7 @@ fn segment_ids(ts: &TurnStart) -> SegmentIds {
 
 /// The agent's skills, mounted in the workspace; a failure ends the run.
 async fn open_skills(
-    shared: &Shared,
+    clients: &Clients,
     run: &RunHandle,
     ts: &TurnStart,
     artifacts: &Artifacts,
@@ -377,9 +341,9 @@ async fn open_skills(
     let skills_value = ts.manifest.skills.clone().unwrap_or(Value::Null);
     match mount_skills(
         artifacts,
-        &shared.toolbox,
+        &clients.toolbox,
         &skills_value,
-        &shared.skills_root,
+        &clients.skills_root,
     )
     .await
     {
@@ -398,88 +362,95 @@ async fn open_skills(
     }
 }
 
+/// The transcript before this turn, with the turn's input, and the files it names.
+async fn open_history(
+    run: &RunHandle,
+    ts: &TurnStart,
+    journal: &Journal,
+    input: &TurnInput,
+    artifacts: &Artifacts,
+    pin_at_start: Option<MemoryPin>,
+) -> Result<History, RunEnd> {
+    let before = if ts.transcript.cursor >= 0 {
+        read_before(journal, run).await?
+    } else {
+        Vec::new()
+    };
+    let mut entries = before.clone();
+    for m in input.messages() {
+        entries.push(Entry::input(&ts.checkpoint.turn_id, m).into());
+    }
+    let files = learn_files(artifacts, ts, run, &entries).await?;
+    Ok(History {
+        before,
+        entries,
+        files,
+        pin: pin_at_start.clone(),
+        pin_at_start,
+        compactions: Vec::new(),
+        summary_ids: Vec::new(),
+    })
+}
+
 impl Segment {
     /// Everything before the first step: the input, the transcript, skills, the offer.
     async fn open(
-        shared: Arc<Shared>,
+        clients: Arc<Clients>,
         run: RunHandle,
         ts: TurnStart,
         journal: Journal,
     ) -> Result<Segment, RunEnd> {
         let run_id = run.grant().run_id.clone();
-        let cp = &ts.checkpoint;
-        let state: Option<HarnessState> = cp
+        let state: Option<HarnessState> = ts
+            .checkpoint
             .state
             .as_ref()
             .and_then(|s| HarnessState::deserialize(s).ok());
 
         // An approval runs the waiting segment again: its intents now answer `execute` or
         // `completed` (denied). podhost needs the segment's own input for that.
-        let (input, input_raw) =
-            segment_input(&run.input()["checkpoint"]["input"], cp, state.as_ref())
-                .map_err(|u| failed(&run_id, u.code, &u.message, None))?;
-
-        let before = if ts.transcript.cursor >= 0 {
-            read_before(&journal, &run).await?
-        } else {
-            Vec::new()
-        };
-        let mut entries = before.clone();
-        for m in input.messages() {
-            entries.push(transcript::input_entry(&cp.turn_id, m));
-        }
+        let (input, input_raw) = segment_input(
+            &run.input()["checkpoint"]["input"],
+            &ts.checkpoint,
+            state.as_ref(),
+        )
+        .map_err(|u| failed(&run_id, u.code, &u.message, None))?;
 
         let artifacts = Artifacts::new(run.channel().clone(), run_id.clone(), ts.limits.clone())
             .with_loss(run.loss());
-        let files = learn_files(&artifacts, &ts, &run, &entries).await?;
         let pin_at_start = state
             .as_ref()
             .and_then(|s| s.memory.clone())
             .filter(|_| ts.memory.is_some());
+        let history = open_history(&run, &ts, &journal, &input, &artifacts, pin_at_start).await?;
         let skills = if ts.has_sandbox() && ts.manifest.has_skills() {
-            open_skills(&shared, &run, &ts, &artifacts).await?
+            open_skills(&clients, &run, &ts, &artifacts).await?
         } else {
             Vec::new()
         };
-        let catalog = match gate_calls::open_catalog(&shared, &run, &ts).await {
+        let catalog = match gate_calls::open_catalog(&clients, &run, &ts).await {
             Ok(c) => c,
             Err(fault) => return Err(stopped_or_thrown(&run, fault)),
         };
-
-        let (yield_steps, yield_after) = ts.yield_after();
-        let ids = segment_ids(&ts);
         Ok(Segment {
-            offer: Offer::new(&ts, &skills, catalog),
-            step_budget: StepBudget::new(ts.limits.record_entry_bytes),
-            files,
-            budget: ts.budget(),
-            pin: pin_at_start.clone(),
-            pin_at_start,
-            compactions: Vec::new(),
-            summary_ids: Vec::new(),
-            shared,
-            run_id,
-            cancel: run.cancelled(),
-            run,
-            ids,
-            journal,
-            skills,
-            env: sandbox_env(&ts),
-            before,
-            entries,
-            input_raw,
-            started: Instant::now(),
-            yield_steps,
-            yield_after,
-            last_step: None,
-            calls_in_step: Vec::new(),
-            uncertain: false,
-            ts,
+            clients,
+            history,
+            step: Step::new(ts.limits.record_entry_bytes),
+            budget: SegmentBudget::new(&ts),
+            run: RunState {
+                offer: Offer::new(&ts, &skills, catalog),
+                run_id,
+                cancel: run.cancelled(),
+                handle: run,
+                ids: segment_ids(&ts),
+                journal,
+                skills,
+                env: sandbox_env(&ts),
+                input_raw,
+                uncertain: false,
+                ts,
+            },
         })
-    }
-
-    fn limits(&self) -> &TurnLimits {
-        &self.ts.limits
     }
 
     /// Runs or replays a model effect (a step's call or a summary call) whose request body is
@@ -498,7 +469,7 @@ impl Segment {
             "call": intent.input,
         }))
         .map_err(|e| Fault::Internal(format!("could not encode the model call: {e}")))?;
-        let limit = self.limits().model_call_bytes;
+        let limit = self.run.limits().model_call_bytes;
         if body.len() as u64 > limit {
             return Err(Fault::Failed {
                 code: codes::model::CALL_TOO_LARGE,
@@ -510,13 +481,13 @@ impl Segment {
             });
         }
         let hash = intent.hash();
-        let value = match self.journal.decide(&intent, &hash).await? {
+        let value = match self.run.journal.decide(&intent, &hash).await? {
             Decision::Known { value, replayed } => {
                 tracing::debug!(%effect_id, replayed, "model outcome known");
                 value
             }
             Decision::Wait { uncertain } => {
-                self.uncertain |= uncertain;
+                self.run.uncertain |= uncertain;
                 return Ok(Effect::Wait(effect_id));
             }
             Decision::Execute { rejoin, .. } => {
@@ -542,13 +513,13 @@ impl Segment {
             tracing::info!(%effect_id, "rejoining a model call a previous owner left at the gate");
         }
         let started = Instant::now();
-        let trace = self.ts.trace.clone().unwrap_or_default();
+        let trace = self.run.ts.trace.clone().unwrap_or_default();
         let sent = self
-            .shared
+            .clients
             .gates
             .model_call(
                 ModelRequest {
-                    token: self.current_token(),
+                    token: self.run.current_token(),
                     effect_id: &effect_id,
                     traceparent: trace.traceparent.as_deref(),
                     tracestate: trace.tracestate.as_deref(),
@@ -563,9 +534,9 @@ impl Segment {
                 // The gate may have run it: the effect becomes uncertain, and the next owner
                 // rejoins it under its key (v5 §4).
                 tracing::warn!(%effect_id, %why, "the model call's fate is unknown");
-                return match self.journal.outcome_error(&effect_id, &why).await? {
+                return match self.run.journal.outcome_error(&effect_id, &why).await? {
                     Recorded::Uncertain => {
-                        self.uncertain = true;
+                        self.run.uncertain = true;
                         Ok(Effect::Wait(effect_id))
                     }
                     Recorded::Completed(value) => answer_of(&effect_id, &value),
@@ -577,7 +548,10 @@ impl Segment {
         // Core records no outcome past the record entry limit, and a model's answer is
         // not podhost's to cut: the turn fails, saying so.
         let value = answer.to_value();
-        let (bytes, limit) = (json_len(&value) as u64, self.limits().record_entry_bytes);
+        let (bytes, limit) = (
+            json_len(&value) as u64,
+            self.run.limits().record_entry_bytes,
+        );
         if bytes > limit {
             return Err(Fault::Failed {
                 code: codes::model::ANSWER_TOO_LARGE,
@@ -587,10 +561,10 @@ impl Segment {
                 ),
             });
         }
-        match self.journal.outcome(&effect_id, value).await? {
+        match self.run.journal.outcome(&effect_id, value).await? {
             Recorded::Completed(v) => answer_of(&effect_id, &v),
             Recorded::Uncertain => {
-                self.uncertain = true;
+                self.run.uncertain = true;
                 Ok(Effect::Wait(effect_id))
             }
         }
@@ -610,12 +584,13 @@ impl Segment {
             o.insert("command".to_owned(), Value::String(cmd));
         }
         let memory_text = MEMORY_TEXT_BYTES.min(
-            self.limits()
+            self.run
+                .limits()
                 .record_entry_bytes
                 .saturating_sub(ENTRY_ENVELOPE_BYTES as u64),
         );
         if route == Route::Memory
-            && let Err(message) = self.offer.check_memory(&args, memory_text)
+            && let Err(message) = self.run.offer.check_memory(&args, memory_text)
         {
             return Err(ToolEffect::Done(ResultOutcome::failed(
                 "memory.invalid_input",
@@ -623,119 +598,65 @@ impl Segment {
             )));
         }
         let mut intent = Intent::tool(
-            &self.ids,
+            &self.run.ids,
             step,
             &call.id,
             &call.name,
-            self.offer.target(route),
+            self.run.offer.target(route),
             args.clone(),
         );
         if matches!(route, Route::Sandbox(_)) {
-            intent.skill = self.skill_of(&args);
+            intent.skill = self.run.skill_of(&args);
         }
         Ok((intent, args))
     }
 
-    /// Reads an artifact for the model, fitted to the call's budget.
-    async fn read_artifact(
-        &self,
-        effect_id: &str,
-        name: &str,
-        args: &Value,
-    ) -> Result<Value, Fault> {
-        let outcome = read_for_model(&self.artifacts(self.limits().clone()), args).await;
-        if self.cancel.is_cancelled() {
+    /// Reads an artifact for the model.
+    async fn read_artifact(&self, args: &Value) -> Result<Produced, Fault> {
+        let outcome = read_for_model(&self.run.artifacts(self.run.limits().clone()), args).await;
+        if self.run.cancel.is_cancelled() {
             return Err(Fault::Stopped);
         }
-        let value = serde_json::to_value(&outcome)
-            .map_err(|e| Fault::Internal(format!("could not encode an outcome: {e}")))?;
-        Ok(self.fit(effect_id, name, value).await)
-    }
-
-    /// The run's artifacts within `limits`; a loss of the run they hear of stops it.
-    fn artifacts(&self, limits: TurnLimits) -> Artifacts {
-        Artifacts::new(self.run.channel().clone(), self.run_id.clone(), limits)
-            .with_loss(self.run.loss())
-    }
-
-    fn current_token(&self) -> Option<crate::nylorun::link::protocol::RunToken> {
-        self.run.token()
-    }
-
-    /// The record budget of one tool call's outcome: the step's calls share one entry.
-    fn call_budget(&self) -> u64 {
-        let n = self.calls_in_step.len().max(1) as u64;
-        let overhead: u64 = self
-            .calls_in_step
-            .iter()
-            .map(|(id, name)| (*id + *name) as u64 + RESULT_OVERHEAD_BYTES)
-            .sum();
-        let room = self
-            .limits()
-            .record_entry_bytes
-            .saturating_sub(ENTRY_ENVELOPE_BYTES as u64 + overhead);
-        (room / n).max(1024)
+        Ok(Produced::Outcome(outcome.into()))
     }
 
     /// The outcome to record for a tool call: fitted to the record by the spill.
     async fn fit(&self, effect_id: &str, tool_name: &str, value: Value) -> Value {
         let limits = TurnLimits {
-            record_entry_bytes: self.call_budget(),
-            ..self.limits().clone()
+            record_entry_bytes: self.step.call_budget(self.run.limits().record_entry_bytes),
+            ..self.run.limits().clone()
         };
-        fit_outcome(&self.artifacts(limits), effect_id, tool_name, value).await
+        fit_outcome(&self.run.artifacts(limits), effect_id, tool_name, value).await
     }
 
-    /// The skill whose folder a sandbox call's input names, if any.
-    fn skill_of(&self, args: &Value) -> Option<String> {
-        if self.skills.is_empty() {
-            return None;
-        }
-        let text = args.to_string();
-        self.skills
-            .iter()
-            .find(|s| text.contains(s.folder.trim_end_matches('/')))
-            .map(|s| s.name.clone())
-    }
-
-    /// Runs a sandbox tool call: `Ok(value to record)`, or `Err` when podhost could not learn
-    /// what the call did (its fate is unknown).
+    /// Runs a sandbox tool call: its outcome, or its fate unknown when podhost could not learn
+    /// what the call did.
     async fn run_sandbox(
         &self,
         tool: ToolName,
         effect_id: &str,
-        tool_name: &str,
         args: &Value,
         traceparent: Option<String>,
-    ) -> Result<Result<Value, String>, Fault> {
-        let mut env = self.env.clone();
-        if let Some(tp) = traceparent.or_else(|| self.ts.traceparent().map(str::to_owned)) {
+    ) -> Result<Produced, Fault> {
+        let mut env = self.run.env.clone();
+        if let Some(tp) = traceparent.or_else(|| self.run.ts.traceparent().map(str::to_owned)) {
             env.push(("TRACEPARENT".to_owned(), tp));
         }
         let ctx = CallContext {
-            cancel: self.cancel.child_token(),
+            cancel: self.run.cancel.child_token(),
             env,
         };
         let started = Instant::now();
-        let result = self.shared.toolbox.call(tool, args, &ctx).await;
+        let result = self.clients.toolbox.call(tool, args, &ctx).await;
         tracing::debug!(%effect_id, %tool, ms = started.elapsed().as_secs_f64() * 1000.0, "tool ran");
-        if self.cancel.is_cancelled() {
+        if self.run.cancel.is_cancelled() {
             return Err(Fault::Stopped);
         }
         Ok(match result {
-            Ok(outcome) => {
-                let value = serde_json::to_value(&outcome)
-                    .map_err(|e| Fault::Internal(format!("could not encode an outcome: {e}")))?;
-                let fitted = self.fit(effect_id, tool_name, value).await;
-                // The spill may have learned the run is no longer ours.
-                if self.cancel.is_cancelled() {
-                    return Err(Fault::Stopped);
-                }
-                Ok(fitted)
-            }
+            Ok(outcome) => Produced::Outcome(outcome.into()),
             Err(e) => {
                 tracing::error!(%effect_id, %tool, error = %e, "a tool call failed in podhost");
-                Err(format!("podhost could not learn what the call did: {e}"))
+                Produced::Unknown(format!("podhost could not learn what the call did: {e}"))
             }
         })
     }
@@ -743,11 +664,11 @@ impl Segment {
     /// Cancels a model call at the gate when the run was cancelled (not when it was taken
     /// away: the next owner rejoins the call then).
     async fn stopped_in_model_call(&self, effect_id: &str) -> Fault {
-        match self.run.stop_reason() {
+        match self.run.handle.stop_reason() {
             Some(StopReason::Cancel | StopReason::Deadline) => {
-                self.shared
+                self.clients
                     .gates
-                    .cancel_model_call(self.current_token(), effect_id)
+                    .cancel_model_call(self.run.current_token(), effect_id)
                     .await;
             }
             _ => {
@@ -762,7 +683,7 @@ impl TurnHost for Segment {
     type Error = Fault;
 
     fn should_yield(&self, step: u32) -> bool {
-        step >= self.yield_steps || self.started.elapsed() >= self.yield_after
+        self.budget.should_yield(step)
     }
 
     async fn model(
@@ -773,24 +694,25 @@ impl TurnHost for Segment {
     ) -> Result<Effect<ModelAnswer>, Fault> {
         let pin = self.pin_text();
         let prompt = transcript::prompt(
-            &self.offer.instructions,
+            &self.run.offer.instructions,
             pin.as_deref(),
-            &self.entries,
-            &self.ids.turn_id,
-            &self.files,
+            &self.history.entries,
+            &self.run.ids.turn_id,
+            &self.history.files,
         );
         let call = json!({
             "prompt": prompt,
-            "tools": self.offer.tools_for(&self.entries),
-            "executionId": self.ids.session_id,
+            "tools": self.run.offer.tools_for(&self.history.entries),
+            "executionId": self.run.ids.session_id,
         });
-        let mut intent = Intent::model(&self.ids, step, call);
+        let mut intent = Intent::model(&self.run.ids, step, call);
         if attempt > 0 {
             intent.effect_id = self
+                .run
                 .ids
                 .effect_id("model", &effects::retry_identity(step, attempt));
         }
-        self.model_effect(intent, self.ids.step_id(step), step, cancel)
+        self.model_effect(intent, self.run.ids.step_id(step), step, cancel)
             .await
     }
 
@@ -799,7 +721,7 @@ impl TurnHost for Segment {
     }
 
     fn unit_text(&self, unit: usize) -> String {
-        self.text_of_unit(unit)
+        self.history.unit_text(unit)
     }
 
     async fn summarize(
@@ -819,18 +741,17 @@ impl TurnHost for Segment {
     }
 
     async fn answered(&mut self, step: u32, candidate: &Candidate) -> Result<(), Fault> {
-        let step_id = self.ids.step_id(step);
-        self.entries.push(transcript::candidate_entry(
-            &self.ids.turn_id,
-            &step_id,
-            candidate,
-        ));
-        self.last_step = Some(step);
-        self.calls_in_step = candidate
-            .tool_calls()
-            .map(|c| (c.id.len(), c.name.len()))
-            .collect();
-        self.step_budget = StepBudget::new(self.limits().record_entry_bytes);
+        let step_id = self.run.ids.step_id(step);
+        self.history.entries.push(
+            Entry::Candidate {
+                turn_id: self.run.ids.turn_id.clone(),
+                step_id,
+                candidate: candidate.clone(),
+            }
+            .into(),
+        );
+        let record_entry_bytes = self.run.limits().record_entry_bytes;
+        self.step.begin(step, candidate, record_entry_bytes);
         Ok(())
     }
 
@@ -840,9 +761,9 @@ impl TurnHost for Segment {
         call: &ToolCallBlock,
         _cancel: &CancellationToken,
     ) -> Result<ToolEffect, Fault> {
-        let Some((route, command)) = self.offer.route(&call.name) else {
+        let Some((route, command)) = self.run.offer.route(&call.name) else {
             return Ok(ToolEffect::Done(
-                unknown_tool(&call.name, &self.offer.names()).into(),
+                unknown_tool(&call.name, &self.run.offer.names()).into(),
             ));
         };
         let (intent, args) = match self.tool_intent(step, call, route, command) {
@@ -851,13 +772,13 @@ impl TurnHost for Segment {
         };
         let effect_id = intent.effect_id.clone();
         let hash = intent.hash();
-        let (traceparent, rejoin) = match self.journal.decide(&intent, &hash).await? {
+        let (traceparent, rejoin) = match self.run.journal.decide(&intent, &hash).await? {
             Decision::Known { value, replayed } => {
                 tracing::debug!(%effect_id, replayed, "tool outcome known");
                 return Ok(ToolEffect::Done(self.remote_seen(route, value)));
             }
             Decision::Wait { uncertain } => {
-                self.uncertain |= uncertain;
+                self.run.uncertain |= uncertain;
                 return Ok(ToolEffect::Wait(effect_id));
             }
             Decision::Execute {
@@ -866,44 +787,42 @@ impl TurnHost for Segment {
             } => (traceparent, rejoin),
         };
         crate::failpoint!("pod.after_execute");
-        let produced: Result<Value, String> = match route {
+        let produced = match route {
             Route::Sandbox(tool) => {
-                self.run_sandbox(tool, &effect_id, &call.name, &args, traceparent)
+                self.run_sandbox(tool, &effect_id, &args, traceparent)
                     .await?
             }
-            Route::ReadArtifact => Ok(self.read_artifact(&effect_id, &call.name, &args).await?),
+            Route::ReadArtifact => self.read_artifact(&args).await?,
             Route::Remote(index) => {
                 match self
                     .gate_call(index, &intent, &hash, rejoin, traceparent)
                     .await?
                 {
-                    GateEnd::Produced(value) => Ok(value),
-                    GateEnd::Unknown(error) => Err(error),
+                    GateEnd::Produced(produced) => produced,
                     GateEnd::Known(value) => {
                         return Ok(ToolEffect::Done(self.remote_seen(route, value)));
                     }
                     GateEnd::Wait { uncertain } => {
-                        self.uncertain |= uncertain;
+                        self.run.uncertain |= uncertain;
                         return Ok(ToolEffect::Wait(effect_id));
                     }
                 }
             }
             Route::ToolSearch => {
-                let value = tool_search::search(&self.offer.catalog, &args);
-                Ok(self.fit(&effect_id, &call.name, value).await)
+                Produced::Outcome(tool_search::search(&self.run.offer.catalog, &args))
             }
             // Core runs these in the intent's own transaction; `execute` is not an answer
             // podhost can act on, so the call fails to the model.
-            Route::Memory | Route::ScheduleWake => Ok(json!({
-                "kind": "failed",
-                "code": codes::tool::UNAVAILABLE,
-                "message": format!("{} is run by core, which did not run it", call.name),
-            })),
+            Route::Memory | Route::ScheduleWake => Produced::Exact(ResultOutcome::failed(
+                codes::tool::UNAVAILABLE,
+                format!("{} is run by core, which did not run it", call.name),
+            )),
         };
+        let to_record = self.to_record(&effect_id, &call.name, produced).await?;
         crate::failpoint!("pod.after_tool");
-        let recorded = match produced {
-            Ok(value) => self.journal.outcome(&effect_id, value).await?,
-            Err(error) => self.journal.outcome_error(&effect_id, &error).await?,
+        let recorded = match to_record {
+            Ok(value) => self.run.journal.outcome(&effect_id, value).await?,
+            Err(error) => self.run.journal.outcome_error(&effect_id, &error).await?,
         };
         crate::failpoint!("pod.after_outcome");
         Ok(ToolEffect::Done(match recorded {
@@ -916,12 +835,15 @@ impl TurnHost for Segment {
     }
 
     async fn results(&mut self, step: u32, results: &[ToolResult]) -> Result<(), Fault> {
-        let step_id = self.ids.step_id(step);
-        self.entries.push(transcript::results_entry(
-            &self.ids.turn_id,
-            &step_id,
-            results,
-        ));
+        let step_id = self.run.ids.step_id(step);
+        self.history.entries.push(
+            Entry::ToolResults {
+                turn_id: self.run.ids.turn_id.clone(),
+                step_id,
+                results: results.to_vec(),
+            }
+            .into(),
+        );
         Ok(())
     }
 }
@@ -931,60 +853,33 @@ impl Segment {
     /// result spends the step's budget (replayed or run, the same bytes: the same budget).
     fn remote_seen(&mut self, route: Route, value: Value) -> ResultOutcome {
         if matches!(route, Route::Remote(_)) {
-            self.step_budget.spend(&value);
+            self.step.budget.spend(&value);
         }
-        result_outcome(value)
+        outcome::recorded(value)
     }
-}
 
-/// A recorded tool outcome as the model is told: a `{kind: completed | denied | failed, …}`
-/// value as such, anything else (a spilled stub, a plain output) as a completed output.
-fn result_outcome(value: Value) -> ResultOutcome {
-    let kind = value.get("kind").and_then(Value::as_str);
-    if matches!(kind, Some("completed" | "denied" | "failed"))
-        && let Ok(o) = ResultOutcome::deserialize(&value)
-    {
-        return o;
-    }
-    ResultOutcome::Completed {
-        output: value,
-        files: None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use pretty_assertions::assert_eq;
-
-    #[test]
-    fn recorded_tool_outcomes_read_as_results() {
-        assert_eq!(
-            result_outcome(json!({"kind": "failed", "code": "tool.denied", "message": "no"})),
-            ResultOutcome::failed("tool.denied", "no")
-        );
-        assert_eq!(
-            result_outcome(json!({"kind": "denied", "reason": "policy"})),
-            ResultOutcome::Denied {
-                reason: "policy".into()
+    /// What a tool call produced as core records it: the one place its outcome becomes JSON,
+    /// fitted to the call's share of the record when podhost made it; `Err` reports its fate
+    /// unknown (`{error}`).
+    async fn to_record(
+        &self,
+        effect_id: &str,
+        tool_name: &str,
+        produced: Produced,
+    ) -> Result<Result<Value, String>, Fault> {
+        Ok(Ok(match produced {
+            Produced::Outcome(o) => {
+                let value = outcome::to_value(&o).map_err(Fault::Internal)?;
+                let fitted = self.fit(effect_id, tool_name, value).await;
+                // The spill may have learned the run is no longer ours.
+                if self.run.cancel.is_cancelled() {
+                    return Err(Fault::Stopped);
+                }
+                fitted
             }
-        );
-        // A spilled stub, or any plain value, is what the call produced.
-        let stub = json!({"truncated": true, "artifactId": "a1", "size": 9, "preview": "…"});
-        assert_eq!(
-            result_outcome(stub.clone()),
-            ResultOutcome::Completed {
-                output: stub,
-                files: None
-            }
-        );
-        let odd = json!({"kind": "completed"});
-        assert_eq!(
-            result_outcome(odd.clone()),
-            ResultOutcome::Completed {
-                output: odd,
-                files: None
-            }
-        );
+            Produced::Exact(o) => outcome::to_value(&o).map_err(Fault::Internal)?,
+            Produced::Shaped(value) => value,
+            Produced::Unknown(error) => return Ok(Err(error)),
+        }))
     }
 }

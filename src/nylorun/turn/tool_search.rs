@@ -20,6 +20,7 @@ use std::sync::OnceLock;
 
 use serde_json::{Value, json};
 
+use crate::agent::model::ResultOutcome;
 use crate::nylorun::turn::shaping::json_len;
 use crate::nylorun::turn::toolgate::catalog::Catalog;
 use crate::tools::ToolDefinition;
@@ -50,8 +51,9 @@ pub fn definition() -> Value {
 
 /// Runs one search: the outcome value to record (`{kind: "completed", output: {tools, …}}`, or
 /// a failure for bad input).
-pub fn search(catalog: &Catalog, args: &Value) -> Value {
-    let failed = |message: String| json!({"kind": "failed", "code": crate::floor::codes::tool::INVALID_INPUT, "message": message});
+pub fn search(catalog: &Catalog, args: &Value) -> ResultOutcome {
+    let failed =
+        |message: String| ResultOutcome::failed(crate::floor::codes::tool::INVALID_INPUT, message);
     let Some(query) = args
         .get("query")
         .and_then(Value::as_str)
@@ -108,7 +110,10 @@ pub fn search(catalog: &Catalog, args: &Value) -> Value {
             "More tools matched than one answer shows; search again to load those in `more`."
         );
     }
-    json!({"kind": "completed", "output": output})
+    ResultOutcome::Completed {
+        output,
+        files: None,
+    }
 }
 
 /// The deferred tools `query` finds: those `select:` names, else those whose name or
@@ -190,6 +195,11 @@ pub fn loaded(entries: &[Value]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A search's outcome as it is journaled.
+    fn search(catalog: &Catalog, args: &Value) -> Value {
+        serde_json::to_value(super::search(catalog, args)).unwrap()
+    }
     use crate::nylorun::link::protocol::{McpFacts, McpServerFacts, McpToolFacts};
     use pretty_assertions::assert_eq;
 

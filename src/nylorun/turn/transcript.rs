@@ -1,7 +1,8 @@
 //! The session's transcript (v5 §6): its entries, the prompt a model call is built from, and the
 //! edits a segment reports.
 //!
-//! Owns: the five entry kinds (`input`, `candidate`, `tool-results`, `final`, `compaction`), the
+//! Owns: the five entry kinds (`input`, `candidate`, `tool-results`, `final`, `compaction`) as
+//! podhost writes them ([`Entry`], serialized once, where it joins the transcript), the
 //! projection of instructions, the pinned memory index and the entries into a `ModelCall` prompt
 //! (v2 notes §4.1) — each file part shown, inlined or noted as [`crate::agent::media`] decides —
 //! and [`updates`]: `{keep, entries, length}` edits from the transcript a segment read to the one
@@ -10,7 +11,8 @@
 //!
 //! Invariants:
 //! * Entries are kept as the JSON core stores (`serde_json::Value`), so an entry podhost did not
-//!   write (or a field it does not know) passes through an edit unchanged.
+//!   write (or a field it does not know) passes through an edit unchanged; an [`Entry`] is the
+//!   same JSON its hand-built form was, byte for byte.
 //! * The projection is a pure function of its inputs: a replayed segment builds the same prompt,
 //!   and so the same request hash.
 //! * No edit is larger than the limit: an entry that cannot fit alone is an error, never sent
@@ -27,7 +29,7 @@ use std::collections::HashMap;
 use crate::agent::media::{self, FileFacts, ModelFiles, Shown};
 use crate::agent::model::{Candidate, ResultOutcome, ToolResult};
 use crate::nylorun::turn::shaping::json_len;
-use crate::nylorun::turn::turn_start::{Message, ModelDescriptor};
+use crate::nylorun::turn::turn_start::{InputEvent, Message, ModelDescriptor};
 
 /// One edit of the transcript: the first `keep` entries of the previous transcript, then
 /// `entries`; the result has exactly `length` entries.
@@ -70,54 +72,67 @@ pub struct EntryTooLarge {
     pub limit: usize,
 }
 
-/// `{kind: "input", turnId, event}` for one message of the turn's input.
-pub fn input_entry(turn_id: &str, message: &Message) -> Value {
-    json!({"kind": "input", "turnId": turn_id, "event": message.event()})
+/// One transcript entry podhost writes: the five kinds of v5 §6 (`TranscriptEntrySchema`),
+/// serialized once, where it joins the transcript ([`Entry::into_value`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(
+    tag = "kind",
+    rename_all = "kebab-case",
+    rename_all_fields = "camelCase"
+)]
+pub enum Entry {
+    /// `{kind: "input", turnId, event}`: one message of the turn's input.
+    Input { turn_id: String, event: InputEvent },
+    /// `{kind: "candidate", turnId, stepId, candidate}`: the model's answer of a step.
+    Candidate {
+        turn_id: String,
+        step_id: String,
+        candidate: Candidate,
+    },
+    /// `{kind: "tool-results", turnId, stepId, results}`: the step's tool results.
+    ToolResults {
+        turn_id: String,
+        step_id: String,
+        results: Vec<ToolResult>,
+    },
+    /// `{kind: "final", turnId, stepId, output}`: the turn's output.
+    Final {
+        turn_id: String,
+        step_id: String,
+        output: Value,
+    },
+    /// `{kind: "compaction", turnId, stepId, summary, trigger, tokensBefore, tokensAfter}`: a
+    /// summary that replaced the older part (always first).
+    Compaction {
+        turn_id: String,
+        step_id: String,
+        summary: String,
+        trigger: String,
+        tokens_before: u64,
+        tokens_after: u64,
+    },
 }
 
-/// `{kind: "candidate", turnId, stepId, candidate}`.
-pub fn candidate_entry(turn_id: &str, step_id: &str, candidate: &Candidate) -> Value {
-    json!({
-        "kind": "candidate",
-        "turnId": turn_id,
-        "stepId": step_id,
-        "candidate": serde_json::to_value(candidate).unwrap_or(Value::Null),
-    })
+impl Entry {
+    /// `input` for one message of the turn's input.
+    pub fn input(turn_id: &str, message: &Message) -> Self {
+        Entry::Input {
+            turn_id: turn_id.to_owned(),
+            event: InputEvent::UserMessage(message.clone()),
+        }
+    }
+
+    /// The entry as the transcript keeps it: the one place it becomes JSON.
+    pub fn into_value(self) -> Value {
+        // Every field is a string, a number or JSON already: encoding cannot fail.
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
 }
 
-/// `{kind: "tool-results", turnId, stepId, results}`.
-pub fn results_entry(turn_id: &str, step_id: &str, results: &[ToolResult]) -> Value {
-    json!({
-        "kind": "tool-results",
-        "turnId": turn_id,
-        "stepId": step_id,
-        "results": serde_json::to_value(results).unwrap_or(Value::Null),
-    })
-}
-
-/// `{kind: "final", turnId, stepId, output}`.
-pub fn final_entry(turn_id: &str, step_id: &str, output: &Value) -> Value {
-    json!({"kind": "final", "turnId": turn_id, "stepId": step_id, "output": output})
-}
-
-/// `{kind: "compaction", turnId, stepId, summary, trigger, tokensBefore, tokensAfter}`.
-pub fn compaction_entry(
-    turn_id: &str,
-    step_id: &str,
-    summary: &str,
-    trigger: &str,
-    tokens_before: u64,
-    tokens_after: u64,
-) -> Value {
-    json!({
-        "kind": "compaction",
-        "turnId": turn_id,
-        "stepId": step_id,
-        "summary": summary,
-        "trigger": trigger,
-        "tokensBefore": tokens_before,
-        "tokensAfter": tokens_after,
-    })
+impl From<Entry> for Value {
+    fn from(entry: Entry) -> Value {
+        entry.into_value()
+    }
 }
 
 /// What podhost learned of one file a media part names (its artifact version's metadata, and
@@ -549,6 +564,88 @@ mod tests {
         json!({"kind": "final", "turnId": "t", "stepId": format!("s{n}"), "output": "x".repeat(pad)})
     }
 
+    /// Each kind as the hand-built JSON of earlier builds had it, byte for byte: a replayed
+    /// segment's edits and request hashes depend on it.
+    #[test]
+    fn each_entry_kind_is_the_json_core_stores() {
+        let candidate = Candidate::text("hi");
+        let results = vec![ToolResult {
+            call_id: "c1".into(),
+            tool_name: "bash".into(),
+            outcome: ResultOutcome::failed("sandbox.x", "no"),
+        }];
+        let ids = || ("t".to_owned(), "s0".to_owned());
+        let cases = [
+            (
+                Entry::input(
+                    "t",
+                    &Message::Text {
+                        text: "hello".into(),
+                        metadata: Some(json!({"from": "web"})),
+                    },
+                ),
+                json!({"kind": "input", "turnId": "t", "event":
+                       {"kind": "user-message", "text": "hello", "metadata": {"from": "web"}}}),
+            ),
+            (
+                Entry::input(
+                    "t",
+                    &Message::Content {
+                        content: vec![json!({"type": "text", "text": "a"})],
+                        metadata: None,
+                    },
+                ),
+                json!({"kind": "input", "turnId": "t", "event":
+                       {"kind": "user-message", "content": [{"type": "text", "text": "a"}]}}),
+            ),
+            (
+                Entry::Candidate {
+                    turn_id: ids().0,
+                    step_id: ids().1,
+                    candidate: candidate.clone(),
+                },
+                json!({"kind": "candidate", "turnId": "t", "stepId": "s0",
+                       "candidate": serde_json::to_value(&candidate).unwrap()}),
+            ),
+            (
+                Entry::ToolResults {
+                    turn_id: ids().0,
+                    step_id: ids().1,
+                    results: results.clone(),
+                },
+                json!({"kind": "tool-results", "turnId": "t", "stepId": "s0", "results":
+                       [{"callId": "c1", "toolName": "bash", "kind": "failed",
+                         "code": "sandbox.x", "message": "no"}]}),
+            ),
+            (
+                Entry::Final {
+                    turn_id: ids().0,
+                    step_id: ids().1,
+                    output: json!("done"),
+                },
+                json!({"kind": "final", "turnId": "t", "stepId": "s0", "output": "done"}),
+            ),
+            (
+                Entry::Compaction {
+                    turn_id: ids().0,
+                    step_id: ids().1,
+                    summary: "so far".into(),
+                    trigger: "threshold".into(),
+                    tokens_before: 900,
+                    tokens_after: 40,
+                },
+                json!({"kind": "compaction", "turnId": "t", "stepId": "s0", "summary": "so far",
+                       "trigger": "threshold", "tokensBefore": 900, "tokensAfter": 40}),
+            ),
+        ];
+        for (entry, expected) in cases {
+            assert_eq!(
+                serde_json::to_string(&entry.into_value()).unwrap(),
+                serde_json::to_string(&expected).unwrap()
+            );
+        }
+    }
+
     #[test]
     fn updates_fill_each_event_up_to_the_limit_and_fold_back() {
         let before: Vec<Value> = (0..3).map(|i| entry(i, 10)).collect();
@@ -629,7 +726,7 @@ mod tests {
             },
         }];
         let entries = vec![
-            input_entry(
+            Entry::input(
                 "t",
                 &Message::Content {
                     content: vec![
@@ -641,10 +738,26 @@ mod tests {
                     ],
                     metadata: None,
                 },
-            ),
-            candidate_entry("t", "s0", &candidate),
-            results_entry("t", "s0", &results),
-            final_entry("t", "s1", &json!("done")),
+            )
+            .into(),
+            Entry::Candidate {
+                turn_id: "t".into(),
+                step_id: "s0".into(),
+                candidate,
+            }
+            .into(),
+            Entry::ToolResults {
+                turn_id: "t".into(),
+                step_id: "s0".into(),
+                results: results.to_vec(),
+            }
+            .into(),
+            Entry::Final {
+                turn_id: "t".into(),
+                step_id: "s1".into(),
+                output: json!("done"),
+            }
+            .into(),
         ];
         let text_only = ModelDescriptor {
             inputs: vec!["text".into()],

@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
 use crate::agent::context::{Budget, DEFAULT_THRESHOLD};
@@ -189,18 +189,30 @@ pub enum TurnInput {
     Respond { interaction_id: String },
 }
 
-/// One message of the input: text or content parts, with optional metadata.
-#[derive(Clone, Debug, PartialEq)]
+/// One message of the input: text or content parts, with optional metadata. Serialized, it is
+/// the body of the transcript's `user-message` event (`{text | content, metadata?}`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
 pub enum Message {
     Text {
         text: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
         metadata: Option<Value>,
     },
     /// `[{type: "text", text} | {type: "media", mediaType, reference}]`.
     Content {
         content: Vec<Value>,
+        #[serde(skip_serializing_if = "Option::is_none")]
         metadata: Option<Value>,
     },
+}
+
+/// The event of an `input` entry podhost writes.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum InputEvent {
+    /// `{kind: "user-message", text | content, metadata?}`.
+    UserMessage(Message),
 }
 
 impl Message {
@@ -234,22 +246,7 @@ impl Message {
 
     /// The transcript's input event: `{kind: "user-message", text | content, metadata?}`.
     pub fn event(&self) -> Value {
-        let mut event = serde_json::Map::new();
-        event.insert("kind".into(), "user-message".into());
-        let metadata = match self {
-            Message::Text { text, metadata } => {
-                event.insert("text".into(), text.clone().into());
-                metadata
-            }
-            Message::Content { content, metadata } => {
-                event.insert("content".into(), Value::Array(content.clone()));
-                metadata
-            }
-        };
-        if let Some(m) = metadata {
-            event.insert("metadata".into(), m.clone());
-        }
-        Value::Object(event)
+        serde_json::to_value(InputEvent::UserMessage(self.clone())).unwrap_or(Value::Null)
     }
 }
 

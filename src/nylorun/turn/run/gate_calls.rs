@@ -22,11 +22,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::{Fault, Segment, Shared};
+use super::{Clients, Fault, Segment};
+use crate::agent::model::ResultOutcome;
 use crate::floor::codes;
 use crate::nylorun::artifacts::Artifacts;
 use crate::nylorun::link::lease::{RunHandle, StopReason};
 use crate::nylorun::turn::effects::{Decision, Intent};
+use crate::nylorun::turn::outcome::Produced;
 use crate::nylorun::turn::toolgate::catalog::{Catalog, RemoteKind};
 use crate::nylorun::turn::toolgate::client::{CallRequest, GateReply, answer_bound};
 use crate::nylorun::turn::toolgate::discovery::{DiscoveryError, DiscoveryRun, discover};
@@ -45,10 +47,9 @@ const LOST_HOP_PAUSE: Duration = Duration::from_millis(100);
 
 /// How a gate call ended, short of the segment stopping.
 pub(super) enum GateEnd {
-    /// The outcome to report.
-    Produced(Value),
-    /// podhost could not learn what the call did: report `{error}`.
-    Unknown(String),
+    /// What to report: the answer fitted to the step's budget, a refusal, or the call's fate
+    /// unknown.
+    Produced(Produced),
     /// The re-asked intent was answered `completed`: this is the call's outcome.
     Known(Value),
     /// The re-asked intent was answered `pending` or `uncertain`.
@@ -58,7 +59,7 @@ pub(super) enum GateEnd {
 /// The turn's MCP and HTTP tools: from the TurnStart's facts, else from discovering the
 /// manifest's servers now.
 pub(super) async fn open_catalog(
-    shared: &Shared,
+    clients: &Clients,
     run: &RunHandle,
     ts: &TurnStart,
 ) -> Result<Catalog, Fault> {
@@ -71,7 +72,7 @@ pub(super) async fn open_catalog(
             } else {
                 let cancel = run.cancelled();
                 let discovery = DiscoveryRun {
-                    gate: &shared.toolgate,
+                    gate: &clients.toolgate,
                     token: run.token(),
                     channel: run.channel(),
                     run_id: &run.grant().run_id,
@@ -141,31 +142,29 @@ fn call_body(
 }
 
 /// The failed outcome of a call the gate refused: it did not run.
-fn refused(label: &str, status: u16, code: &str, message: &str) -> Value {
-    json!({
-        "kind": "failed",
-        "code": codes::gate::REFUSED,
-        "message": format!(
+fn refused(label: &str, status: u16, code: &str, message: &str) -> Produced {
+    Produced::Exact(ResultOutcome::failed(
+        codes::gate::REFUSED,
+        format!(
             "The Tool Gate refused the call of {label} ({status} {code}: {message}); it did not run."
         ),
-    })
+    ))
 }
 
 /// The failed outcome of an answer past its bound, of which podhost read nothing.
-fn too_large(label: &str, limit: u64, mcp: bool) -> Value {
+fn too_large(label: &str, limit: u64, mcp: bool) -> Produced {
     let code = if mcp {
         codes::gate::MCP_TOO_LARGE
     } else {
         codes::gate::HTTP_TOO_LARGE
     };
-    json!({
-        "kind": "failed",
-        "code": code,
-        "message": format!(
+    Produced::Exact(ResultOutcome::failed(
+        code,
+        format!(
             "The answer of {label} is past {limit} bytes (limits.toolAnswerBytes \
              and its envelope); podhost read none of it."
         ),
-    })
+    ))
 }
 
 impl Segment {
@@ -179,15 +178,15 @@ impl Segment {
         mut rejoin: bool,
         traceparent: Option<String>,
     ) -> Result<GateEnd, Fault> {
-        let Some(tool) = self.offer.catalog.tools.get(index).cloned() else {
+        let Some(tool) = self.run.offer.catalog.tools.get(index).cloned() else {
             return Err(Fault::Internal(format!("no catalog tool {index}")));
         };
         let effect_id = intent.effect_id.as_str();
         let args = intent.input.clone().unwrap_or_else(|| json!({}));
         let (route, body, mcp) = call_body(&tool.kind, effect_id, &args)?;
-        let trace = self.ts.trace.clone().unwrap_or_default();
+        let trace = self.run.ts.trace.clone().unwrap_or_default();
         let traceparent = traceparent.or(trace.traceparent);
-        let bound = answer_bound(self.limits().tool_answer_bytes);
+        let bound = answer_bound(self.run.limits().tool_answer_bytes);
         let label = tool.label();
         let mut lost = 0u32;
         loop {
@@ -198,7 +197,7 @@ impl Segment {
             let started = Instant::now();
             let reply = self
                 .send_call(CallRequest {
-                    token: self.current_token(),
+                    token: self.run.current_token(),
                     route,
                     key: effect_id,
                     traceparent: traceparent.as_deref(),
@@ -240,10 +239,10 @@ impl Segment {
                 }
             };
             let value = self.outcome(answer, effect_id, &tool.name, &label).await;
-            if self.cancel.is_cancelled() {
+            if self.run.cancel.is_cancelled() {
                 return Err(Fault::Stopped);
             }
-            return Ok(GateEnd::Produced(value));
+            return Ok(GateEnd::Produced(Produced::Shaped(value)));
         }
     }
 
@@ -251,8 +250,8 @@ impl Segment {
     /// [`Self::stopped_in_gate_call`]).
     async fn send_call(&self, request: CallRequest<'_>) -> Result<GateReply, Fault> {
         let effect_id = request.key;
-        match self.shared.toolgate.call(request, &self.cancel).await {
-            Some(r) if !self.cancel.is_cancelled() => Ok(r),
+        match self.clients.toolgate.call(request, &self.run.cancel).await {
+            Some(r) if !self.run.cancel.is_cancelled() => Ok(r),
             _ => Err(self.stopped_in_gate_call(effect_id).await),
         }
     }
@@ -270,17 +269,17 @@ impl Segment {
         let effect_id = intent.effect_id.as_str();
         tracing::warn!(%effect_id, tool = %label, lost, error = %why, "a Tool Gate hop was lost; asking the intent again");
         if lost > MAX_LOST_HOPS {
-            return Ok(Err(GateEnd::Unknown(format!(
+            return Ok(Err(GateEnd::Produced(Produced::Unknown(format!(
                 "{why}. podhost sent the call {lost} times without an answer and \
                  cannot tell whether it ran."
-            ))));
+            )))));
         }
         let pause = LOST_HOP_PAUSE * 2u32.pow(lost - 1);
         tokio::select! {
             _ = tokio::time::sleep(pause) => {}
-            _ = self.cancel.cancelled() => return Err(self.stopped_in_gate_call(effect_id).await),
+            _ = self.run.cancel.cancelled() => return Err(self.stopped_in_gate_call(effect_id).await),
         }
-        Ok(match self.journal.decide(intent, hash).await? {
+        Ok(match self.run.journal.decide(intent, hash).await? {
             Decision::Execute { rejoin, .. } => Ok(rejoin),
             Decision::Known { value, .. } => Err(GateEnd::Known(value)),
             Decision::Wait { uncertain } => Err(GateEnd::Wait { uncertain }),
@@ -293,12 +292,15 @@ impl Segment {
             effect_id,
             tool,
             label,
-            cap: self.step_budget.cap(self.call_budget() as usize),
+            cap: self
+                .step
+                .budget
+                .cap(self.step.call_budget(self.run.limits().record_entry_bytes) as usize),
         };
         let artifacts = Artifacts::new(
-            self.run.channel().clone(),
-            self.run_id.clone(),
-            self.limits().clone(),
+            self.run.handle.channel().clone(),
+            self.run.run_id.clone(),
+            self.run.limits().clone(),
         );
         results::outcome(answer, &ctx, &ArtifactParts(&artifacts)).await
     }
@@ -306,11 +308,11 @@ impl Segment {
     /// Cancels a tool call at the gate when the run was cancelled (not when it was taken away:
     /// the next owner rejoins the call then).
     async fn stopped_in_gate_call(&self, effect_id: &str) -> Fault {
-        match self.run.stop_reason() {
+        match self.run.handle.stop_reason() {
             Some(StopReason::Cancel | StopReason::Deadline) => {
-                self.shared
+                self.clients
                     .toolgate
-                    .cancel(self.current_token(), effect_id)
+                    .cancel(self.run.current_token(), effect_id)
                     .await;
             }
             _ => {

@@ -16,7 +16,7 @@ use crate::nylorun::link::lease::{RunEnd, RunHandle, StopReason};
 use crate::nylorun::link::protocol::{ReleaseReason, methods};
 use crate::nylorun::turn::context::MemoryPin;
 use crate::nylorun::turn::shaping::json_len;
-use crate::nylorun::turn::transcript;
+use crate::nylorun::turn::transcript::{self, Entry};
 
 /// podhost's `state` (v5 §7: "what you want back next segment").
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -138,20 +138,8 @@ impl Segment {
     /// The transcript's edits since the segment read it: each compaction's own edit, marked
     /// with its facts, then the rest.
     fn edits(&self) -> Result<Value, transcript::EntryTooLarge> {
-        let limit = usize::try_from(self.limits().record_entry_bytes).unwrap_or(usize::MAX);
-        let mut edits = Vec::new();
-        let mut from = &self.before;
-        for (snapshot, facts) in &self.compactions {
-            edits.extend(transcript::marked_updates(
-                from,
-                snapshot,
-                limit,
-                Some(facts),
-            )?);
-            from = snapshot;
-        }
-        edits.extend(transcript::updates(from, &self.entries, limit)?);
-        Ok(serde_json::to_value(edits).unwrap_or_else(|_| json!([])))
+        let limit = usize::try_from(self.run.limits().record_entry_bytes).unwrap_or(usize::MAX);
+        self.history.edits(limit)
     }
 
     /// Claims an event of the turn (`event {runId, sessionId, turnId, type, payload}`): what
@@ -159,33 +147,36 @@ impl Segment {
     /// the turn.
     async fn claim(&self, kind: &str, payload: Value) {
         let params = json!({
-            "runId": self.run_id,
-            "sessionId": self.ids.session_id,
-            "turnId": self.ids.turn_id,
+            "runId": self.run.run_id,
+            "sessionId": self.run.ids.session_id,
+            "turnId": self.run.ids.turn_id,
             "type": kind,
             "payload": payload,
         });
         let sent = tokio::time::timeout(
             std::time::Duration::from_secs(30),
             self.run
+                .handle
                 .channel()
                 .request::<_, Value>(methods::EVENT, &params),
         )
         .await;
         match sent {
-            Ok(Ok(_)) => tracing::info!(run_id = %self.run_id, %kind, "event claimed"),
+            Ok(Ok(_)) => tracing::info!(run_id = %self.run.run_id, %kind, "event claimed"),
             Ok(Err(e)) => {
-                tracing::warn!(run_id = %self.run_id, %kind, error = %e, "event not taken")
+                tracing::warn!(run_id = %self.run.run_id, %kind, error = %e, "event not taken")
             }
-            Err(_) => tracing::warn!(run_id = %self.run_id, %kind, "event got no answer in time"),
+            Err(_) => {
+                tracing::warn!(run_id = %self.run.run_id, %kind, "event got no answer in time")
+            }
         }
     }
 
     /// The segment's output.
     pub(super) async fn finish(mut self, end: Result<TurnEnd, Fault>) -> RunEnd {
-        let run_id = self.run_id.clone();
+        let run_id = self.run.run_id.clone();
         let state = HarnessState {
-            memory: self.pin.clone(),
+            memory: self.history.pin.clone(),
             ..HarnessState::done()
         };
         match end {
@@ -201,9 +192,9 @@ impl Segment {
                         "status": "yielded",
                         "state": HarnessState {
                             v: STATE_VERSION,
-                            turn_id: Some(self.ids.turn_id.clone()),
+                            turn_id: Some(self.run.ids.turn_id.clone()),
                             input: None,
-                            memory: self.pin.clone(),
+                            memory: self.history.pin.clone(),
                         }
                         .value(),
                         "transcript": edits,
@@ -228,41 +219,44 @@ impl Segment {
                 }
             }
             Ok(TurnEnd::Cancelled) | Err(Fault::Stopped) => {
-                stopped_end(&self.run, self.edits().ok())
+                stopped_end(&self.run.handle, self.edits().ok())
             }
             Ok(TurnEnd::InputRequired { .. }) => thrown(
                 &run_id,
                 "the loop asked the user a question podhost cannot ask",
             ),
-            Err(fault) => stopped_or_thrown(&self.run, fault),
+            Err(fault) => stopped_or_thrown(&self.run.handle, fault),
         }
     }
 
     /// The output of a completed segment: its final entry, then the `outputs` folder exported
     /// (a sandboxed turn), then `turn.completed`.
     async fn completed(&mut self, text: String, state: &HarnessState) -> RunEnd {
-        let run_id = self.run_id.clone();
+        let run_id = self.run.run_id.clone();
         let output = Value::String(text);
-        let step_id = self.ids.step_id(self.last_step.unwrap_or(0));
-        self.entries.push(transcript::final_entry(
-            &self.ids.turn_id,
-            &step_id,
-            &output,
-        ));
+        let step_id = self.run.ids.step_id(self.step.last.unwrap_or(0));
+        self.history.entries.push(
+            Entry::Final {
+                turn_id: self.run.ids.turn_id.clone(),
+                step_id,
+                output: output.clone(),
+            }
+            .into(),
+        );
         let edits = match self.edits() {
             Ok(e) => e,
             Err(e) => {
                 return failed(&run_id, "transcript.entry_too_large", &e.to_string(), None);
             }
         };
-        if self.ts.has_sandbox() {
-            let artifacts = self.artifacts(self.limits().clone());
-            let outputs = self.shared.toolbox.workspace().root().join("outputs");
+        if self.run.ts.has_sandbox() {
+            let artifacts = self.run.artifacts(self.run.limits().clone());
+            let outputs = self.clients.toolbox.workspace().root().join("outputs");
             let report = export_outputs(
                 &artifacts,
-                &self.shared.toolbox,
+                &self.clients.toolbox,
                 &outputs,
-                &self.ids.turn_id,
+                &self.run.ids.turn_id,
             )
             .await;
             tracing::info!(%run_id, ?report, "outputs folder exported");
@@ -270,8 +264,8 @@ impl Segment {
                 self.claim(kind, payload).await;
             }
             // Core said the run is another owner's: it is released, not completed.
-            if self.cancel.is_cancelled() {
-                return stopped_end(&self.run, None);
+            if self.run.cancel.is_cancelled() {
+                return stopped_end(&self.run.handle, None);
             }
         }
         RunEnd::Output {
@@ -288,17 +282,17 @@ impl Segment {
 
     /// The output of a segment that waits on its effects (`turn.waiting`).
     fn waiting(&self, effect_ids: Vec<String>) -> RunEnd {
-        let run_id = &self.run_id;
+        let run_id = &self.run.run_id;
         // The segment runs again once its effects are settled; it leaves no edits, and
         // keeps its input for an `approval.answer`.
         // The segment runs again from its start: with the index it started with.
         let mut waiting = HarnessState {
             v: STATE_VERSION,
-            turn_id: Some(self.ids.turn_id.clone()),
-            input: Some(self.input_raw.clone()),
-            memory: self.pin_at_start.clone(),
+            turn_id: Some(self.run.ids.turn_id.clone()),
+            input: Some(self.run.input_raw.clone()),
+            memory: self.history.pin_at_start.clone(),
         };
-        if json_len(&waiting.value()) as u64 > self.limits().harness_state_bytes {
+        if json_len(&waiting.value()) as u64 > self.run.limits().harness_state_bytes {
             tracing::warn!(%run_id, "the waiting segment's input is too large for the state; an approval cannot run it again");
             waiting.input = None;
         }
@@ -306,7 +300,7 @@ impl Segment {
             method: methods::TURN_WAITING,
             output: json!({
                 "runId": run_id,
-                "status": if self.uncertain { "uncertain" } else { "waiting" },
+                "status": if self.run.uncertain { "uncertain" } else { "waiting" },
                 "effectIds": effect_ids,
                 "state": waiting.value(),
             }),
