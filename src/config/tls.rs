@@ -20,6 +20,15 @@ pub struct TlsArgs {
     /// OpenSSL's variable for such a file; here it adds to the system's roots.
     #[arg(long = "ssl-cert-file", env = "SSL_CERT_FILE", hide = true)]
     pub ssl_cert_file: Option<PathBuf>,
+    /// OpenSSL's variable for directories of CA certificates (`:`-separated); here they add to
+    /// the system's roots.
+    #[arg(
+        long = "ssl-cert-dir",
+        env = "SSL_CERT_DIR",
+        hide = true,
+        value_delimiter = ':'
+    )]
+    pub ssl_cert_dir: Vec<PathBuf>,
 }
 
 impl TlsArgs {
@@ -31,6 +40,12 @@ impl TlsArgs {
             (_, Some(p)) if !p.as_os_str().is_empty() => Some(named(p, "SSL_CERT_FILE")),
             _ => None,
         };
-        TlsSettings { ca_file }
+        let ca_dirs = self
+            .ssl_cert_dir
+            .iter()
+            .filter(|d| !d.as_os_str().is_empty())
+            .cloned()
+            .collect();
+        TlsSettings { ca_file, ca_dirs }
     }
 }

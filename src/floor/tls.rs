@@ -4,10 +4,10 @@
 //!
 //! The roots are the system's (the first CA bundle found at the usual places: Debian's
 //! `/etc/ssl/certs/ca-certificates.crt`, Fedora's `/etc/pki/tls/certs/ca-bundle.crt`, …) plus
-//! an operator's CA file (`PODHOST_CA_FILE`, else `SSL_CERT_FILE`), so a core or a model
-//! endpoint behind a private CA is trusted without losing the public ones. The system's bundle
-//! is found by its path, not through `SSL_CERT_FILE`, which here adds to it rather than
-//! replacing it.
+//! an operator's CA file (`PODHOST_CA_FILE`, else `SSL_CERT_FILE`) and the directories of
+//! `SSL_CERT_DIR`, so a core or a model endpoint behind a private CA is trusted without losing
+//! the public ones. The system's bundle is found by its path, not through `SSL_CERT_FILE` or
+//! `SSL_CERT_DIR`, which here add to it rather than replace it.
 //!
 //! Invariants:
 //! * The crypto provider is `ring`, named here: nothing depends on a process-wide default
@@ -45,6 +45,9 @@ pub struct TlsSettings {
     /// A PEM file of CA certificates to trust as well, and the setting that named it (for
     /// errors): `PODHOST_CA_FILE`, `--ca-file` or `SSL_CERT_FILE`.
     pub ca_file: Option<(PathBuf, String)>,
+    /// Directories of CA certificates to trust as well (`SSL_CERT_DIR`): every file in them
+    /// that holds PEM certificates, as OpenSSL and `rustls-native-certs` read them.
+    pub ca_dirs: Vec<PathBuf>,
 }
 
 /// Why the TLS configuration could not be built.
@@ -74,6 +77,10 @@ pub fn client_config(settings: &TlsSettings) -> Result<Arc<rustls::ClientConfig>
         let (added, ignored) = roots.add_parsable_certificates(certs);
         tracing::debug!(bundle = %bundle.display(), added, ignored, "system CA bundle");
     }
+    for dir in &settings.ca_dirs {
+        let (added, ignored) = roots.add_parsable_certificates(certificates_in(dir));
+        tracing::debug!(dir = %dir.display(), added, ignored, "SSL_CERT_DIR");
+    }
     if let Some((path, setting)) = &settings.ca_file {
         let file_err = |message: String| TlsError::CaFile {
             setting: setting.clone(),
@@ -101,7 +108,7 @@ pub fn client_config(settings: &TlsSettings) -> Result<Arc<rustls::ClientConfig>
         // would fail with an unknown issuer, so say why now.
         tracing::warn!(
             "no CA certificate to trust: no system bundle (such as {}) and no CA file \
-             (PODHOST_CA_FILE or SSL_CERT_FILE); TLS connections (HTTPS, a PostgreSQL store's) \
+             (PODHOST_CA_FILE, SSL_CERT_FILE or SSL_CERT_DIR); TLS connections (HTTPS, a PostgreSQL store's) \
              will fail",
             SYSTEM_BUNDLES[0]
         );
@@ -113,6 +120,34 @@ pub fn client_config(settings: &TlsSettings) -> Result<Arc<rustls::ClientConfig>
         .with_root_certificates(roots)
         .with_no_client_auth();
     Ok(Arc::new(config))
+}
+
+/// The PEM certificates of every file in `dir` (links followed, each file once); a directory
+/// that cannot be read is warned about, as a file holding no certificate is skipped (an
+/// OpenSSL directory may hold CRLs and other files).
+fn certificates_in(dir: &Path) -> Vec<CertificateDer<'static>> {
+    use std::os::unix::fs::MetadataExt;
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "SSL_CERT_DIR: cannot read");
+            return Vec::new();
+        }
+    };
+    let mut seen = std::collections::HashSet::new();
+    let mut certs = Vec::new();
+    for path in entries.flatten().map(|e| e.path()) {
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
+        if meta.is_file()
+            && seen.insert((meta.dev(), meta.ino()))
+            && let Ok(found) = CertificateDer::pem_file_iter(&path)
+        {
+            certs.extend(found.filter_map(Result::ok));
+        }
+    }
+    certs
 }
 
 /// A PEM reading error as a person reads it: an I/O error as the system says it.
@@ -134,6 +169,7 @@ mod tests {
         let missing = dir.path().join("nope.pem");
         let err = client_config(&TlsSettings {
             ca_file: Some((missing.clone(), "PODHOST_CA_FILE".into())),
+            ..TlsSettings::default()
         })
         .unwrap_err();
         assert_eq!(
@@ -147,6 +183,7 @@ mod tests {
         std::fs::write(&empty, "not a certificate\n").unwrap();
         let err = client_config(&TlsSettings {
             ca_file: Some((empty.clone(), "--ca-file".into())),
+            ..TlsSettings::default()
         })
         .unwrap_err();
         assert_eq!(

@@ -1,5 +1,5 @@
 //! One TLS configuration: a core and gates behind a private CA, trusted through
-//! `PODHOST_CA_FILE` (or `SSL_CERT_FILE`) for join, the WebSocket and the model calls alike.
+//! `PODHOST_CA_FILE` (or `SSL_CERT_FILE`, `SSL_CERT_DIR`) for join, the WebSocket and the model calls alike.
 
 use pretty_assertions::assert_eq;
 use serde_json::json;
@@ -60,6 +60,24 @@ async fn ssl_cert_file_adds_the_ca_too() {
     let (core, _gates, dirs, mut env) = behind_tls(&ca).await;
     let ca_file = ca.write_ca(dirs.dir.path());
     set_env(&mut env, "SSL_CERT_FILE", ca_file.to_str().unwrap());
+    let _pod = PodProcess::spawn(&env);
+    core.wait_request(0, "hello").await;
+}
+
+/// OpenSSL's directory variable adds its certificates too (a directory as `openssl rehash`
+/// leaves it: a file and a link to it by hash, beside a file that holds none).
+#[tokio::test]
+async fn ssl_cert_dir_adds_the_ca_too() {
+    let ca = PrivateCa::new();
+    let (core, _gates, dirs, mut env) = behind_tls(&ca).await;
+    let certs = dirs.dir.path().join("certs");
+    std::fs::create_dir(&certs).unwrap();
+    let ca_file = ca.write_ca(&certs);
+    std::os::unix::fs::symlink(&ca_file, certs.join("0123abcd.0")).unwrap();
+    std::fs::write(certs.join("README"), "not a certificate\n").unwrap();
+    let missing = dirs.dir.path().join("missing");
+    let value = format!("{}:{}", missing.display(), certs.display());
+    set_env(&mut env, "SSL_CERT_DIR", &value);
     let _pod = PodProcess::spawn(&env);
     core.wait_request(0, "hello").await;
 }
