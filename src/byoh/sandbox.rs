@@ -73,6 +73,52 @@ fn session_dir_name(session_id: &str) -> String {
     format!("s-{}", &hex::encode(digest)[..32])
 }
 
+/// Why a session's sandbox could not be made, its probe failed, or its files could not be
+/// removed: faults of the host, never the model's.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxFault {
+    /// A directory of the session could not be made.
+    #[error("could not create the {what} {}: {source}", path.display())]
+    Create {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The session's workspace cannot be opened.
+    #[error("the workspace {} is unusable: {source}", path.display())]
+    Workspace {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The store could not hand the session a uid.
+    #[error("could not take the session's uid: {0}")]
+    Uid(StoreError),
+    /// Every uid of the pool serves a session with a turn running.
+    #[error(
+        "every uid of PODHOST_UID_POOL ({0}) serves a session with a turn running; widen the \
+         pool or lower --max-running"
+    )]
+    PoolSpent(users::UidRange),
+    /// The session's confinement could not be assembled.
+    #[error(transparent)]
+    Build(#[from] crate::exec::sandbox::SandboxError),
+    /// A probe's command could not run.
+    #[error(transparent)]
+    Tool(#[from] crate::tools::ToolError),
+    /// A probe's `true` ran and did not succeed.
+    #[error("a probe's `true` did not succeed: {0:?}")]
+    Probe(ToolOutcome),
+    /// A file of the session could not be removed.
+    #[error("{}: {source}", path.display())]
+    Remove {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The thread that removes a session's files ended without an answer.
+    #[error("{0}")]
+    Worker(tokio::task::JoinError),
+}
+
 /// The session's toolbox for a turn: its sandbox made, tried [`TRIES`] times in all while the
 /// host refuses; the last refusal marks the host faulted and fails the turn. `None` when
 /// `cancel` fired first.
@@ -95,6 +141,7 @@ pub(super) async fn for_turn(
                 }
             }
             Err(why) => {
+                let why = why.to_string();
                 inner.sandboxes.failed(&why);
                 return Err(SessionError::Sandbox(why));
             }
@@ -105,17 +152,24 @@ pub(super) async fn for_turn(
 /// The session's toolbox, on its workspace (created on first use), made once. Where sessions
 /// run as uids of their own, the store hands the session its uid; it stays the session's until
 /// the session is swept, or lent, once the pool has no other, while the session is idle.
-async fn make(inner: &Inner, session_id: &str) -> Result<Toolbox, String> {
+async fn make(inner: &Inner, session_id: &str) -> Result<Toolbox, SandboxFault> {
     let data = &inner.config.data_dir;
     let dir = workspace_dir(data, session_id);
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| format!("could not create the workspace {}: {e}", dir.display()))?;
-    let ws = Workspace::new(&dir, None)
-        .map_err(|e| format!("the workspace {} is unusable: {e}", dir.display()))?;
+    let create = |what, path: &Path| {
+        std::fs::create_dir_all(path).map_err(|source| SandboxFault::Create {
+            what,
+            path: path.to_owned(),
+            source,
+        })
+    };
+    create("workspace", &dir)?;
+    let ws = Workspace::new(&dir, None).map_err(|source| SandboxFault::Workspace {
+        path: dir.clone(),
+        source,
+    })?;
     // Its own tmp (TMPDIR), next to the workspace and as hidden from other sessions as it is.
     let tmp = session_tmp_dir(data, session_id);
-    std::fs::create_dir_all(&tmp)
-        .map_err(|e| format!("could not create the session's tmp {}: {e}", tmp.display()))?;
+    create("session's tmp", &tmp)?;
     let uid = match inner.config.tools.uid_pool() {
         Some(range) => {
             let data = data.clone();
@@ -127,13 +181,8 @@ async fn make(inner: &Inner, session_id: &str) -> Result<Toolbox, String> {
                 .store
                 .take_uid(session_id, &inner.terms.owner, range, park)
                 .await
-                .map_err(|e| format!("could not take the session's uid: {e}"))?
-                .ok_or_else(|| {
-                    format!(
-                        "every uid of PODHOST_UID_POOL ({range}) serves a session with a turn \
-                         running; widen the pool or lower --max-running"
-                    )
-                })?;
+                .map_err(SandboxFault::Uid)?
+                .ok_or(SandboxFault::PoolSpent(range))?;
             if let UidGrant::Reclaimed { uid, .. } = &grant {
                 info!(
                     uid,
@@ -144,11 +193,7 @@ async fn make(inner: &Inner, session_id: &str) -> Result<Toolbox, String> {
         }
         None => None,
     };
-    inner
-        .config
-        .tools
-        .build_as(ws, Some(&tmp), uid)
-        .map_err(|e| e.to_string())
+    Ok(inner.config.tools.build_as(ws, Some(&tmp), uid)?)
 }
 
 /// Sets the store's uid pool up, once per range: the sessions the store keeps whose workspaces
@@ -212,7 +257,7 @@ pub(super) async fn probe_loop(inner: &Inner) {
                     .sandboxes
                     .fault
                     .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = Some(why);
+                    .unwrap_or_else(PoisonError::into_inner) = Some(why.to_string());
             }
         }
     }
@@ -220,7 +265,7 @@ pub(super) async fn probe_loop(inner: &Inner) {
 
 /// Makes a session's sandbox as a turn would, for a session no evaluator can name (its id has a
 /// control character), runs `true` in it, and removes it: its workspace, tmp, disk and uid.
-async fn probe(inner: &Inner) -> Result<(), String> {
+async fn probe(inner: &Inner) -> Result<(), SandboxFault> {
     let id = format!("\u{1}podhost-probe {}", inner.terms.owner);
     let ran = async {
         let toolbox = make(inner, &id).await?;
@@ -228,8 +273,8 @@ async fn probe(inner: &Inner) -> Result<(), String> {
         let input = json!({"command": "true", "timeout": PROBE_TIMEOUT.as_secs()});
         match toolbox.call(ToolName::Bash, &input, &ctx).await {
             Ok(ToolOutcome::Completed { output }) if output["exitCode"] == 0 => Ok(()),
-            Ok(other) => Err(format!("a probe's `true` did not succeed: {other:?}")),
-            Err(e) => Err(e.to_string()),
+            Ok(other) => Err(SandboxFault::Probe(other)),
+            Err(e) => Err(e.into()),
         }
     }
     .await;
@@ -239,7 +284,7 @@ async fn probe(inner: &Inner) -> Result<(), String> {
         move || remove_session_files(&data, &id)
     })
     .await
-    .map_err(|e| e.to_string())
+    .map_err(SandboxFault::Worker)
     .and_then(|r| r);
     if let Err(e) = gone {
         warn!(error = %e, "could not remove a sandbox probe's files");
@@ -253,11 +298,14 @@ async fn probe(inner: &Inner) -> Result<(), String> {
 }
 
 /// Removes a session's workspace, tmp and disk image; those already gone are fine.
-pub(super) fn remove_session_files(data: &Path, session: &str) -> Result<(), String> {
+pub(super) fn remove_session_files(data: &Path, session: &str) -> Result<(), SandboxFault> {
     let gone = |r: std::io::Result<()>, p: &Path| match r {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(format!("{}: {e}", p.display())),
+        Err(source) => Err(SandboxFault::Remove {
+            path: p.to_owned(),
+            source,
+        }),
     };
     for dir in [workspace_dir(data, session), session_tmp_dir(data, session)] {
         gone(std::fs::remove_dir_all(&dir), &dir)?;
