@@ -2,7 +2,7 @@
 //! to check what survives a crash or a full disk there.
 //!
 //! Owns: the list of every failpoint ([`POD`], [`SERVE`], [`POD_TOOL_GATE`], [`COMPACTION`],
-//! [`STORE`], [`SANDBOX`]), the `PODHOST_FAILPOINTS`
+//! [`STORE`], [`SANDBOX`], [`RUN`]), the `PODHOST_FAILPOINTS`
 //! configuration, and the [`failpoint!`](crate::failpoint) and
 //! [`failpoint_fails!`](crate::failpoint_fails) macros placed at each boundary.
 //!
@@ -68,6 +68,10 @@ pub const SANDBOX: &[&str] = &[
     "oneshot.view_refused",
     "oneshot.view_fails",
 ];
+
+/// Faults of `podhost run`'s own tasks: its progress task is scheduled late (it waits a moment
+/// between reading a model call's byte count and reporting it), as a loaded machine may.
+pub const RUN: &[&str] = &["run.progress_late"];
 
 /// Marks a boundary where a test may kill the process. Expands to nothing without the
 /// `failpoints` feature.
@@ -154,6 +158,7 @@ mod armed {
             .chain(super::COMPACTION)
             .chain(super::STORE)
             .chain(super::SANDBOX)
+            .chain(super::RUN)
             .any(|n| *n == name);
         if !known {
             return Err(format!("no failpoint is named {name:?}"));

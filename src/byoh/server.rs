@@ -182,6 +182,7 @@ pub fn router(
     listen: SocketAddr,
 ) -> Router {
     let forgeries = Guard::new(listen, token.is_some(), refusal);
+    crate::floor::metrics::serving("byoh");
     let app = App {
         engine,
         token: token.map(|t| Arc::new(Secret::new(t))),
@@ -474,14 +475,13 @@ fn open_routes(forgeries: &Guard) -> Router<App> {
         .route("/metrics", forgeries.wrap(get(metrics_text)))
 }
 
-/// `GET /metrics`: every metric of the process, as OpenMetrics text.
-async fn metrics_text() -> Response {
+/// `GET /metrics`: every metric of the process, in the text format `Accept` asks for.
+async fn metrics_text(headers: HeaderMap) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let (ctype, text) = crate::floor::metrics::answer(accept);
     (
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static(crate::floor::metrics::CONTENT_TYPE),
-        )],
-        crate::floor::metrics::encode(),
+        [(header::CONTENT_TYPE, HeaderValue::from_static(ctype))],
+        text,
     )
         .into_response()
 }

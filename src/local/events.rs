@@ -80,6 +80,8 @@ pub enum Event {
         schema: &'static str,
         /// podhost's version.
         version: &'static str,
+        /// This run's id (a UUID), in `run.finished` too.
+        run_id: String,
         model: String,
         base_url: String,
         /// Where the base URL came from: `--base-url` (or `PODHOST_BASE_URL`),
@@ -90,6 +92,10 @@ pub enum Event {
         api_key_from: Option<String>,
         /// The workspace directory.
         workspace: String,
+        /// The directory podhost was started in.
+        cwd: String,
+        /// The names of the tools offered to the model.
+        tools: Vec<String>,
         max_steps: u32,
         /// Whether answers are streamed.
         stream: bool,
@@ -144,7 +150,8 @@ pub enum Event {
         step: u32,
         call_id: String,
         tool: String,
-        /// `completed`, `failed` or `denied`.
+        /// `completed`, `failed`, `denied`, or `input_required` (an `ask_user` there was no
+        /// terminal to answer: the run ends asking it).
         status: &'static str,
         /// The tool's output (a string, or an object for bash, write and edit).
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -160,6 +167,8 @@ pub enum Event {
     /// The run ended; always the last line.
     #[serde(rename = "run.finished")]
     RunFinished {
+        /// The id `run.started` named.
+        run_id: String,
         status: RunStatus,
         /// The process's exit code.
         exit_code: i32,

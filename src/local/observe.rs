@@ -4,9 +4,14 @@
 //! `model_call.started`/`finished` (with the usage), `message`, `tool_call.started`/`finished` —
 //! and the progress task that turns the model client's byte counter into progress events.
 //!
-//! Invariants: every tool call the model made gets a `tool_call.finished`, also one whose
-//! arguments were not a JSON object (the loop answers it without running it); the wrapped
-//! turn's behaviour is unchanged.
+//! Invariants:
+//! * Every `tool_call.started` has its `tool_call.finished`: also a call whose arguments were
+//!   not a JSON object (the loop answers it without running it), an `ask_user` left for the
+//!   user (`input_required`), and a call the turn failed in.
+//! * Progress goes through the sink, which writes it only while its model call is open: no
+//!   `model_call.progress` follows its `model_call.finished`.
+//! * A model endpoint that cannot be reached is reported with a hint to check the base URL.
+//! * The wrapped turn's behaviour is unchanged.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -29,8 +34,8 @@ use crate::floor::codes;
 pub(super) struct Observed<F> {
     pub inner: ChatTurn<F>,
     sink: Sink,
-    /// The step whose model call is running (for progress events).
-    step: tokio::sync::watch::Sender<u32>,
+    /// Where the model endpoint's URL came from, for the hint of a failure to reach it.
+    endpoint: Endpoint,
     /// Calls of the current answer: id → arguments as the events show them.
     calls: HashMap<String, Value>,
     /// Calls whose `tool_call.finished` was emitted.
@@ -38,11 +43,11 @@ pub(super) struct Observed<F> {
 }
 
 impl<F: Front> Observed<F> {
-    pub fn new(inner: ChatTurn<F>, sink: Sink) -> Self {
+    pub fn new(inner: ChatTurn<F>, sink: Sink, endpoint: Endpoint) -> Self {
         Observed {
             inner,
             sink,
-            step: tokio::sync::watch::Sender::new(0),
+            endpoint,
             calls: HashMap::new(),
             reported: Vec::new(),
         }
@@ -56,7 +61,6 @@ impl<F: Front> Observed<F> {
         stop: CancellationToken,
     ) -> tokio::task::JoinHandle<()> {
         let sink = self.sink.clone();
-        let step = self.step.subscribe();
         let every = if sink.is_json() {
             Duration::from_secs(1)
         } else {
@@ -69,15 +73,18 @@ impl<F: Front> Observed<F> {
                     () = stop.cancelled() => return,
                     changed = received.changed() => if changed.is_err() { return },
                 }
+                // The call first, then its count: a count read after the call ended is
+                // dropped by the sink rather than given to the next call.
+                let step = sink.open_call();
                 let bytes = *received.borrow_and_update();
                 if bytes == 0 || last.is_some_and(|t| t.elapsed() < every) {
                     continue;
                 }
                 last = Some(Instant::now());
-                sink.emit(Event::ModelCallProgress {
-                    step: *step.borrow(),
-                    received_bytes: bytes,
-                });
+                if crate::failpoint_fails!("run.progress_late") {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                sink.progress(step, bytes);
             }
         })
     }
@@ -90,7 +97,6 @@ impl<F: Front> Observed<F> {
         outcome: &ResultOutcome,
         took: Duration,
     ) {
-        self.reported.push(call_id.to_owned());
         let (status, output, code, error) = match outcome {
             ResultOutcome::Completed { output, .. } => {
                 ("completed", Some(output.clone()), None, None)
@@ -105,16 +111,75 @@ impl<F: Front> Observed<F> {
                 ("failed", None, Some(code.clone()), Some(message.clone()))
             }
         };
+        self.emit_finished(
+            (step, call_id, tool),
+            Ended {
+                status,
+                output,
+                code,
+                error,
+            },
+            took,
+        );
+    }
+
+    /// Emits the `tool_call.finished` of call `(step, id, tool)`.
+    fn emit_finished(
+        &mut self,
+        (step, call_id, tool): (u32, &str, &str),
+        end: Ended,
+        took: Duration,
+    ) {
+        self.reported.push(call_id.to_owned());
         self.sink.emit(Event::ToolCallFinished {
             step,
             call_id: call_id.to_owned(),
             tool: tool.to_owned(),
-            status,
-            output,
-            code,
-            error,
+            status: end.status,
+            output: end.output,
+            code: end.code,
+            error: end.error,
             duration_ms: millis(took),
         });
+    }
+}
+
+/// How a tool call ended, as `tool_call.finished` says it.
+struct Ended {
+    status: &'static str,
+    output: Option<Value>,
+    code: Option<String>,
+    error: Option<String>,
+}
+
+/// The model endpoint a run talks to: its base URL and where that came from.
+#[derive(Clone, Debug)]
+pub(super) struct Endpoint {
+    pub base_url: String,
+    /// `--base-url`, `OPENAI_BASE_URL` or `default`.
+    pub from: &'static str,
+}
+
+/// How the model client's message for an endpoint it could not connect to begins (a refused
+/// connection, a name that does not resolve): the one failure a wrong `--base-url` makes.
+const UNREACHABLE: &str = "The model endpoint could not be reached";
+
+impl Endpoint {
+    /// `message`, with a hint to check the base URL when it says the endpoint could not be
+    /// reached (a timeout is not: the server is there, and slow).
+    pub fn hinted(&self, message: &str) -> String {
+        if !message.contains(UNREACHABLE) {
+            return message.to_owned();
+        }
+        let from = match self.from {
+            "default" => "the default",
+            other => other,
+        };
+        format!(
+            "{message} (is an OpenAI-compatible server listening at {}? The URL came from \
+             {from}; check --base-url)",
+            self.base_url
+        )
     }
 }
 
@@ -146,10 +211,24 @@ impl<F: Front> TurnHost for Observed<F> {
         cancel: &CancellationToken,
     ) -> Result<Effect<ModelAnswer>, SessionError> {
         let shown = step + 1;
-        self.step.send_replace(shown);
         self.sink.emit(Event::ModelCallStarted { step: shown });
         let started = Instant::now();
-        let answer = self.inner.model(step, attempt, cancel).await?;
+        let answer = match self.inner.model(step, attempt, cancel).await {
+            Ok(answer) => answer,
+            Err(e) => {
+                // The turn fails here; its call still ends.
+                self.sink.emit(Event::ModelCallFinished {
+                    step: shown,
+                    status: "failed",
+                    finish_reason: None,
+                    tokens: Tokens::default(),
+                    tool_calls: 0,
+                    error: Some(e.to_string()),
+                    duration_ms: millis(started.elapsed()),
+                });
+                return Err(e);
+            }
+        };
         let (status, finish, tokens, calls, error) = match &answer {
             Effect::Done(ModelAnswer::Candidate(c)) => {
                 let tokens = c.usage.as_ref().map_or(Tokens::default(), |u| Tokens {
@@ -173,7 +252,7 @@ impl<F: Front> TurnHost for Observed<F> {
                 None,
                 Tokens::default(),
                 0,
-                Some(f.message.clone()),
+                Some(self.endpoint.hinted(&f.message)),
             ),
             Effect::Wait(_) => ("failed", None, Tokens::default(), 0, None),
         };
@@ -233,11 +312,33 @@ impl<F: Front> TurnHost for Observed<F> {
             input: call.args.clone(),
         });
         let started = Instant::now();
-        let effect = self.inner.tool(step, call, cancel).await?;
-        if let ToolEffect::Done(outcome) = &effect {
-            self.finished(step + 1, &call.id, &call.name, outcome, started.elapsed());
+        let ended = |status, error: Option<String>| Ended {
+            status,
+            output: None,
+            code: None,
+            error,
+        };
+        let id = (step + 1, call.id.as_str(), call.name.as_str());
+        match self.inner.tool(step, call, cancel).await {
+            Ok(ToolEffect::Done(outcome)) => {
+                self.finished(step + 1, &call.id, &call.name, &outcome, started.elapsed());
+                Ok(ToolEffect::Done(outcome))
+            }
+            // A question there is no terminal to answer: the run ends asking it.
+            Ok(ToolEffect::Ask) => {
+                self.emit_finished(id, ended("input_required", None), started.elapsed());
+                Ok(ToolEffect::Ask)
+            }
+            Ok(ToolEffect::Wait(effect)) => {
+                let why = "the call waits on an approval, which a local run cannot give";
+                self.emit_finished(id, ended("failed", Some(why.into())), started.elapsed());
+                Ok(ToolEffect::Wait(effect))
+            }
+            Err(e) => {
+                self.emit_finished(id, ended("failed", Some(e.to_string())), started.elapsed());
+                Err(e)
+            }
         }
-        Ok(effect)
     }
 
     async fn results(&mut self, step: u32, results: &[ToolResult]) -> Result<(), SessionError> {

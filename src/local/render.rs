@@ -7,7 +7,8 @@
 //!
 //! Invariants: stdout carries only the final answer (text mode) or only event lines (`--json`);
 //! everything for people goes to stderr. A line is written whole under one lock, so events from
-//! the progress task and the loop never interleave.
+//! the progress task and the loop never interleave, and a model call's progress is written only
+//! between its `started` and its `finished`. A model call's failure is said once in text mode.
 
 use std::io::{IsTerminal, Write};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -36,6 +37,12 @@ struct Inner {
     progress_drawn: bool,
     started: Instant,
     summary: Summary,
+    /// The step of the model call between its `started` and its `finished`: progress is
+    /// written for it only, so none ever follows its call's end.
+    open_call: Option<u32>,
+    /// The error of the last failed model call, as its line showed it (text mode): the run's
+    /// closing lines do not say it again.
+    shown_model_error: Option<String>,
 }
 
 impl Sink {
@@ -47,6 +54,8 @@ impl Sink {
                 progress_drawn: false,
                 started: Instant::now(),
                 summary: Summary::default(),
+                open_call: None,
+                shown_model_error: None,
             })),
         }
     }
@@ -68,29 +77,94 @@ impl Sink {
         }
     }
 
+    /// Writes `event` (and counts it in the totals).
     pub fn emit(&self, event: Event) {
         let mut inner = self.lock();
         match &event {
+            Event::ModelCallStarted { step } => inner.open_call = Some(*step),
             Event::ModelCallFinished { tokens, .. } => {
+                inner.open_call = None;
                 inner.summary.model_calls += 1;
                 inner.summary.input_tokens += tokens.input.unwrap_or(0);
                 inner.summary.output_tokens += tokens.output.unwrap_or(0);
             }
-            Event::ToolCallFinished { .. } => inner.summary.tool_calls += 1,
+            // A question left for the user was not answered.
+            Event::ToolCallFinished { status, .. } if *status != "input_required" => {
+                inner.summary.tool_calls += 1;
+            }
             _ => {}
         }
-        let elapsed = ms(inner.started);
-        if inner.json {
+        inner.write(event);
+    }
+
+    /// The step of the model call in flight, if one is.
+    pub fn open_call(&self) -> Option<u32> {
+        self.lock().open_call
+    }
+
+    /// Writes a `model_call.progress` of model call `step` (as [`Sink::open_call`] named it
+    /// before the count was read) if that call is still in flight; nothing when it is not: its
+    /// `finished` was written first, and the count came too late to say anything.
+    pub fn progress(&self, step: Option<u32>, received_bytes: u64) {
+        let mut inner = self.lock();
+        if let Some(step) = step
+            && inner.open_call == Some(step)
+        {
+            inner.write(Event::ModelCallProgress {
+                step,
+                received_bytes,
+            });
+        }
+    }
+}
+
+impl Inner {
+    /// Writes one event whole, under the sink's lock.
+    fn write(&mut self, event: Event) {
+        let elapsed = ms(self.started);
+        if self.json {
             let mut out = std::io::stdout().lock();
             let _ = writeln!(out, "{}", line(&event, elapsed));
             let _ = out.flush();
             return;
         }
-        let text = human(&event, inner.live);
+        let text = match &event {
+            Event::ModelCallFinished {
+                error: Some(e),
+                status: "failed",
+                ..
+            } => {
+                self.shown_model_error = Some(e.clone());
+                human(&event, self.live)
+            }
+            // A model call's failure was shown on its own line: the closing lines say how the
+            // run ended without repeating it.
+            Event::RunFinished {
+                error: Some(e),
+                status,
+                exit_code,
+                questions,
+                summary,
+                ..
+            } if self
+                .shown_model_error
+                .as_ref()
+                .is_some_and(|m| e.ends_with(m.as_str())) =>
+            {
+                Text::Lines(finished(
+                    *status,
+                    *exit_code,
+                    None,
+                    questions.as_deref(),
+                    summary,
+                ))
+            }
+            _ => human(&event, self.live),
+        };
         let mut err = std::io::stderr().lock();
-        if inner.progress_drawn {
+        if self.progress_drawn {
             let _ = write!(err, "\r\x1b[K");
-            inner.progress_drawn = false;
+            self.progress_drawn = false;
         }
         match text {
             Text::Lines(t) if !t.is_empty() => {
@@ -98,7 +172,7 @@ impl Sink {
             }
             Text::Live(t) => {
                 let _ = write!(err, "{t}");
-                inner.progress_drawn = true;
+                self.progress_drawn = true;
             }
             _ => {}
         }

@@ -24,7 +24,7 @@ use serde_json::{Map, Value};
 use url::Url;
 
 use super::events::{Event, RunStatus};
-use super::observe::Observed;
+use super::observe::{Endpoint, Observed};
 use super::render::Sink;
 use super::{LocalEnv, LocalError, Stop, toolbox};
 use crate::agent::turn::{self, TurnEnd};
@@ -258,14 +258,18 @@ pub async fn run(cfg: RunConfig, stop: Stop) -> Result<i32, LocalError> {
     let sink = Sink::new(cfg.json);
     let (instructions, sources, agents_note) =
         instructions(&toolbox, cfg.system.as_deref()).await?;
+    let run_id = uuid::Uuid::new_v4().to_string();
     sink.emit(Event::RunStarted {
         schema: super::events::SCHEMA_ID,
         version: env!("CARGO_PKG_VERSION"),
+        run_id: run_id.clone(),
         model: cfg.model.model.clone(),
         base_url: cfg.model.base_url.to_string(),
         base_url_from: cfg.model.base_url_from.to_owned(),
         api_key_from: key.as_ref().and(cfg.model.api_key_env.clone()),
         workspace: toolbox.workspace().root().to_string_lossy().into_owned(),
+        cwd: current_dir(),
+        tools: tool_names(),
         max_steps: cfg.max_steps,
         stream: cfg.model.stream,
         instructions: sources,
@@ -281,10 +285,47 @@ pub async fn run(cfg: RunConfig, stop: Stop) -> Result<i32, LocalError> {
     }
 
     let (progress_tx, progress_rx) = tokio::sync::watch::channel(0u64);
+    let turn = chat_turn(&cfg, key, toolbox, (task, &instructions), progress_tx).await?;
+    let endpoint = Endpoint {
+        base_url: cfg.model.base_url.to_string(),
+        from: cfg.model.base_url_from,
+    };
+    let mut host = Observed::new(turn, sink.clone(), endpoint.clone());
+    let progress_done = tokio_util::sync::CancellationToken::new();
+    let progress = host.watch_progress(progress_rx, progress_done.clone());
+    let ended = turn::drive(&mut host, 0, stop.token()).await;
+    progress_done.cancel();
+    let _ = progress.await;
+
+    let mut end = End::of(ended, cfg.max_steps);
+    end.error = end.error.map(|e| endpoint.hinted(&e));
+    // A signal wins over whatever the cancelled turn ended with.
+    if let Some(signal) = stop.signal() {
+        end = End::stopped(signal);
+    }
+
+    Ok(deliver(
+        &sink,
+        (run_id, end),
+        cfg.output_file.as_deref(),
+        cfg.json,
+    ))
+}
+
+/// The chat turn of the task: the model client (reporting the bytes of answers received on
+/// `progress`), the endpoint, the context limits (asking the server's listing when they need
+/// it), the task and the instructions.
+async fn chat_turn(
+    cfg: &RunConfig,
+    key: Option<ApiKey>,
+    toolbox: Toolbox,
+    (task, instructions): (String, &str),
+    progress: tokio::sync::watch::Sender<u64>,
+) -> Result<ChatTurn<RunFront>, LocalError> {
     let tls = client_config(&cfg.tls).map_err(|e| LocalError::Usage(e.to_string()))?;
     let client = ModelClient::new(RetryPolicy::default(), tls)?
         .streaming(cfg.model.stream)
-        .with_progress(progress_tx);
+        .with_progress(progress);
     let conn = ModelEndpoint {
         base_url: cfg.model.base_url.clone(),
         model: cfg.model.model.clone(),
@@ -299,7 +340,7 @@ pub async fn run(cfg: RunConfig, stop: Stop) -> Result<i32, LocalError> {
         limits = limits.complete(facts);
     }
     let key = KeySource::fixed(key);
-    let turn = ChatTurn::new(
+    Ok(ChatTurn::new(
         front,
         client,
         conn,
@@ -308,27 +349,35 @@ pub async fn run(cfg: RunConfig, stop: Stop) -> Result<i32, LocalError> {
         vec![ChatMessage::user(task)],
     )
     .with_max_steps(cfg.max_steps)
-    .with_instructions(&instructions)
-    .with_context(limits, Default::default());
-    let mut host = Observed::new(turn, sink.clone());
-    let progress_done = tokio_util::sync::CancellationToken::new();
-    let progress = host.watch_progress(progress_rx, progress_done.clone());
-    let ended = turn::drive(&mut host, 0, stop.token()).await;
-    progress_done.cancel();
-    let _ = progress.await;
+    .with_instructions(instructions)
+    .with_context(limits, Default::default()))
+}
 
-    let mut end = End::of(ended, cfg.max_steps);
-    // A signal wins over whatever the cancelled turn ended with.
-    if let Some(signal) = stop.signal() {
-        end = End::stopped(signal);
-    }
+/// The directory podhost was started in, as `run.started` names it (empty if it is gone).
+fn current_dir() -> String {
+    std::env::current_dir()
+        .map(|d| d.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
 
-    Ok(deliver(&sink, end, cfg.output_file.as_deref(), cfg.json))
+/// The names of the tools offered to the model, in the order it is offered them.
+fn tool_names() -> Vec<String> {
+    crate::chat::session::tool_specs()
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
+        .collect()
 }
 
 /// Writes the answer where it goes (the output file, stdout) and emits the run's last event;
 /// returns the exit code, which a failed write turns into a failure.
-fn deliver(sink: &Sink, mut end: End, output_file: Option<&Path>, json: bool) -> i32 {
+fn deliver(
+    sink: &Sink,
+    (run_id, mut end): (String, End),
+    output_file: Option<&Path>,
+    json: bool,
+) -> i32 {
     if let (Some(answer), Some(file)) = (&end.answer, output_file)
         && let Err(e) = std::fs::write(file, answer)
     {
@@ -345,6 +394,7 @@ fn deliver(sink: &Sink, mut end: End, output_file: Option<&Path>, json: bool) ->
         let _ = writeln!(out, "{}", answer.trim_end_matches('\n')).and_then(|()| out.flush());
     }
     sink.emit(Event::RunFinished {
+        run_id,
         status: end.status,
         exit_code: end.code,
         answer: end.answer,

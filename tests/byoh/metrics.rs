@@ -9,14 +9,20 @@ use serde_json::{Value, json};
 
 use crate::harness::{Options, Serve, T, start, status_obj};
 use crate::openai_fake::{FakeModel, Reply};
-use crate::prometheus::{family, parse, value};
+use crate::prometheus::{Parsed, Samples, counted, family, parse, parse_as, value};
 
 /// GETs `route` without a credential: the status, the content type and the body.
 async fn open_get(s: &Serve, route: &str) -> (StatusCode, String, String) {
-    let resp = tokio::time::timeout(T, s.http.get(format!("{}{route}", s.url)).send())
-        .await
-        .unwrap()
-        .unwrap();
+    accepting(s, route, None).await
+}
+
+/// GETs `route` without a credential, with this `Accept` header if any.
+async fn accepting(s: &Serve, route: &str, accept: Option<&str>) -> (StatusCode, String, String) {
+    let mut req = s.http.get(format!("{}{route}", s.url));
+    if let Some(accept) = accept {
+        req = req.header("accept", accept);
+    }
+    let resp = tokio::time::timeout(T, req.send()).await.unwrap().unwrap();
     let status = resp.status();
     let ctype = resp
         .headers()
@@ -26,8 +32,8 @@ async fn open_get(s: &Serve, route: &str) -> (StatusCode, String, String) {
     (status, ctype, resp.text().await.unwrap())
 }
 
-async fn scrape(s: &Serve) -> std::collections::BTreeMap<String, f64> {
-    let (code, ctype, text) = open_get(s, "/metrics").await;
+async fn scrape(s: &Serve) -> Samples {
+    let (code, ctype, text) = accepting(s, "/metrics", Some(OPENMETRICS)).await;
     assert_eq!(code, StatusCode::OK, "{text}");
     assert_eq!(
         ctype,
@@ -35,6 +41,9 @@ async fn scrape(s: &Serve) -> std::collections::BTreeMap<String, f64> {
     );
     parse(&text)
 }
+
+/// The `Accept` of a scraper that reads OpenMetrics.
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0";
 
 /// Whether any process's command line holds `marker`.
 fn process_with(marker: &str) -> bool {
@@ -122,7 +131,8 @@ async fn metrics_count_turns_model_calls_tools_kills_and_refusals() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let f = |name: &str| family(&m, name);
+    // What was recorded; the label sets set up at 0 are the next test's.
+    let f = |name: &str| counted(&m, name);
     let entries = |pairs: &[(&str, f64)]| {
         pairs
             .iter()
@@ -136,7 +146,10 @@ async fn metrics_count_turns_model_calls_tools_kills_and_refusals() {
             ("front=byoh,outcome=completed", 1.0),
         ])
     );
-    assert_eq!(f("podhost_turns_running"), entries(&[("front=byoh", 0.0)]));
+    assert_eq!(
+        family(&m, "podhost_turns_running"),
+        entries(&[("front=byoh", 0.0)])
+    );
     assert_eq!(
         f("podhost_model_calls_total"),
         entries(&[("endpoint=openai,outcome=ok", 3.0)])
@@ -183,6 +196,158 @@ async fn metrics_count_turns_model_calls_tools_kills_and_refusals() {
             assert!(!key.contains(&format!("={id}")), "{key}");
         }
     }
+}
+
+/// The label sets at 0 before any event: what `rate()` and `absent()` need from the start.
+fn zeros(keys: &[String]) -> Samples {
+    keys.iter().map(|k| (k.clone(), 0.0)).collect()
+}
+
+/// `(front, outcome)` and the like as `k=v,…` keys, in the parser's (sorted) label order.
+fn keys(pairs: &[&[(&str, &str)]]) -> Vec<String> {
+    pairs
+        .iter()
+        .map(|p| {
+            let mut p = p.to_vec();
+            p.sort();
+            p.iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .collect()
+}
+
+/// What both formats must hold before any event: every family typed as it is, the label sets
+/// at 0, the process's series and the build's.
+fn assert_fresh(format: &str, parsed: &Parsed) {
+    let types = &parsed.types;
+    let build = if format == "openmetrics" {
+        ("podhost_build", "info")
+    } else {
+        ("podhost_build_info", "gauge")
+    };
+    for (name, kind) in [
+        ("podhost_turns", "counter"),
+        ("podhost_model_retries", "counter"),
+        ("podhost_busy_refusals", "counter"),
+        ("podhost_turns_running", "gauge"),
+        ("podhost_sandbox_faulted", "gauge"),
+        ("podhost_model_call_seconds", "histogram"),
+        ("podhost_store_write_seconds", "histogram"),
+        ("process_cpu_seconds", "counter"),
+        ("process_resident_memory_bytes", "gauge"),
+        ("process_virtual_memory_bytes", "gauge"),
+        ("process_open_fds", "gauge"),
+        ("process_max_fds", "gauge"),
+        ("process_start_time_seconds", "gauge"),
+        build,
+    ] {
+        assert_eq!(
+            types.get(name).map(String::as_str),
+            Some(kind),
+            "{format}: {name} in {types:?}"
+        );
+    }
+    let m = &parsed.samples;
+    let f = |name: &str| family(m, name);
+    let outcomes = ["cancelled", "completed", "failed", "input_required"];
+    let turns: Vec<_> = outcomes
+        .map(|o| vec![("front", "byoh"), ("outcome", o)])
+        .into();
+    let turns: Vec<&[_]> = turns.iter().map(Vec::as_slice).collect();
+    assert_eq!(f("podhost_turns_total"), zeros(&keys(&turns)), "{format}");
+    let calls = ["cancelled", "failed", "ok"].map(|o| format!("endpoint=openai,outcome={o}"));
+    assert_eq!(f("podhost_model_calls_total"), zeros(&calls), "{format}");
+    assert_eq!(
+        f("podhost_model_retries_total"),
+        zeros(&["endpoint=openai".into()]),
+        "{format}"
+    );
+    let statuses = [429, 500, 502, 503, 504].map(|s| format!("endpoint=openai,status={s}"));
+    assert_eq!(f("podhost_model_http_errors_total"), zeros(&statuses));
+    assert_eq!(
+        f("podhost_commands_killed_total"),
+        zeros(&["reason=cancel".into(), "reason=timeout".into()])
+    );
+    assert_eq!(
+        f("podhost_model_call_seconds_count"),
+        zeros(&["endpoint=openai".into()])
+    );
+    let tool_calls = f("podhost_tool_calls_total");
+    assert_eq!(tool_calls.len(), 6 * 4, "{tool_calls:?}");
+    assert!(tool_calls.values().all(|v| *v == 0.0), "{tool_calls:?}");
+    assert!(
+        tool_calls.contains_key("outcome=error,tool=glob"),
+        "{tool_calls:?}"
+    );
+
+    let one = |name: &str| value(m, name, "");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let started = one("process_start_time_seconds");
+    assert!(
+        now - 3600.0 < started && started <= now + 1.0,
+        "{started} {now}"
+    );
+    let (rss, vsz) = (
+        one("process_resident_memory_bytes"),
+        one("process_virtual_memory_bytes"),
+    );
+    assert!(rss > 1e6 && vsz >= rss, "{rss} {vsz}");
+    let (open, max) = (one("process_open_fds"), one("process_max_fds"));
+    assert!(open >= 3.0 && max >= open, "{open} {max}");
+    assert!(one("process_cpu_seconds_total") >= 0.0);
+    assert_eq!(
+        f("podhost_build_info"),
+        [(
+            format!(
+                "revision={},version={}",
+                env!("BUILD_GIT_REVISION"),
+                env!("CARGO_PKG_VERSION")
+            ),
+            1.0
+        )]
+        .into()
+    );
+}
+
+/// A scraper that asks for nothing (or `text/plain`) gets the classic text format, typed as the
+/// classic parser reads it; one that asks for OpenMetrics gets OpenMetrics. Both hold every
+/// family from the start.
+#[tokio::test]
+async fn metrics_answer_the_format_asked_for_with_every_series_from_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Serve::start(dir.path());
+    const CLASSIC: &str = "text/plain; version=0.0.4; charset=utf-8";
+    let mut podhost_series = vec![];
+    for (accept, ctype, parser) in [
+        (None, CLASSIC, "classic"),
+        (Some("text/plain"), CLASSIC, "classic"),
+        (Some("*/*"), CLASSIC, "classic"),
+        (
+            Some(OPENMETRICS),
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            "openmetrics",
+        ),
+    ] {
+        let (code, got, text) = accepting(&s, "/metrics", accept).await;
+        assert_eq!((code, got.as_str()), (StatusCode::OK, ctype), "{accept:?}");
+        assert_eq!(text.ends_with("# EOF\n"), parser == "openmetrics", "{text}");
+        let parsed = parse_as(parser, &text);
+        assert_fresh(parser, &parsed);
+        podhost_series.push(
+            parsed
+                .samples
+                .into_iter()
+                .filter(|(k, _)| k.starts_with("podhost_"))
+                .collect::<Samples>(),
+        );
+    }
+    // The same samples whichever the format (the process's own change between scrapes).
+    assert!(podhost_series.windows(2).all(|w| w[0] == w[1]));
 }
 
 #[tokio::test]

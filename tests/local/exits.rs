@@ -111,9 +111,9 @@ async fn a_failed_model_call_exits_3_with_its_cause_and_no_key() {
     assert_eq!((out.code, out.stdout.as_str()), (3, ""));
     assert_eq!(
         middle(&out.stderr),
+        // Said once: the closing lines do not repeat it.
         [
             "✗ model call 1 failed: The model endpoint returned HTTP 400: {\"error\":{\"message\":\"bad request\"}}",
-            "podhost run: the model call failed: The model endpoint returned HTTP 400: {\"error\":{\"message\":\"bad request\"}}",
         ]
     );
     assert!(
@@ -214,5 +214,54 @@ async fn an_answer_that_cannot_be_written_exits_1_and_is_not_lost() {
             taken.display()
         )
         .as_str()]
+    );
+}
+
+/// A model endpoint nothing listens at: the failure is said once, with a hint to check the
+/// base URL, in text and in the events.
+#[tokio::test]
+async fn an_endpoint_that_cannot_be_reached_says_to_check_the_base_url() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    // The listener is closed: connections to the port are refused.
+    let url = format!("http://127.0.0.1:{port}/v1");
+    let ws = dir.path().to_str().unwrap();
+    let run = |json: bool| {
+        let mut args = vec!["run", "--base-url", &url, "--model", "m", "--workspace", ws];
+        if json {
+            args.push("--json");
+        }
+        args.push("x");
+        crate::harness::podhost(&args)
+    };
+    let hint = format!(
+        " (is an OpenAI-compatible server listening at {url}? The URL came from --base-url; \
+         check --base-url)"
+    );
+    let out = output(run(false)).await;
+    assert_eq!((out.code, out.stdout.as_str()), (3, ""));
+    let lines = middle(&out.stderr);
+    assert_eq!(lines.len(), 1, "{}", out.stderr);
+    assert!(
+        lines[0].starts_with(
+            "✗ model call 1 failed: The model endpoint could not be reached after 4 attempts: "
+        ) && lines[0].ends_with(&hint),
+        "{}",
+        out.stderr
+    );
+
+    let out = output(run(true)).await;
+    assert_eq!(out.code, 3, "{}", out.stderr);
+    let events = out.events();
+    let last = events.last().unwrap();
+    let error = last["error"].as_str().unwrap();
+    assert!(
+        error.starts_with("the model call failed: The model endpoint could not be reached")
+            && error.ends_with(&hint),
+        "{error}"
     );
 }

@@ -64,7 +64,7 @@ async fn a_server_that_only_streams_works() {
     assert_eq!(out.code, 3);
     assert!(
         out.stderr.contains(
-            "podhost run: the model call failed: The model endpoint returned HTTP 400: \
+            "✗ model call 1 failed: The model endpoint returned HTTP 400: \
              {\"error\":{\"message\":\"This server only streams: set \\\"stream\\\": true in the \
              request.\"}}"
         ),

@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::fake_core::CoreOptions;
 use crate::fake_gates;
-use crate::prometheus::{family, parse};
+use crate::prometheus::{counted, family, parse};
 use crate::set_env;
 use crate::turn::{TOKEN, setup_with, turn_start, wait_end};
 
@@ -60,9 +60,13 @@ async fn metrics_count_the_pods_connection_leases_effects_and_turns() {
     let (code, text) = get(&format!("http://127.0.0.1:{health}/metrics")).await;
     assert_eq!(code, 200, "{text}");
     let m = parse(&text);
-    let f = |name: &str| family(&m, name);
+    // What was recorded, without the label sets set up at 0.
+    let f = |name: &str| counted(&m, name);
     assert_eq!(f("podhost_pod_connected"), entries(&[("", 1.0)]));
-    assert_eq!(f("podhost_pod_reconnects_total"), entries(&[("", 0.0)]));
+    assert_eq!(
+        family(&m, "podhost_pod_reconnects_total"),
+        entries(&[("", 0.0)])
+    );
     assert_eq!(
         f("podhost_pod_effects_journaled_total"),
         entries(&[("kind=model", 2.0), ("kind=tool", 1.0)])
@@ -79,7 +83,10 @@ async fn metrics_count_the_pods_connection_leases_effects_and_turns() {
         f("podhost_turns_total"),
         entries(&[("front=pod,outcome=completed", 1.0)])
     );
-    assert_eq!(f("podhost_turns_running"), entries(&[("front=pod", 0.0)]));
+    assert_eq!(
+        family(&m, "podhost_turns_running"),
+        entries(&[("front=pod", 0.0)])
+    );
     // The run's lease gauge went up and back down once the run ended.
     let deadline = std::time::Instant::now() + crate::WAIT;
     loop {

@@ -11,7 +11,7 @@ use serde_json::json;
 use crate::fake_core::CoreOptions;
 use crate::fake_gates::{self, GateCall, Loss, Reply};
 use crate::metrics::{entries, free_port, get};
-use crate::prometheus::{family, parse};
+use crate::prometheus::{counted, parse};
 use crate::set_env;
 use crate::turn::{TOKEN, TURN, candidate_of, setup, setup_with, turn_start, wait_end};
 
@@ -96,7 +96,7 @@ async fn a_gate_unavailable_twice_is_sent_again_and_the_turn_completes() {
         "podhost_model_http_errors_total",
     ]
     .into_iter()
-    .map(|name| (name, family(&m, name)))
+    .map(|name| (name, counted(&m, name)))
     .collect();
     assert_eq!(
         metrics,

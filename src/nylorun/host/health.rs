@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -35,6 +35,7 @@ pub async fn bind_metrics(addr: &str) -> std::io::Result<TcpListener> {
 
 /// The routes, for serving and for tests without a socket.
 pub fn router(connected: Arc<AtomicBool>) -> Router {
+    metrics::serving("pod");
     Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
@@ -43,6 +44,7 @@ pub fn router(connected: Arc<AtomicBool>) -> Router {
 
 /// The metrics listener's one route.
 pub fn metrics_router() -> Router {
+    metrics::serving("pod");
     Router::new().route("/metrics", get(metrics_text))
 }
 
@@ -66,14 +68,13 @@ async fn health(State(connected): State<Arc<AtomicBool>>) -> (StatusCode, Json<V
     )
 }
 
-/// `GET /metrics`: every metric of the process, as OpenMetrics text.
-pub async fn metrics_text() -> Response {
+/// `GET /metrics`: every metric of the process, in the text format `Accept` asks for.
+pub async fn metrics_text(headers: HeaderMap) -> Response {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let (ctype, text) = metrics::answer(accept);
     (
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static(metrics::CONTENT_TYPE),
-        )],
-        metrics::encode(),
+        [(header::CONTENT_TYPE, HeaderValue::from_static(ctype))],
+        text,
     )
         .into_response()
 }
