@@ -163,7 +163,12 @@ fn cancelled(outcome: &ToolOutcome, signal: StopSignal) -> ToolOutcome {
         signal.name()
     );
     for stream in ["stdout", "stderr"] {
-        if let Some(text) = output[stream].as_str().filter(|t| !t.is_empty()) {
+        let text = output[stream].as_str().unwrap_or_default();
+        // The tool's own note says what the message already says.
+        let text = text
+            .strip_suffix(crate::tools::bash::CANCELLED_NOTE)
+            .unwrap_or(text);
+        if !text.is_empty() {
             message.push_str(&format!("\n{stream} so far:\n{text}"));
         }
     }

@@ -130,6 +130,9 @@ fn outcome(ended: Result<ExecOutput, ExecError>, timeout: u64) -> Result<ToolOut
     }
 }
 
+/// The line a cancelled command's stderr ends with.
+pub const CANCELLED_NOTE: &str = "Command was cancelled and killed.";
+
 /// The output object the model sees.
 fn output(out: ExecOutput, timeout_secs: u64) -> Value {
     let truncated = out.stdout.omitted_chars > 0 || out.stderr.omitted_chars > 0;
@@ -141,7 +144,7 @@ fn output(out: ExecOutput, timeout_secs: u64) -> Value {
             &format!("Command timed out after {timeout_secs}s and was killed."),
         );
     } else if out.cancelled {
-        push_line(&mut stderr, "Command was cancelled and killed.");
+        push_line(&mut stderr, CANCELLED_NOTE);
     }
     if let Some(note) = &out.limit_note {
         push_line(&mut stderr, note);

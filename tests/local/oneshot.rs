@@ -48,9 +48,11 @@ async fn sigterm_kills_a_tree_that_ignores_sigterm_and_prints_the_outcome() {
     // Killed before podhost exited: no deadline to wait for.
     let left: Vec<i32> = started.iter().copied().filter(|&p| alive(p)).collect();
     assert_eq!((out.code, left), (143, vec![]), "{}", out.stderr);
+    let outcome: Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(
-        output(&out.stdout),
-        json!({"exitCode": 130, "stdout": "", "stderr": "Command was cancelled and killed."})
+        outcome,
+        json!({"kind": "failed", "code": "sandbox.cancelled",
+               "message": "Stopped by SIGTERM: the call was cancelled and its processes killed."})
     );
 }
 
