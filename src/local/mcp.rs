@@ -12,6 +12,8 @@
 //!   cancels every call in flight and waits for them, with a deadline, before podhost exits.
 //! * A tool that ran and failed is a result with `isError: true` and `code: message` as text,
 //!   so the client's model reads it; only a call naming no tool is a JSON-RPC error.
+//! * A tool whose definition has an `output_schema` (bash, write, edit) answers an object that
+//!   follows it, as `structuredContent` and as the same JSON in a text block.
 //! * Over HTTP podhost serves through the floor's hardened listener (the timeouts and caps of
 //!   `podhost serve`) behind its guard against forged browser requests: a foreign `Origin` or a
 //!   `POST` that is not JSON is refused; with a credential every request needs it (the
@@ -102,9 +104,13 @@ pub fn tool_list() -> Vec<Tool> {
                 _ => JsonObject::new(),
             };
             let (title, hints) = annotations(t);
-            Tool::new(d.name.clone(), d.description.clone(), Arc::new(schema))
+            let tool = Tool::new(d.name.clone(), d.description.clone(), Arc::new(schema))
                 .with_title(title)
-                .with_annotations(hints)
+                .with_annotations(hints);
+            match &d.output_schema {
+                Some(Value::Object(o)) => tool.with_raw_output_schema(Arc::new(o.clone())),
+                _ => tool,
+            }
         })
         .collect()
 }
@@ -119,15 +125,20 @@ struct Tools {
     calls: TaskTracker,
 }
 
-/// A tool's outcome as an MCP result: text the client's model reads.
+/// A tool's outcome as an MCP result: text the client's model reads, and an object output
+/// (bash's, write's, edit's) also as `structuredContent`, the value its text holds — what the
+/// tool's `outputSchema` describes.
 fn result(outcome: ToolOutcome) -> CallToolResult {
     match outcome {
         ToolOutcome::Completed { output } => {
-            let text = match output {
-                Value::String(s) => s,
-                other => other.to_string(),
+            let (text, structured) = match output {
+                Value::String(s) => (s, None),
+                object @ Value::Object(_) => (object.to_string(), Some(object)),
+                other => (other.to_string(), None),
             };
-            CallToolResult::success(vec![ContentBlock::text(text)])
+            let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
+            result.structured_content = structured;
+            result
         }
         ToolOutcome::Failed { code, message, .. } => {
             CallToolResult::error(vec![ContentBlock::text(format!("{code}: {message}"))])
@@ -423,5 +434,37 @@ mod tests {
             .map(|t| t.name.as_ref())
             .collect();
         assert_eq!(destructive, ["bash", "write", "edit"]);
+        let structured: Vec<&str> = tools
+            .iter()
+            .filter(|t| t.output_schema.is_some())
+            .map(|t| t.name.as_ref())
+            .collect();
+        assert_eq!(structured, ["bash", "write", "edit"]);
+    }
+
+    #[test]
+    fn an_object_output_is_also_structured_content_and_a_failure_only_text() {
+        let output = serde_json::json!({"exitCode": 0, "stdout": "hi\n", "stderr": ""});
+        let done = result(ToolOutcome::completed(output.clone()));
+        assert_eq!(
+            serde_json::to_value(&done).unwrap(),
+            serde_json::json!({
+                "content": [{"type": "text", "text": output.to_string()}],
+                "structuredContent": output,
+                "isError": false,
+                "resultType": "complete",
+            })
+        );
+        let text = result(ToolOutcome::completed(Value::String("1\thi".into())));
+        assert_eq!(text.structured_content, None);
+        let failed = result(ToolOutcome::failed("sandbox.not_found", "gone".to_owned()));
+        assert_eq!(
+            serde_json::to_value(&failed).unwrap(),
+            serde_json::json!({
+                "content": [{"type": "text", "text": "sandbox.not_found: gone"}],
+                "isError": true,
+                "resultType": "complete",
+            })
+        );
     }
 }

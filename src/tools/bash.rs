@@ -221,4 +221,74 @@ mod tests {
             })
         );
     }
+
+    /// What MCP clients validate the output against (`tools/bash.json`'s `output_schema`):
+    /// every key, optional ones included, declared with its type; the required ones always set.
+    #[test]
+    fn the_output_is_what_the_definition_declares() {
+        let schema = crate::tools::ToolName::Bash
+            .definition()
+            .output_schema
+            .clone()
+            .unwrap();
+        let every_key = ExecOutput {
+            exit_code: 124,
+            stdout: Captured {
+                text: "x".into(),
+                omitted_chars: 7,
+                replaced: 2,
+            },
+            stderr: text(""),
+            timed_out: true,
+            cancelled: false,
+            limit_note: None,
+        };
+        let types = |out: &Value| -> Vec<(String, &'static str)> {
+            let type_of = |v: &Value| match v {
+                Value::Bool(_) => "boolean",
+                Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+                Value::String(_) => "string",
+                _ => "other",
+            };
+            let map = out.as_object().unwrap();
+            map.iter().map(|(k, v)| (k.clone(), type_of(v))).collect()
+        };
+        let declared: Vec<(String, &str)> = schema["properties"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v["type"].as_str().unwrap()))
+            .collect();
+        let mut produced = types(&output(every_key, 5));
+        let mut declared = declared;
+        produced.sort();
+        declared.sort();
+        assert_eq!(produced, declared);
+        let plain = output(
+            ExecOutput {
+                exit_code: 0,
+                stdout: text(""),
+                stderr: text(""),
+                timed_out: false,
+                cancelled: false,
+                limit_note: None,
+            },
+            5,
+        );
+        let mut keys: Vec<&str> = plain
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        keys.sort_unstable();
+        let mut required: Vec<&str> = schema["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k.as_str().unwrap())
+            .collect();
+        required.sort_unstable();
+        assert_eq!(required, keys);
+    }
 }

@@ -213,6 +213,10 @@ pub struct ToolDefinition {
     pub name: String,
     pub description: String,
     pub input_schema: Value,
+    /// The JSON Schema of a completed call's output, for a tool whose output is always an
+    /// object (MCP's `outputSchema`); models are not shown it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<Value>,
 }
 
 pub mod definitions {
@@ -257,6 +261,7 @@ pub mod definitions {
                     name: String::new(),
                     description: String::new(),
                     input_schema: serde_json::json!({"type": "object"}),
+                    output_schema: None,
                 })
             })
     }
@@ -273,6 +278,10 @@ pub mod definitions {
                 assert_eq!(def.input_schema["type"], "object", "{name}");
                 assert_eq!(def.input_schema["additionalProperties"], false, "{name}");
                 assert!(!def.description.is_empty());
+                if let Some(output) = &def.output_schema {
+                    assert_eq!(output["type"], "object", "{name}");
+                    assert_eq!(output["additionalProperties"], false, "{name}");
+                }
             }
         }
     }

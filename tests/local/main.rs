@@ -14,6 +14,7 @@ mod environment;
 mod events;
 mod exits;
 mod mcp;
+mod mcp_snippets;
 mod oneshot;
 mod run;
 mod signals;

@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 use crate::harness::{T, client_script, clients, output, podhost, python};
 use crate::support::podhost_bin;
 
-const TOKEN: &str = "mcp-test-credential-81c2";
+pub(crate) const TOKEN: &str = "mcp-test-credential-81c2";
 
 /// What every Python run must report, whatever the transport.
 fn check_python_report(report: &Value, workspace: &std::path::Path) {
@@ -96,6 +96,17 @@ fn check_python_report(report: &Value, workspace: &std::path::Path) {
             "bash": ok(r#"{"exitCode":3,"stderr":"oops\n","stdout":"hello there\n"}"#),
         })
     );
+    // An object output is also structuredContent, the value its text holds; the SDK validated
+    // it against the tool's outputSchema (or the call would have failed).
+    assert_eq!(report["output_schemas"], json!(["bash", "write", "edit"]));
+    let parsed = |tool: &str| {
+        serde_json::from_str::<Value>(report["calls"][tool]["text"].as_str().unwrap()).unwrap()
+    };
+    assert_eq!(
+        report["structured"],
+        json!({"write": parsed("write"), "read": null, "edit": parsed("edit"), "grep": null,
+               "glob": null, "bash": parsed("bash")})
+    );
     let root = std::fs::canonicalize(workspace).unwrap();
     let parent = root.parent().unwrap().display().to_string();
     let err = |text: String| json!({"is_error": true, "text": text});
@@ -163,7 +174,7 @@ async fn the_python_sdk_drives_it_over_stdio() {
 }
 
 /// A running `podhost mcp --listen`, its URL, and what it writes to stderr.
-struct Http {
+pub(crate) struct Http {
     _child: tokio::process::Child,
     url: String,
     stderr: Arc<Mutex<String>>,
@@ -171,7 +182,7 @@ struct Http {
 
 impl Http {
     /// `host:port`.
-    fn addr(&self) -> &str {
+    pub(crate) fn addr(&self) -> &str {
         self.url
             .trim_start_matches("http://")
             .trim_end_matches("/mcp")
@@ -185,7 +196,7 @@ async fn serve_http(ws: &std::path::Path, extra: &[&str]) -> Http {
 /// `podhost mcp --listen` on a free loopback port, with `token` as its credential (or none),
 /// with `open_files`, under that open-file limit (soft and hard, set by a shell before it), and
 /// the variables `env` set.
-async fn serve_http_with(
+pub(crate) async fn serve_http_with(
     ws: &std::path::Path,
     extra: &[&str],
     token: Option<&str>,

@@ -44,6 +44,7 @@ pub fn definition() -> Value {
             name: TOOL_SEARCH.to_owned(),
             description: String::new(),
             input_schema: json!({"type": "object"}),
+            output_schema: None,
         })
     });
     json!({"name": def.name, "description": def.description, "inputSchema": def.input_schema})

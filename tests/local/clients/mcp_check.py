@@ -90,6 +90,8 @@ async def exercise(s, workspace: str) -> dict:
         }
         for t in tools.tools
     ]
+    # The tools whose results carry structuredContent, which the SDK validates against it.
+    report["output_schemas"] = [t.name for t in tools.tools if t.output_schema is not None]
 
     calls = [
         ("write", {"path": "notes/hello.txt", "content": "hi there\n"}),
@@ -100,8 +102,11 @@ async def exercise(s, workspace: str) -> dict:
         ("bash", {"command": "cat notes/hello.txt; echo oops >&2; exit 3"}),
     ]
     report["calls"] = {}
+    report["structured"] = {}
     for name, args in calls:
-        report["calls"][name] = outcome(await s.call_tool(name, args))
+        result = await s.call_tool(name, args)
+        report["calls"][name] = outcome(result)
+        report["structured"][name] = result.structured_content
 
     refused = {
         "read_outside": ("read", {"path": "/etc/hostname"}),

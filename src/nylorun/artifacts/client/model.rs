@@ -37,6 +37,7 @@ pub fn read_artifact_definition() -> &'static ToolDefinition {
             name: "read_artifact".to_owned(),
             description: String::new(),
             input_schema: serde_json::json!({"type": "object"}),
+            output_schema: None,
         })
     })
 }
