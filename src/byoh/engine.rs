@@ -58,6 +58,8 @@ pub struct EngineConfig {
     /// database, every session's workspace) or the credential file; each session adds its own
     /// workspace and private tmp.
     pub tools: ToolboxBuilder,
+    /// The template every new session's workspace starts as a copy of.
+    pub template: Option<crate::exec::template::Template>,
 }
 
 /// What a submission brought that is never stored: its key, its base URL when that carries a

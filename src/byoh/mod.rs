@@ -39,6 +39,7 @@ use tracing::{info, warn};
 use crate::chat::client::{ModelClient, RetryPolicy};
 use crate::exec::ExecSettings;
 use crate::exec::confine::Guard;
+use crate::exec::template::{Level, Template};
 use crate::floor::codes::exit;
 use crate::floor::http::HttpLimits;
 use crate::floor::http::listener::fit_open_files;
@@ -88,6 +89,12 @@ pub struct ServeConfig {
     /// Start with an empty store even though session workspaces exist (see [`check_not_stranded`]).
     pub start_afresh: bool,
     pub exec: ExecSettings,
+    /// The directory every new session's workspace starts as a copy of.
+    pub template: Option<PathBuf>,
+    /// How errors name the template: `PODHOST_WORKSPACE_TEMPLATE` or `--workspace-template`.
+    pub template_setting: String,
+    /// How the template is copied, when forced; `None`: what start-up finds.
+    pub template_level: Option<Level>,
 }
 
 /// Why `podhost serve` could not start or keep its endpoint running: a bad setting (reported
@@ -280,8 +287,10 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
         )));
     }
     warn_small_uid_pool(&args);
-    // Before anything is made: a store podhost cannot use leaves no data directory behind.
+    // Before anything is made: a store or template podhost cannot use leaves no data directory
+    // behind.
     let spec = store_spec(&args)?;
+    let template_dir = check_template(&args)?;
     std::fs::create_dir_all(&args.data).map_err(|source| ServeError::Io {
         what: format!(
             "could not create the data directory {}",
@@ -293,6 +302,7 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
         what: "could not find podhost's own executable".into(),
         source,
     })?;
+    let template = template_dir.map(|dir| template_level(&args, dir));
     let (store, spec, guards) = open_store(&args, spec, &tls).await?;
     let store_engine = store.engine();
     let client = ModelClient::new(
@@ -315,6 +325,7 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
             max_steps: args.max_steps,
             limits: args.limits.clone(),
             tools: tools(&args, supervisor),
+            template,
         },
     );
     engine.recover().await?;
@@ -344,6 +355,77 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
     info!("shutting down: stopping turns");
     engine.shutdown(Duration::from_secs(10)).await;
     Ok(exit::OK)
+}
+
+/// The template directory, resolved, when one is set: a directory podhost can read, outside the
+/// data directory (and not holding it), on a host that gives sessions no disk of their own
+/// (a session's disk is mounted over its workspace inside its namespace, where the copy made
+/// on the host would not be seen). Pure but for reading the file system.
+fn check_template(args: &ServeConfig) -> Result<Option<PathBuf>, ServeError> {
+    let Some(dir) = &args.template else {
+        return Ok(None);
+    };
+    let setting = &args.template_setting;
+    let bad = |why: String| ServeError::Config(format!("{setting} {}: {why}", dir.display()));
+    let real = std::fs::canonicalize(dir).map_err(|e| bad(e.to_string()))?;
+    if !real.is_dir() {
+        return Err(bad("is not a directory".into()));
+    }
+    std::fs::read_dir(&real).map_err(|e| bad(format!("cannot be read: {e}")))?;
+    // The data directory may not exist yet: its nearest existing ancestor, resolved, with the
+    // rest of it.
+    let data = std::path::absolute(&args.data).map_err(|e| bad(e.to_string()))?;
+    let mut base = data.as_path();
+    let mut rest = Vec::new();
+    let real_data = loop {
+        if let Ok(r) = std::fs::canonicalize(base) {
+            break rest.iter().rev().fold(r, |p: PathBuf, c| p.join(c));
+        }
+        match (base.parent(), base.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_owned());
+                base = parent;
+            }
+            _ => break data.clone(),
+        }
+    };
+    if real.starts_with(&real_data) || real_data.starts_with(&real) {
+        return Err(bad(format!(
+            "overlaps the data directory {}: give a template outside it",
+            args.data.display()
+        )));
+    }
+    if crate::exec::confine::reported().disk_quota == "filesystem" {
+        return Err(bad(
+            "cannot be combined with a file system per session, which is mounted over the \
+             workspace; set PODHOST_SESSION_DISK_FS=off (the quota is then measured) or \
+             PODHOST_SESSION_DISK_MB=0"
+                .into(),
+        ));
+    }
+    Ok(Some(real))
+}
+
+/// The template with its level: the one forced, else [`Level::Reflink`] when a file of it
+/// clones into the data directory, else [`Level::Copy`]; logged.
+fn template_level(args: &ServeConfig, dir: PathBuf) -> Template {
+    let level = args
+        .template_level
+        .unwrap_or_else(|| crate::exec::template::detect(&dir, &args.data));
+    match level {
+        Level::Reflink => info!(
+            template = %dir.display(),
+            level = level.name(),
+            "new sessions' workspaces start as clones of the template's files"
+        ),
+        Level::Copy => warn!(
+            template = %dir.display(),
+            level = level.name(),
+            "the data directory cannot clone files (reflink, on btrfs or xfs): each new \
+             session's workspace starts with a full copy of the template"
+        ),
+    }
+    Template { dir, level }
 }
 
 /// Warns when the uid pool cannot give every running turn its own uid.

@@ -1,7 +1,8 @@
 //! Each BYOH session's sandbox, and whether this host can make sandboxes at all.
 //!
 //! Owns: where a session's files live (its workspace, private tmp and disk image, named from a
-//! hash of the session id: ids never become paths); making a turn's toolbox — its workspace and
+//! hash of the session id: ids never become paths); making a turn's toolbox — its workspace (a
+//! copy of the workspace template, when one is set, made whole before the workspace exists) and
 //! private tmp, its uid from the store's pool
 //! (an idle session's directories parked first when the pool lends that session's uid), the
 //! sandbox exec assembles — tried again a few times when the host refuses; the host's sandbox
@@ -35,6 +36,7 @@ use super::engine::Inner;
 use super::store::{Park, StoreError, UidGrant};
 use crate::chat::session::SessionError;
 use crate::exec::confine::users;
+use crate::exec::template::Template;
 use crate::floor::backoff::{Backoff, sleep_or_cancel};
 use crate::floor::workspace::Workspace;
 use crate::tools::{CallContext, ToolName, ToolOutcome, Toolbox};
@@ -81,6 +83,13 @@ pub enum SandboxFault {
     #[error("could not create the {what} {}: {source}", path.display())]
     Create {
         what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The template could not be copied into the session's new workspace.
+    #[error("could not copy the workspace template {} into {}: {source}", template.display(), path.display())]
+    Template {
+        template: PathBuf,
         path: PathBuf,
         source: std::io::Error,
     },
@@ -162,6 +171,14 @@ async fn make(inner: &Inner, session_id: &str) -> Result<Toolbox, SandboxFault> 
             source,
         })
     };
+    if let Some(template) = &inner.config.template
+        && !dir.exists()
+    {
+        let (template, data, dir) = (template.clone(), data.clone(), dir.clone());
+        tokio::task::spawn_blocking(move || start_from(&template, &data, &dir))
+            .await
+            .map_err(SandboxFault::Worker)??;
+    }
     create("workspace", &dir)?;
     let ws = Workspace::new(&dir, None).map_err(|source| SandboxFault::Workspace {
         path: dir.clone(),
@@ -194,6 +211,31 @@ async fn make(inner: &Inner, session_id: &str) -> Result<Toolbox, SandboxFault> 
         None => None,
     };
     Ok(inner.config.tools.build_as(ws, Some(&tmp), uid)?)
+}
+
+/// Makes the new workspace `dir` a copy of `template`: copied beside it (under the data
+/// directory's `tmp/`, on the same file system) and renamed into place, so that a workspace
+/// exists only whole. A copy an earlier start left half made is removed first.
+fn start_from(template: &Template, data: &Path, dir: &Path) -> Result<(), SandboxFault> {
+    let fault = |path: &Path| {
+        let path = path.to_owned();
+        move |source| SandboxFault::Template {
+            template: template.dir.clone(),
+            path,
+            source,
+        }
+    };
+    let name = dir.file_name().unwrap_or_default().to_string_lossy();
+    let staging = data.join("tmp").join(format!("{name}.template"));
+    match std::fs::remove_dir_all(&staging) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(fault(&staging)(e)),
+        _ => {}
+    }
+    for parent in [staging.parent(), dir.parent()].into_iter().flatten() {
+        std::fs::create_dir_all(parent).map_err(fault(parent))?;
+    }
+    crate::exec::template::copy_tree(template, &staging).map_err(fault(&staging))?;
+    std::fs::rename(&staging, dir).map_err(fault(dir))
 }
 
 /// Sets the store's uid pool up, once per range: the sessions the store keeps whose workspaces

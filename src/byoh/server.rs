@@ -523,20 +523,21 @@ async fn healthz(State(app): State<App>) -> Response {
         None => serde_json::json!({"ok": true}),
         Some(error) => serde_json::json!({"ok": false, "error": error}),
     };
+    let mut body = serde_json::json!({
+        "status": if writable && fault.is_none() { "ok" } else { "degraded" },
+        "sandboxes": sandboxes,
+        "protocol_version": PROTOCOL_VERSION,
+        "version": env!("CARGO_PKG_VERSION"),
+        "revision": env!("BUILD_GIT_REVISION"),
+        "running": app.engine.running(),
+        "store": store,
+        "confinement": crate::exec::confine::reported(),
+    });
+    if let Some(t) = &app.engine.inner.config.template {
+        body["workspace_template"] = serde_json::json!({"path": t.dir, "level": t.level.name()});
+    }
     // 200 either way: these are the details; `/readyz` is the probe that says 503.
-    json(
-        StatusCode::OK,
-        &serde_json::json!({
-            "status": if writable && fault.is_none() { "ok" } else { "degraded" },
-            "sandboxes": sandboxes,
-            "protocol_version": PROTOCOL_VERSION,
-            "version": env!("CARGO_PKG_VERSION"),
-            "revision": env!("BUILD_GIT_REVISION"),
-            "running": app.engine.running(),
-            "store": store,
-            "confinement": crate::exec::confine::reported(),
-        }),
-    )
+    json(StatusCode::OK, &body)
 }
 
 async fn openapi() -> Response {

@@ -57,8 +57,8 @@
 //!
 //! A session's processes are limited by its cgroup ([`cgroup`]), and a BYOH session's files by
 //! its disk quota ([`quota`]). What the host lets a session have (the namespace level, a network
-//! namespace, a disk of its own) is found once by trying ([`probe`]). [`sys`] holds the raw
-//! system calls all of this needs.
+//! namespace, a disk of its own) is found once by trying ([`probe`]). A new workspace may start
+//! as a copy of a template ([`template`]). [`sys`] holds the raw system calls all of this needs.
 //!
 //! The files import one way: a session's holder forks supervisors ([`session`] →
 //! [`supervise`]), a supervisor confines its command ([`supervise`] → [`confine`]), and the
@@ -85,6 +85,7 @@ pub mod session;
 mod spawn;
 pub mod supervise;
 pub(crate) mod sys;
+pub mod template;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

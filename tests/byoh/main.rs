@@ -33,5 +33,6 @@ mod sandboxes;
 mod store_config;
 mod store_tls;
 mod stress;
+mod templates;
 mod tls;
 mod turns;
