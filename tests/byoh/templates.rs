@@ -42,6 +42,23 @@ fn tree(dir: &Path) -> BTreeMap<PathBuf, (String, u32, i128, Vec<u8>)> {
     out
 }
 
+/// The owners of everything under `dir` (links themselves).
+fn owners(dir: &Path) -> std::collections::BTreeSet<u32> {
+    let mut out = std::collections::BTreeSet::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            out.insert(m.uid());
+            if m.is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    out
+}
+
 /// A template: two files, a directory with an executable, and a link to a file outside it.
 fn template(dir: &Path) -> PathBuf {
     let t = dir.join("template");
@@ -162,6 +179,12 @@ async fn twenty_sessions(env: &[(&str, &str)]) -> String {
             s.read_file(&format!("s{n}"), "README").as_deref(),
             Some("from the template\n")
         );
+        // The copy is the session's, like its workspace: a uid of the pool on a root host.
+        let owner = std::fs::metadata(&ws).unwrap().uid();
+        assert_eq!(owners(&ws), [owner].into(), "session {n}");
+        if nix::unistd::geteuid().is_root() {
+            assert_ne!(owner, 0, "session {n}");
+        }
         // The link stayed a link, and neither bash nor the read tool got through it.
         assert!(
             std::fs::symlink_metadata(ws.join("out"))
