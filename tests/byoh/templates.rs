@@ -259,3 +259,30 @@ async fn without_a_template_healthz_says_nothing_of_one() {
     let (_, health) = s.call("GET", "/healthz", None).await;
     assert_eq!(health.get("workspace_template"), None, "{health}");
 }
+
+#[tokio::test]
+async fn a_template_with_a_file_system_per_session_is_refused_where_the_host_gives_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = Serve::start(&dir.path().join("plain"));
+    let (_, health) = plain.call("GET", "/healthz", None).await;
+    let t = template(dir.path());
+    let data = dir.path().join("data");
+    let opts = Options::default()
+        .env("PODHOST_WORKSPACE_TEMPLATE", t.to_str().unwrap())
+        .env("PODHOST_TOKEN", "t0k3n");
+    let started = spawn(&data, &opts);
+    if health["confinement"]["disk_quota"] != "filesystem" {
+        eprintln!("this host gives sessions no file system of their own: the refusal is not run");
+        let (mut child, _, _) = started.unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        return;
+    }
+    let err = started.err().unwrap();
+    assert!(err.starts_with("exit code Some(2)"), "{err}");
+    assert!(
+        err.contains("cannot be combined with a file system per session"),
+        "{err}"
+    );
+    assert!(!data.exists());
+}
