@@ -782,6 +782,31 @@ mod tests {
     }
 
     #[test]
+    fn an_unreadable_input_names_the_field_and_the_message() {
+        let why = |v: Value| TurnInput::from_value(&v).unwrap_err().to_string();
+        assert_eq!(
+            why(json!({"kind": "messages", "messages": ["a", {"text": 1}]})),
+            "messages[1]: a message's text is not a string"
+        );
+        assert_eq!(
+            why(json!({"kind": "approve", "approved": true})),
+            "a Some(\"approve\") input has no interactionId"
+        );
+        assert_eq!(
+            why(json!({"kind": "approve", "interactionId": 7, "approved": true})),
+            "interactionId is not a string"
+        );
+        assert_eq!(
+            why(json!({"kind": "messages", "messages": {}})),
+            "messages is not a list"
+        );
+        assert_eq!(
+            why(json!({"metadata": {}})),
+            "a message object has neither text nor content"
+        );
+    }
+
+    #[test]
     fn what_podhost_cannot_run_is_named() {
         let mut flow = start(json!("x"));
         flow["engine"] = json!("flow");
