@@ -159,7 +159,7 @@ async fn summarize<H: TurnHost>(
     if !summarized.is_empty() {
         let chunks = match summary_chunks(host, summarized, budget, ratio) {
             Ok(c) => c,
-            Err(message) => return Ok(Err(failed(message))),
+            Err(e) => return Ok(Err(failed(e.to_string()))),
         };
         parts = chunks.len() as u32;
         for (k, chunk) in chunks.into_iter().enumerate() {
@@ -218,23 +218,25 @@ async fn summarize<H: TurnHost>(
     Ok(Ok((summary, parts)))
 }
 
+/// A context window (in tokens) with no room for a summary call's part of the history.
+#[derive(Debug, thiserror::Error)]
+#[error("The model's context window ({0} tokens) is too small to summarize the history in")]
+struct WindowTooSmall(u64);
+
 /// The summarized units' text, in parts that each fit one summary call.
 fn summary_chunks<H: TurnHost>(
     host: &H,
     summarized: &[usize],
     budget: &Budget,
     ratio: f64,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, WindowTooSmall> {
     let room = budget.summary_tokens();
     let call_usable = budget.window.saturating_sub(room);
     let overhead = estimate_tokens(SUMMARY_INSTRUCTIONS) + SUMMARY_SLACK_TOKENS + room + room / 2;
     let part = ((call_usable as f64 * budget.threshold) / ratio) as u64;
     let part = part.saturating_sub(overhead);
     if part < SUMMARY_SLACK_TOKENS {
-        return Err(format!(
-            "The model's context window ({} tokens) is too small to summarize the history in",
-            budget.window
-        ));
+        return Err(WindowTooSmall(budget.window));
     }
     let mut chunks = Vec::new();
     let mut current = String::new();
@@ -283,6 +285,14 @@ mod tests {
     use crate::agent::model::{Candidate, ModelFailure, ResultOutcome, ToolCallBlock, ToolResult};
     use crate::agent::turn::ToolEffect;
     use pretty_assertions::assert_eq;
+
+    #[test]
+    fn a_window_too_small_to_summarize_in_says_its_size() {
+        assert_eq!(
+            WindowTooSmall(1000).to_string(),
+            "The model's context window (1000 tokens) is too small to summarize the history in"
+        );
+    }
 
     fn units(kinds: &[(UnitKind, u64)]) -> Vec<Unit> {
         kinds.iter().map(|&(k, t)| Unit::new(k, t)).collect()

@@ -180,19 +180,28 @@ pub enum ModelAnswer {
     Failed(ModelFailure),
 }
 
+/// Why a recorded model outcome is not one podhost can read.
+#[derive(Debug, thiserror::Error)]
+pub enum AnswerError {
+    #[error("a model failure outcome is malformed: {0}")]
+    Failure(serde_json::Error),
+    #[error("a model candidate is malformed: {0}")]
+    Candidate(serde_json::Error),
+}
+
 impl ModelAnswer {
     /// Reads a recorded model outcome: a candidate, a bare string (one text block), or a failure.
-    pub fn from_value(v: &Value) -> Result<Self, String> {
+    pub fn from_value(v: &Value) -> Result<Self, AnswerError> {
         match v {
             Value::String(s) => Ok(ModelAnswer::Candidate(Candidate::text(s.clone()))),
             Value::Object(o) if o.get("kind").and_then(Value::as_str) == Some("failed") => {
                 ModelFailure::deserialize(v)
                     .map(ModelAnswer::Failed)
-                    .map_err(|e| format!("a model failure outcome is malformed: {e}"))
+                    .map_err(AnswerError::Failure)
             }
             _ => Candidate::deserialize(v)
                 .map(ModelAnswer::Candidate)
-                .map_err(|e| format!("a model candidate is malformed: {e}")),
+                .map_err(AnswerError::Candidate),
         }
     }
 

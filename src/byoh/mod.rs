@@ -452,7 +452,7 @@ fn store_spec(args: &ServeConfig) -> Result<StoreSpec, ServeError> {
         &args.data,
         &args.store_setting,
     )
-    .map_err(ServeError::Config)
+    .map_err(|e| ServeError::Config(e.to_string()))
 }
 
 async fn open_store(

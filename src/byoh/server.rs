@@ -55,7 +55,7 @@ use super::protocol::{
     CancelRequest, ErrorBody, ErrorDetail, MAX_BODY_BYTES, OutputBody, PROTOCOL_VERSION, Status,
     StatusBody, SubmitRequest,
 };
-use super::store::{InvocationRow, StatusRow};
+use super::store::{InvocationRow, StatusRow, StoreError};
 use crate::chat::message::ChatMessage;
 use crate::exec::confine::{Guard as StateGuard, state};
 use crate::floor::http::{Guard, auth};
@@ -85,20 +85,32 @@ pub struct FreeSpaceFloor {
 impl FreeSpaceFloor {
     /// `Err(message)` when the directory's file system has less than the floor free (for an
     /// unprivileged writer: `f_bavail`), or cannot be asked.
-    pub fn check(&self) -> Result<(), String> {
-        let st = nix::sys::statvfs::statvfs(&self.dir)
-            .map_err(|e| format!("could not read the free space of the data directory: {e}"))?;
+    pub fn check(&self) -> Result<(), FloorError> {
+        let st = nix::sys::statvfs::statvfs(&self.dir).map_err(FloorError::Unreadable)?;
         let free = st.blocks_available().saturating_mul(st.fragment_size());
         if free >= self.bytes {
             return Ok(());
         }
-        Err(format!(
-            "the data directory has {} MiB free, below the {} MiB podhost keeps free for its \
-             store; new work is refused until space is freed",
-            free >> 20,
-            self.bytes >> 20
-        ))
+        Err(FloorError::Low {
+            free,
+            floor: self.bytes,
+        })
     }
+}
+
+/// Why new work is refused for the data directory's free space; the text is the refusal's.
+#[derive(Debug, thiserror::Error)]
+pub enum FloorError {
+    #[error("could not read the free space of the data directory: {0}")]
+    Unreadable(nix::errno::Errno),
+    /// `free` and `floor` in bytes (shown in MiB, rounded down).
+    #[error(
+        "the data directory has {} MiB free, below the {} MiB podhost keeps free for its \
+         store; new work is refused until space is freed",
+        .free >> 20,
+        .floor >> 20
+    )]
+    Low { free: u64, floor: u64 },
 }
 
 /// The invocation a response concerns, for the request log.
@@ -361,7 +373,7 @@ async fn submit(State(app): State<App>, headers: HeaderMap, body: Body) -> Respo
         if let Some(floor) = &app.floor
             && let Err(message) = floor.check()
         {
-            refuse_new(&app, &req.invocation_id, message).await?;
+            refuse_new(&app, &req.invocation_id, message.to_string()).await?;
         }
         if let Some(fault) = app.engine.inner.sandboxes.fault() {
             let message = format!(
@@ -502,20 +514,29 @@ async fn readyz(State(app): State<App>) -> Response {
     }
 }
 
+/// Why the store would not take a write (`/healthz`'s `store.error`).
+#[derive(Debug, thiserror::Error)]
+enum Unhealthy {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The check did not end within this wait.
+    #[error("no answer within {0:?}")]
+    Silent(Duration),
+}
+
 /// Whether the store takes a write, within the probe's wait.
-async fn store_health(app: &App) -> Result<(), String> {
+async fn store_health(app: &App) -> Result<(), Unhealthy> {
     let check = app.engine.inner.store.check_writable(STORE_PROBE_WAIT);
     match tokio::time::timeout(STORE_PROBE_WAIT * 2, check).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no answer within {:?}", STORE_PROBE_WAIT * 2)),
+        Ok(result) => Ok(result?),
+        Err(_) => Err(Unhealthy::Silent(STORE_PROBE_WAIT * 2)),
     }
 }
 
 async fn healthz(State(app): State<App>) -> Response {
     let store = match store_health(&app).await {
         Ok(()) => serde_json::json!({"writable": true}),
-        Err(error) => serde_json::json!({"writable": false, "error": error}),
+        Err(error) => serde_json::json!({"writable": false, "error": error.to_string()}),
     };
     let writable = store["writable"] == true;
     let fault = app.engine.inner.sandboxes.fault();

@@ -221,7 +221,8 @@ impl ModelClient {
             };
             match attempt {
                 Attempt::Answer(v) => {
-                    return parse_completion(&v).map_err(|e| ModelError::Failed(scrub(&e, key)));
+                    return parse_completion(&v)
+                        .map_err(|e| ModelError::Failed(scrub(&e.to_string(), key)));
                 }
                 Attempt::Fatal(why) => return Err(ModelError::Failed(scrub(&why, key))),
                 Attempt::Refused { why, overflow } => {
@@ -515,17 +516,24 @@ pub fn scrub(text: &str, key: Option<&ApiKey>) -> String {
     }
 }
 
+/// Why a completion body holds no answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CompletionError {
+    #[error("The model endpoint answered without a choice")]
+    NoChoice,
+    /// No choice, and an `error` (its JSON, cut to a snippet).
+    #[error("The model endpoint answered without a choice: {0}")]
+    Refused(String),
+}
+
 /// Reads a chat completion leniently: missing fields are empty, unknown finish reasons are
 /// `other`, arguments that are not a JSON string are kept for the loop to answer as an error.
-pub fn parse_completion(v: &Value) -> Result<Candidate, String> {
+pub fn parse_completion(v: &Value) -> Result<Candidate, CompletionError> {
     let Some(choice) = v.get("choices").and_then(|c| c.get(0)) else {
-        let detail = v
-            .get("error")
-            .map(|e| format!(": {}", snippet(&e.to_string())))
-            .unwrap_or_default();
-        return Err(format!(
-            "The model endpoint answered without a choice{detail}"
-        ));
+        return Err(match v.get("error") {
+            Some(e) => CompletionError::Refused(snippet(&e.to_string())),
+            None => CompletionError::NoChoice,
+        });
     };
     let msg = choice.get("message").cloned().unwrap_or(Value::Null);
     let mut output = Vec::new();
@@ -614,7 +622,9 @@ mod tests {
         assert_eq!(calls[1].raw.as_deref(), Some("{nope"));
         assert_eq!(calls[1].id, "");
         assert_eq!(
-            parse_completion(&json!({"error": {"message": "x"}})).unwrap_err(),
+            parse_completion(&json!({"error": {"message": "x"}}))
+                .unwrap_err()
+                .to_string(),
             "The model endpoint answered without a choice: {\"message\":\"x\"}"
         );
     }

@@ -125,13 +125,30 @@ enum WireContent {
     Parts(Vec<Value>),
 }
 
+/// Why a message's content parts cannot be taken.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+enum PartsError {
+    /// Parts on a message of this role (its wire name).
+    #[error(
+        "content: a {0} message's content is a string; content parts are for system and user \
+         messages"
+    )]
+    NotForRole(String),
+    #[error("content: an empty list of content parts")]
+    Empty,
+    #[error("content[{0}]: a content part is an object with a string `type`")]
+    Untyped(usize),
+    #[error("content[{0}]: a text part's `text` is a string")]
+    TextNotString(usize),
+}
+
 impl TryFrom<WireMessage> for ChatMessage {
-    type Error = String;
+    type Error = PartsError;
 
     /// Content parts are a system or user message's (as the OpenAI format has them for
     /// attachments): at least one, each an object with a string `type`, a `text` part with its
     /// text a string.
-    fn try_from(w: WireMessage) -> Result<Self, String> {
+    fn try_from(w: WireMessage) -> Result<Self, PartsError> {
         let (content, parts) = match w.content {
             None => (None, None),
             Some(WireContent::Text(t)) => (Some(t), None),
@@ -151,30 +168,24 @@ impl TryFrom<WireMessage> for ChatMessage {
 }
 
 /// Why content parts cannot be taken, if they cannot.
-fn check_parts(role: Role, parts: &[Value]) -> Result<(), String> {
+fn check_parts(role: Role, parts: &[Value]) -> Result<(), PartsError> {
     if !matches!(role, Role::System | Role::User) {
-        return Err(format!(
-            "content: a {} message's content is a string; content parts are for system and \
-             user messages",
+        return Err(PartsError::NotForRole(
             serde_json::to_value(role)
                 .ok()
                 .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default()
+                .unwrap_or_default(),
         ));
     }
     if parts.is_empty() {
-        return Err("content: an empty list of content parts".into());
+        return Err(PartsError::Empty);
     }
     for (i, part) in parts.iter().enumerate() {
         let kind = part.get("type").and_then(Value::as_str);
         match kind {
-            None => {
-                return Err(format!(
-                    "content[{i}]: a content part is an object with a string `type`"
-                ));
-            }
+            None => return Err(PartsError::Untyped(i)),
             Some("text") if !part.get("text").is_some_and(Value::is_string) => {
-                return Err(format!("content[{i}]: a text part's `text` is a string"));
+                return Err(PartsError::TextNotString(i));
             }
             Some(_) => {}
         }

@@ -310,7 +310,7 @@ async fn proxy(mut conn: TcpStream, allowed: &[Network]) -> io::Result<()> {
     };
     let request = match Request::parse(&head) {
         Ok(r) => r,
-        Err(why) => return answer(&mut conn, 400, &why).await,
+        Err(why) => return answer(&mut conn, 400, &why.to_string()).await,
     };
     let addrs: Vec<SocketAddr> =
         match tokio::net::lookup_host((request.host.as_str(), request.port)).await {
@@ -409,17 +409,34 @@ struct Request {
     forward: Option<Vec<u8>>,
 }
 
+/// Why a request head is not one the proxy can forward (answered with a 400 saying so).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+enum RequestError {
+    #[error("the request head is cut short")]
+    CutShort,
+    #[error("the request head is malformed: {0}")]
+    Malformed(httparse::Error),
+    #[error("the request line is incomplete")]
+    Incomplete,
+    /// A plain request's target (as sent) that is not `http://…`.
+    #[error("{0:?} is not an absolute http:// URL (HTTPS goes through CONNECT)")]
+    NotAbsolute(String),
+    /// An authority (as sent) without a host and a port.
+    #[error("{0:?} is not host:port")]
+    NotHostPort(String),
+}
+
 impl Request {
-    fn parse(head: &[u8]) -> Result<Request, String> {
+    fn parse(head: &[u8]) -> Result<Request, RequestError> {
         let mut headers = [httparse::EMPTY_HEADER; 128];
         let mut req = httparse::Request::new(&mut headers);
         match req.parse(head) {
             Ok(httparse::Status::Complete(_)) => {}
-            Ok(httparse::Status::Partial) => return Err("the request head is cut short".into()),
-            Err(e) => return Err(format!("the request head is malformed: {e}")),
+            Ok(httparse::Status::Partial) => return Err(RequestError::CutShort),
+            Err(e) => return Err(RequestError::Malformed(e)),
         }
         let (Some(method), Some(target)) = (req.method, req.path) else {
-            return Err("the request line is incomplete".into());
+            return Err(RequestError::Incomplete);
         };
         if method.eq_ignore_ascii_case("CONNECT") {
             let (host, port) = split_authority(target, None)?;
@@ -434,9 +451,7 @@ impl Request {
             .filter(|s| s.eq_ignore_ascii_case("http://"))
             .map(|_| &target[7..])
         else {
-            return Err(format!(
-                "{target:?} is not an absolute http:// URL (HTTPS goes through CONNECT)"
-            ));
+            return Err(RequestError::NotAbsolute(target.to_owned()));
         };
         let (authority, path) = match after.find(['/', '?']) {
             Some(i) => (&after[..i], &after[i..]),
@@ -476,8 +491,8 @@ impl Request {
 }
 
 /// `host:port` (or `[v6]:port`), the port defaulting to `default`.
-fn split_authority(authority: &str, default: Option<u16>) -> Result<(String, u16), String> {
-    let bad = || format!("{authority:?} is not host:port");
+fn split_authority(authority: &str, default: Option<u16>) -> Result<(String, u16), RequestError> {
+    let bad = || RequestError::NotHostPort(authority.to_owned());
     let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
         let (host, after) = v6.split_once(']').ok_or_else(bad)?;
         (host, after.strip_prefix(':'))
@@ -1205,5 +1220,19 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
+        // The 400's text names what is wrong with the request.
+        let why = |head: &[u8]| Request::parse(head).unwrap_err().to_string();
+        assert_eq!(
+            why(b"GET /relative HTTP/1.1\r\n\r\n"),
+            "\"/relative\" is not an absolute http:// URL (HTTPS goes through CONNECT)"
+        );
+        assert_eq!(
+            why(b"CONNECT example.com HTTP/1.1\r\n\r\n"),
+            "\"example.com\" is not host:port"
+        );
+        assert_eq!(
+            why(b"GET http://example.com/ HTTP/1.1\r\n"),
+            "the request head is cut short"
+        );
     }
 }

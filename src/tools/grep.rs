@@ -86,15 +86,23 @@ enum Mode {
     Count,
 }
 
+/// An `output_mode` grep does not know (as the model gave it).
+#[derive(Debug, thiserror::Error)]
+#[error("output_mode must be \"content\", \"files_with_matches\" or \"count\"; got {0:?}.")]
+struct UnknownMode(String);
+
+impl UnknownMode {
+    /// The outcome's code: the input does not match the tool's schema.
+    const CODE: &str = codes::INVALID_INPUT;
+}
+
 impl Mode {
-    fn parse(s: Option<&str>) -> Result<Mode, String> {
+    fn parse(s: Option<&str>) -> Result<Mode, UnknownMode> {
         match s {
             None | Some("content") => Ok(Mode::Content),
             Some("files_with_matches") => Ok(Mode::FilesWithMatches),
             Some("count") => Ok(Mode::Count),
-            Some(other) => Err(format!(
-                "output_mode must be \"content\", \"files_with_matches\" or \"count\"; got {other:?}."
-            )),
+            Some(other) => Err(UnknownMode(other.to_owned())),
         }
     }
 }
@@ -117,7 +125,8 @@ impl Plan {
         if input.pattern.is_empty() {
             return Err(invalid("pattern must not be empty.".to_owned()));
         }
-        let mode = Mode::parse(input.output_mode.as_deref()).map_err(invalid)?;
+        let mode = Mode::parse(input.output_mode.as_deref())
+            .map_err(|e| ToolOutcome::failed(UnknownMode::CODE, e.to_string()))?;
         let max_results = input.max_results.unwrap_or(DEFAULT_MAX_RESULTS);
         if !(1..=MAX_RESULTS_LIMIT).contains(&max_results) {
             return Err(invalid(format!(

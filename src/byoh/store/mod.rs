@@ -49,6 +49,7 @@ use crate::exec::confine::UidRange;
 use crate::floor::secret::Secret;
 
 pub use migrate::SchemaError;
+pub use pg_tls::TlsRefusal;
 
 /// Why the store failed.
 #[derive(Debug, thiserror::Error)]
@@ -98,11 +99,40 @@ pub enum StoreSpec {
     Postgres(Secret),
 }
 
+/// Why a store setting names no store podhost can open. Each names the setting and its value
+/// without the password.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error(
+        "{setting}: {value:?} is not a PostgreSQL URL: give postgres://user@host:5432/db, or \
+         leave it unset for SQLite in the data directory"
+    )]
+    NotPostgres { setting: String, value: String },
+    /// A TLS setting podhost cannot honour.
+    #[error("{setting}: {value:?} {why}")]
+    Tls {
+        setting: String,
+        value: String,
+        why: TlsRefusal,
+    },
+    /// What tokio-postgres says is wrong with the string.
+    #[error("{setting}: {value:?} is not a valid PostgreSQL connection string: {why}")]
+    Invalid {
+        setting: String,
+        value: String,
+        why: String,
+    },
+}
+
 impl StoreSpec {
     /// Reads `--store`: `postgres://…`/`postgresql://…` or a `host=… dbname=…` string selects
     /// PostgreSQL; absent, SQLite in `data_dir`. Errors name the setting as `setting`
     /// (`PODHOST_STORE` or `--store`, whichever was given).
-    pub fn parse(value: Option<&str>, data_dir: &Path, setting: &str) -> Result<StoreSpec, String> {
+    pub fn parse(
+        value: Option<&str>,
+        data_dir: &Path,
+        setting: &str,
+    ) -> Result<StoreSpec, SpecError> {
         let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else {
             return Ok(StoreSpec::Sqlite(data_dir.join("podhost.sqlite")));
         };
@@ -110,11 +140,10 @@ impl StoreSpec {
             postgres::config(v, setting)?;
             return Ok(StoreSpec::Postgres(Secret::new(v)));
         }
-        Err(format!(
-            "{setting}: {:?} is not a PostgreSQL URL: give postgres://user@host:5432/db, or leave \
-             it unset for SQLite in the data directory",
-            redact(v)
-        ))
+        Err(SpecError::NotPostgres {
+            setting: setting.to_owned(),
+            value: redact(v),
+        })
     }
 }
 

@@ -250,10 +250,28 @@ fn element(der: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
     (len <= rest.len()).then(|| rest.split_at(len))
 }
 
+/// A TLS setting of a connection string podhost cannot honour.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TlsRefusal {
+    #[error(
+        "asks for sslmode=allow (plain text unless the server insists on TLS), which podhost \
+         does not offer: use sslmode=prefer (TLS when the server offers it; the default), \
+         require (TLS, verified) or disable (plain text)"
+    )]
+    Allow,
+    /// An `ssl…` key podhost does not read (the key, as written).
+    #[error(
+        "sets {0}, which podhost does not read: the server's certificate is checked against \
+         the system's CA bundle and PODHOST_CA_FILE (--ca-file), and podhost sends no client \
+         certificate"
+    )]
+    Unread(String),
+}
+
 /// The connection string as tokio-postgres is to read it, and whether it asked for libpq's
 /// `verify-ca` or `verify-full` (which tokio-postgres refuses: the caller sets `require`, which
 /// here verifies as much). An error says why podhost cannot honour a TLS setting.
-pub(super) fn tls_settings(url: &str) -> Result<(Cow<'_, str>, bool), String> {
+pub(super) fn tls_settings(url: &str) -> Result<(Cow<'_, str>, bool), TlsRefusal> {
     let url_form = url.starts_with("postgres://") || url.starts_with("postgresql://");
     let params: Vec<(String, String)> = if url_form {
         url.split_once('?')
@@ -271,21 +289,12 @@ pub(super) fn tls_settings(url: &str) -> Result<(Cow<'_, str>, bool), String> {
         match (key.as_str(), value.as_str()) {
             ("sslmode", "verify-ca" | "verify-full") => verify = true,
             ("sslmode", "allow") => {
-                return Err(
-                    "asks for sslmode=allow (plain text unless the server insists on TLS), \
-                     which podhost does not offer: use sslmode=prefer (TLS when the server \
-                     offers it; the default), require (TLS, verified) or disable (plain text)"
-                        .into(),
-                );
+                return Err(TlsRefusal::Allow);
             }
             ("sslmode", _) => verify = false,
             ("sslnegotiation", _) => {}
             (key, _) if key.starts_with("ssl") => {
-                return Err(format!(
-                    "sets {key}, which podhost does not read: the server's certificate is \
-                     checked against the system's CA bundle and PODHOST_CA_FILE (--ca-file), \
-                     and podhost sends no client certificate"
-                ));
+                return Err(TlsRefusal::Unread(key.to_owned()));
             }
             _ => {}
         }

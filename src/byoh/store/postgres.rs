@@ -38,6 +38,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{AsyncMessage, Row};
 use tracing::{info, warn};
 
+use super::SpecError;
 use super::pg_live::Liveness;
 use super::pg_tls::{self, MakeRustls};
 use super::{
@@ -73,15 +74,18 @@ const UID_SESSION_LOCK: i32 = 0x706f_6402;
 /// Parses and checks a connection string; errors name it as `setting`, without its password.
 /// libpq's `verify-ca` and `verify-full` are read as `require`, which verifies as much (see
 /// [`pg_tls`]).
-pub(super) fn config(url: &str, setting: &str) -> Result<tokio_postgres::Config, String> {
-    let refused = |why: String| format!("{setting}: {:?} {why}", super::redact(url));
-    let (readable, verify) = pg_tls::tls_settings(url).map_err(refused)?;
-    let mut config = tokio_postgres::Config::from_str(&readable).map_err(|e| {
-        refused(format!(
-            "is not a valid PostgreSQL connection string: {}",
-            super::postgres_error(&e)
-        ))
+pub(super) fn config(url: &str, setting: &str) -> Result<tokio_postgres::Config, SpecError> {
+    let (readable, verify) = pg_tls::tls_settings(url).map_err(|why| SpecError::Tls {
+        setting: setting.to_owned(),
+        value: super::redact(url),
+        why,
     })?;
+    let mut config =
+        tokio_postgres::Config::from_str(&readable).map_err(|e| SpecError::Invalid {
+            setting: setting.to_owned(),
+            value: super::redact(url),
+            why: super::postgres_error(&e),
+        })?;
     if verify {
         config.ssl_mode(SslMode::Require);
     }
@@ -253,7 +257,7 @@ impl Postgres {
     pub async fn open(url: &str, tls: &Arc<rustls::ClientConfig>) -> Result<Postgres, StoreError> {
         let config = config(url, "the store").map_err(|why| StoreError::Open {
             what: super::redact(url),
-            why,
+            why: why.to_string(),
         })?;
         let tls = MakeRustls::new(tls);
         let open_err = |e: tokio_postgres::Error| StoreError::Open {

@@ -1000,7 +1000,9 @@ fn store_urls_are_printed_without_their_password() {
         StoreSpec::Sqlite(dir.join("podhost.sqlite"))
     );
     assert_eq!(
-        StoreSpec::parse(Some("mysql://app:s3cret@db/p"), dir, "PODHOST_STORE").unwrap_err(),
+        StoreSpec::parse(Some("mysql://app:s3cret@db/p"), dir, "PODHOST_STORE")
+            .unwrap_err()
+            .to_string(),
         "PODHOST_STORE: \"mysql://app:***@db/p\" is not a PostgreSQL URL: give \
          postgres://user@host:5432/db, or leave it unset for SQLite in the data directory"
     );
@@ -1009,7 +1011,11 @@ fn store_urls_are_printed_without_their_password() {
 #[test]
 fn sslmode_is_read_as_libpq_names_it_with_verify_modes_as_require() {
     use tokio_postgres::config::SslMode::{Disable, Prefer, Require};
-    let mode = |url: &str| postgres::config(url, "--store").map(|c| c.get_ssl_mode());
+    let mode = |url: &str| {
+        postgres::config(url, "--store")
+            .map(|c| c.get_ssl_mode())
+            .map_err(|e| e.to_string())
+    };
     for (url, want) in [
         ("postgres://app:s3cret@db/p", Prefer),
         ("postgres://app:s3cret@db/p?sslmode=disable", Disable),

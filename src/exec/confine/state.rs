@@ -70,9 +70,46 @@ pub struct Repaired {
     pub now: u32,
 }
 
+/// Why a guarded path could not be checked or put back; each names the path.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// Its metadata could not be read.
+    #[error("{}: {source}", .path.display())]
+    Unreadable { path: PathBuf, source: io::Error },
+    #[error(
+        "{} has been replaced by a symbolic link; podhost's state is not safe",
+        .path.display()
+    )]
+    Symlink { path: PathBuf },
+    /// Owned by another uid than podhost's (`me`), which may not change its mode.
+    #[error(
+        "{} has mode {was:o} and belongs to uid {uid}, not to podhost's uid {me}: it cannot be \
+         put back to {now:o}",
+        .path.display()
+    )]
+    NotOurs {
+        path: PathBuf,
+        was: u32,
+        now: u32,
+        uid: u32,
+        me: u32,
+    },
+    /// `chmod` failed.
+    #[error(
+        "{} has mode {was:o} and could not be put back to {now:o}: {source}",
+        .path.display()
+    )]
+    NotPutBack {
+        path: PathBuf,
+        was: u32,
+        now: u32,
+        source: io::Error,
+    },
+}
+
 /// Checks every guarded path (one that does not exist is skipped) and repairs what was
 /// changed, with a warning for each. `Err` names the first path that could not be repaired.
-pub fn check(guards: &[Guard]) -> Result<Vec<Repaired>, String> {
+pub fn check(guards: &[Guard]) -> Result<Vec<Repaired>, StateError> {
     let repaired = check_quietly(guards)?;
     for r in &repaired {
         tracing::warn!(
@@ -86,7 +123,7 @@ pub fn check(guards: &[Guard]) -> Result<Vec<Repaired>, String> {
 }
 
 /// [`check`] without the warnings: for state podhost has just created.
-pub fn check_quietly(guards: &[Guard]) -> Result<Vec<Repaired>, String> {
+pub fn check_quietly(guards: &[Guard]) -> Result<Vec<Repaired>, StateError> {
     let mut repaired = Vec::new();
     let me = nix::unistd::geteuid().as_raw();
     for g in guards {
@@ -104,17 +141,27 @@ pub fn check_quietly(guards: &[Guard]) -> Result<Vec<Repaired>, String> {
     Ok(repaired)
 }
 
-fn fix(path: &Path, want: u32, deny: u32, me: u32, out: &mut Vec<Repaired>) -> Result<(), String> {
+fn fix(
+    path: &Path,
+    want: u32,
+    deny: u32,
+    me: u32,
+    out: &mut Vec<Repaired>,
+) -> Result<(), StateError> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
+        Err(source) => {
+            return Err(StateError::Unreadable {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
     };
     if meta.file_type().is_symlink() {
-        return Err(format!(
-            "{} has been replaced by a symbolic link; podhost's state is not safe",
-            path.display()
-        ));
+        return Err(StateError::Symlink {
+            path: path.to_path_buf(),
+        });
     }
     let was = meta.mode() & 0o7777;
     let now = (was | want) & !deny & !0o7000;
@@ -122,18 +169,21 @@ fn fix(path: &Path, want: u32, deny: u32, me: u32, out: &mut Vec<Repaired>) -> R
         return Ok(());
     }
     if meta.uid() != me && me != 0 {
-        return Err(format!(
-            "{} has mode {was:o} and belongs to uid {}, not to podhost's uid {me}: it cannot \
-             be put back to {now:o}",
-            path.display(),
-            meta.uid()
-        ));
+        return Err(StateError::NotOurs {
+            path: path.to_path_buf(),
+            was,
+            now,
+            uid: meta.uid(),
+            me,
+        });
     }
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(now)).map_err(|e| {
-        format!(
-            "{} has mode {was:o} and could not be put back to {now:o}: {e}",
-            path.display()
-        )
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(now)).map_err(|source| {
+        StateError::NotPutBack {
+            path: path.to_path_buf(),
+            was,
+            now,
+            source,
+        }
     })?;
     out.push(Repaired {
         path: path.to_path_buf(),
@@ -181,7 +231,7 @@ mod tests {
         std::os::unix::fs::symlink("/etc", data.join("db")).unwrap();
         let link = [Guard::private_file(&data.join("db"))];
         assert_eq!(
-            check(&link).unwrap_err(),
+            check(&link).unwrap_err().to_string(),
             format!(
                 "{} has been replaced by a symbolic link; podhost's state is not safe",
                 data.join("db").display()

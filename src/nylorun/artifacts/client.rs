@@ -430,7 +430,8 @@ impl Artifacts {
             WriteAnswer::Written(w) => return Ok(w.into()),
             WriteAnswer::Refused(r) => return Err(ArtifactError::Refused(r.into())),
             WriteAnswer::Open(o) if !inline => {
-                o.check().map_err(|m| ArtifactError::bad("begin", m))?;
+                o.check()
+                    .map_err(|m| ArtifactError::bad("begin", m.to_string()))?;
                 o
             }
             WriteAnswer::Open(o) => {

@@ -188,11 +188,16 @@ pub struct OpenAnswer {
     pub max_entries: Option<u64>,
 }
 
+/// An open upload core answered without an id to send its chunks under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("an open upload with an empty uploadId")]
+pub struct NoUploadId;
+
 impl OpenAnswer {
     /// An upload needs an id to send its chunks under.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), NoUploadId> {
         if self.upload_id.is_empty() {
-            return Err("an open upload with an empty uploadId".to_owned());
+            return Err(NoUploadId);
         }
         Ok(())
     }

@@ -376,7 +376,7 @@ impl Host {
         match answer {
             Ok(Ok(a)) if a.api == HARNESS_API_VERSION && a.check().is_ok() => Ok(a),
             Ok(Ok(a)) if a.api == HARNESS_API_VERSION => {
-                let why = a.check().err().unwrap_or_default();
+                let why = a.check().err().map(|e| e.to_string()).unwrap_or_default();
                 tracing::error!(%why, "core's hello answer is not one podhost can use");
                 channel
                     .close(1002, "unusable hello answer", Duration::from_secs(1))

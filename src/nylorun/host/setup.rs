@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::nylorun::link::protocol::{Setup, SetupCommand, SetupFile};
 use crate::tools::files::FileRead;
-use crate::tools::{CallContext, ToolName, ToolOutcome, Toolbox};
+use crate::tools::{CallContext, ToolError, ToolName, ToolOutcome, Toolbox};
 
 /// The marker file under the harness root.
 pub const SETUP_MARKER: &str = "setup-done";
@@ -118,7 +118,7 @@ async fn apply(toolbox: &Toolbox, setup: &Setup, cancel: &CancellationToken) -> 
         };
         return SetupResult::Failed {
             step: format!("file {} ({})", i + 1, file.path),
-            message: err,
+            message: err.to_string(),
         };
     }
     for (i, cmd) in setup.commands.iter().enumerate() {
@@ -185,25 +185,58 @@ fn parse_mode(v: &Value) -> Option<u32> {
     .filter(|m| *m <= 0o7777)
 }
 
+/// Why a setup file was not written; the text is the setup's failure message.
+#[derive(Debug, thiserror::Error)]
+enum FileError {
+    #[error("base64 of {path} does not decode: {source}")]
+    Base64 {
+        path: String,
+        source: base64::DecodeError,
+    },
+    #[error(
+        "{path} carries no bytes (base64 or content) and no url to fetch them from; no file was \
+         written"
+    )]
+    NoBytes { path: String },
+    #[error(
+        "the bytes of {path} have SHA-256 {got}, not the {want} the setup names; no file was \
+         written"
+    )]
+    Digest {
+        path: String,
+        got: String,
+        want: String,
+    },
+    /// `mode` as the setup gave it (JSON).
+    #[error("mode {mode} of {path} is not a permission mode")]
+    Mode { mode: Value, path: String },
+    /// The url (without credentials or query) and why the fetch failed.
+    #[error("could not fetch {url}: {why}")]
+    Fetch { url: String, why: String },
+    /// The file tool refused the write (its message, as it tells the model).
+    #[error("{0}")]
+    Refused(String),
+    #[error(transparent)]
+    Tool(#[from] ToolError),
+}
+
 async fn write_file(
     toolbox: &Toolbox,
     file: &SetupFile,
     index: usize,
     cancel: &CancellationToken,
-) -> Result<(), String> {
+) -> Result<(), FileError> {
+    let path = || file.path.clone();
     let bytes = match (&file.base64, &file.content, &file.url) {
         (Some(b64), _, _) => base64::engine::general_purpose::STANDARD
             .decode(b64.trim())
-            .map_err(|e| format!("base64 of {} does not decode: {e}", file.path))?,
+            .map_err(|source| FileError::Base64 {
+                path: path(),
+                source,
+            })?,
         (None, Some(text), _) => text.clone().into_bytes(),
         (None, None, Some(url)) => fetch(toolbox, url, index, cancel).await?,
-        (None, None, None) => {
-            return Err(format!(
-                "{} carries no bytes (base64 or content) and no url to fetch them from; no file \
-                 was written",
-                file.path
-            ));
-        }
+        (None, None, None) => return Err(FileError::NoBytes { path: path() }),
     };
     if let Some(want) = &file.sha256 {
         let want = want
@@ -212,24 +245,24 @@ async fn write_file(
             .to_ascii_lowercase();
         let got = hex::encode(Sha256::digest(&bytes));
         if got != want {
-            return Err(format!(
-                "the bytes of {} have SHA-256 {got}, not the {want} the setup names; no file \
-                 was written",
-                file.path
-            ));
+            return Err(FileError::Digest {
+                path: path(),
+                got,
+                want,
+            });
         }
     }
     let mode = match &file.mode {
-        Some(v) => Some(
-            parse_mode(v)
-                .ok_or_else(|| format!("mode {v} of {} is not a permission mode", file.path))?,
-        ),
+        Some(v) => Some(parse_mode(v).ok_or_else(|| FileError::Mode {
+            mode: v.clone(),
+            path: path(),
+        })?),
         None => None,
     };
-    match toolbox.replace_file(&file.path, bytes, mode).await {
-        Ok(written) => written,
-        Err(e) => Err(e.to_string()),
-    }
+    toolbox
+        .replace_file(&file.path, bytes, mode)
+        .await?
+        .map_err(FileError::Refused)
 }
 
 /// Fetches `url` with `curl` in the sandbox, as a setup command runs (the egress proxy and
@@ -240,7 +273,7 @@ async fn fetch(
     url: &str,
     index: usize,
     cancel: &CancellationToken,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, FileError> {
     // In the workspace, where commands may write; removed once read.
     let out = format!(".podhost-setup-{}-{index}.part", std::process::id());
     let command = "curl --fail --silent --show-error --location --proto '=http,https' \
@@ -292,7 +325,10 @@ async fn fetch(
         env: vec![("SETUP_FILE_OUT".to_owned(), out)],
     };
     let _ = toolbox.call(ToolName::Bash, &rm, &ctx).await;
-    result.map_err(|why| format!("could not fetch {}: {why}", redact_url(url)))
+    result.map_err(|why| FileError::Fetch {
+        url: redact_url(url),
+        why,
+    })
 }
 
 /// A URL as logged: without any user-info (a credential) or query string.

@@ -613,7 +613,7 @@ async fn on_text(
         .map_err(|_| (1007, "Harness API frames are JSON text".to_owned()))?;
     let frame = serde_json::from_value::<Frame>(value.clone())
         .map_err(|e| e.to_string())
-        .and_then(|f| f.check().map(|()| f));
+        .and_then(|f| f.check().map(|()| f).map_err(|e| e.to_string()));
     let frame = match frame {
         Ok(f) => f,
         Err(e) => return on_malformed(shared, &value, &e).await,

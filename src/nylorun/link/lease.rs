@@ -425,13 +425,10 @@ impl Leaser {
             };
             let run_id = run_id_of(&value);
             let parsed = parse_answer::<LeaseAnswer>(methods::LEASE, value).and_then(|a| {
-                a.run
-                    .check()
-                    .map(|()| a)
-                    .map_err(|message| CallError::BadAnswer {
-                        method: methods::LEASE.to_owned(),
-                        message,
-                    })
+                a.run.check().map(|()| a).map_err(|e| CallError::BadAnswer {
+                    method: methods::LEASE.to_owned(),
+                    message: e.to_string(),
+                })
             });
             match parsed {
                 Ok(answer) => {

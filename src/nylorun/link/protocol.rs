@@ -130,27 +130,47 @@ impl Frame {
 
     /// The frame's own consistency beyond its schema: a positive id, and a `res` carrying `r`
     /// exactly when `ok` and `e` exactly when not.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), CheckError> {
         match self {
             Frame::Req { id: 0, .. } | Frame::Res { id: 0, .. } | Frame::Abort { id: 0 } => {
-                Err("id must be a positive integer".to_owned())
+                Err(CheckError::ZeroId)
             }
             Frame::Res {
                 ok: true,
                 e: Some(_),
                 ..
-            } => Err("a successful answer carries no e".to_owned()),
+            } => Err(CheckError::OkWithE),
             Frame::Res {
                 ok: false, e: None, ..
-            } => Err("a failed answer needs e".to_owned()),
+            } => Err(CheckError::FailedWithoutE),
             Frame::Res {
                 ok: false,
                 r: Some(_),
                 ..
-            } => Err("a failed answer carries no r".to_owned()),
+            } => Err(CheckError::FailedWithR),
             _ => Ok(()),
         }
     }
+}
+
+/// Why a frame or an answer that fits its schema still cannot be used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CheckError {
+    #[error("id must be a positive integer")]
+    ZeroId,
+    #[error("a successful answer carries no e")]
+    OkWithE,
+    #[error("a failed answer needs e")]
+    FailedWithoutE,
+    #[error("a failed answer carries no r")]
+    FailedWithR,
+    #[error("hello's tenantId is empty")]
+    NoTenant,
+    #[error("hello's renewEveryMs is 0")]
+    NoRenewal,
+    /// A run id the grant must carry (`runId`, `sessionId`, `turnId`) is empty.
+    #[error("the grant's {0} is empty")]
+    EmptyGrantId(&'static str),
 }
 
 /// `{code, message}` of a failed answer.
@@ -247,12 +267,12 @@ pub struct HelloAnswer {
 
 impl HelloAnswer {
     /// The fields podhost relies on: the Tenant (workspace keys) and a renewal interval.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), CheckError> {
         if self.tenant_id.is_empty() {
-            return Err("hello's tenantId is empty".to_owned());
+            return Err(CheckError::NoTenant);
         }
         if self.renew_every_ms == 0 {
-            return Err("hello's renewEveryMs is 0".to_owned());
+            return Err(CheckError::NoRenewal);
         }
         Ok(())
     }
@@ -302,14 +322,14 @@ pub struct RunGrant {
 
 impl RunGrant {
     /// The ids every request of the run names: none may be empty.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), CheckError> {
         for (name, v) in [
             ("runId", &self.run_id),
             ("sessionId", &self.session_id),
             ("turnId", &self.turn_id),
         ] {
             if v.is_empty() {
-                return Err(format!("the grant's {name} is empty"));
+                return Err(CheckError::EmptyGrantId(name));
             }
         }
         Ok(())
@@ -783,13 +803,19 @@ mod tests {
             json!({"runId": "", "sessionId": "s", "turnId": "t", "epoch": 1}),
         )
         .unwrap();
-        assert_eq!(empty.check(), Err("the grant's runId is empty".to_owned()));
+        assert_eq!(
+            empty.check().map_err(|e| e.to_string()),
+            Err("the grant's runId is empty".to_owned())
+        );
         let hello: HelloAnswer = serde_json::from_value(json!({
             "api": 5, "tenantId": "tn", "sandbox": {"backend": null, "region": "x"},
             "renewEveryMs": 0, "motd": "hi",
         }))
         .unwrap();
-        assert_eq!(hello.check(), Err("hello's renewEveryMs is 0".to_owned()));
+        assert_eq!(
+            hello.check().map_err(|e| e.to_string()),
+            Err("hello's renewEveryMs is 0".to_owned())
+        );
         let renew: RenewAnswer =
             serde_json::from_value(json!({"ok": false, "reason": "settled"})).unwrap();
         assert!(!renew.ok);

@@ -35,9 +35,14 @@ pub enum Produced {
     Unknown(String),
 }
 
+/// An outcome serde could not turn into JSON.
+#[derive(Debug, thiserror::Error)]
+#[error("could not encode an outcome: {0}")]
+pub struct EncodeError(#[from] serde_json::Error);
+
 /// An outcome as it is journaled.
-pub fn to_value(outcome: &ResultOutcome) -> Result<Value, String> {
-    serde_json::to_value(outcome).map_err(|e| format!("could not encode an outcome: {e}"))
+pub fn to_value(outcome: &ResultOutcome) -> Result<Value, EncodeError> {
+    Ok(serde_json::to_value(outcome)?)
 }
 
 /// A recorded value as it reads: a tool's outcome, or any other value.

@@ -869,7 +869,7 @@ impl Segment {
     ) -> Result<Result<Value, String>, Fault> {
         Ok(Ok(match produced {
             Produced::Outcome(o) => {
-                let value = outcome::to_value(&o).map_err(Fault::Internal)?;
+                let value = outcome::to_value(&o).map_err(|e| Fault::Internal(e.to_string()))?;
                 let fitted = self.fit(effect_id, tool_name, value).await;
                 // The spill may have learned the run is no longer ours.
                 if self.run.cancel.is_cancelled() {
@@ -877,7 +877,9 @@ impl Segment {
                 }
                 fitted
             }
-            Produced::Exact(o) => outcome::to_value(&o).map_err(Fault::Internal)?,
+            Produced::Exact(o) => {
+                outcome::to_value(&o).map_err(|e| Fault::Internal(e.to_string()))?
+            }
             Produced::Shaped(value) => value,
             Produced::Unknown(error) => return Ok(Err(error)),
         }))

@@ -27,6 +27,7 @@
 //! Non-goals: a step's shared budget across several results (the turn's), binary MCP parts.
 
 use crate::floor::codes;
+use crate::nylorun::artifacts::ArtifactError;
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
@@ -159,11 +160,22 @@ pub struct SpillRequest<'a> {
     pub bytes: &'a [u8],
 }
 
+/// Why a store kept nothing; its text is what `dropped` says.
+#[derive(Debug, thiserror::Error)]
+pub enum SpillError {
+    /// The run's artifact store failed or refused the write (core's message as it gave it).
+    #[error(transparent)]
+    Artifact(#[from] ArtifactError),
+    /// A store that keeps nothing of this kind, and says why.
+    #[error("{0}")]
+    Declined(&'static str),
+}
+
 /// Where a front stores what does not fit.
 #[allow(async_fn_in_trait)]
 pub trait SpillStore {
     /// Stores the bytes; returns the artifact id, or why nothing was stored (for `dropped`).
-    async fn store(&self, req: SpillRequest<'_>) -> Result<String, String>;
+    async fn store(&self, req: SpillRequest<'_>) -> Result<String, SpillError>;
 }
 
 /// What one result is shaped with.
@@ -367,10 +379,9 @@ async fn store_piece<S: SpillStore>(
         effect_id: ctx.effect_id,
         bytes: text.as_bytes(),
     };
-    let stored = store
-        .store(req)
-        .await
-        .map_err(|why| crate::floor::text::clip_chars(&why, DROPPED_CHARS).into_owned());
+    let stored = store.store(req).await.map_err(|why| {
+        crate::floor::text::clip_chars(&why.to_string(), DROPPED_CHARS).into_owned()
+    });
     Piece { text, stored }
 }
 
@@ -465,9 +476,13 @@ mod tests {
     }
 
     impl SpillStore for Memory {
-        async fn store(&self, req: SpillRequest<'_>) -> Result<String, String> {
+        async fn store(&self, req: SpillRequest<'_>) -> Result<String, SpillError> {
             if let Some(why) = &self.refuse {
-                return Err(why.clone());
+                return Err(ArtifactError::LimitExceeded {
+                    op: "artifact.write",
+                    message: why.clone(),
+                }
+                .into());
             }
             let mut s = self.stored.lock().unwrap();
             s.push((req.key, req.name, req.content_type, req.bytes.to_vec()));

@@ -16,14 +16,14 @@ use serde_json::Value;
 
 use crate::nylorun::artifacts::{Artifacts, FileTarget};
 use crate::nylorun::turn::shaping::{
-    ShapeConfig, ShapeContext, SpillRequest, SpillStore, shape_outcome,
+    ShapeConfig, ShapeContext, SpillError, SpillRequest, SpillStore, shape_outcome,
 };
 
 /// Stores spilled results with `artifact.write`.
 struct ArtifactStore<'a>(&'a Artifacts);
 
 impl SpillStore for ArtifactStore<'_> {
-    async fn store(&self, req: SpillRequest<'_>) -> Result<String, String> {
+    async fn store(&self, req: SpillRequest<'_>) -> Result<String, SpillError> {
         let target = FileTarget {
             key: req.key,
             name: Some(req.name),
@@ -51,7 +51,7 @@ impl SpillStore for ArtifactStore<'_> {
                     error = %e,
                     "a tool result too large for the record could not be stored"
                 );
-                Err(e.to_string())
+                Err(e.into())
             }
         }
     }

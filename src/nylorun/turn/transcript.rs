@@ -533,22 +533,46 @@ fn digits(n: usize) -> usize {
     n.checked_ilog10().map_or(1, |d| d as usize + 1)
 }
 
+/// Why core would refuse an edit of a transcript.
+#[cfg(test)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FoldError {
+    /// Edit `edit` keeps more entries than the transcript has.
+    #[error("edit {edit} keeps {keep} entries of {len}")]
+    KeepsTooMany {
+        edit: usize,
+        keep: usize,
+        len: usize,
+    },
+    /// Edit `edit` leaves a transcript of another length than it states.
+    #[error("edit {edit} leaves {len} entries, not its length {length}")]
+    WrongLength {
+        edit: usize,
+        len: usize,
+        length: usize,
+    },
+}
+
 /// Applies edits to a transcript, as core folds them.
 #[cfg(test)]
-pub fn fold(transcript: &[Value], edits: &[TranscriptUpdate]) -> Result<Vec<Value>, String> {
+pub fn fold(transcript: &[Value], edits: &[TranscriptUpdate]) -> Result<Vec<Value>, FoldError> {
     let mut t = transcript.to_vec();
-    for (i, e) in edits.iter().enumerate() {
+    for (edit, e) in edits.iter().enumerate() {
         if e.keep > t.len() {
-            return Err(format!("edit {i} keeps {} entries of {}", e.keep, t.len()));
+            return Err(FoldError::KeepsTooMany {
+                edit,
+                keep: e.keep,
+                len: t.len(),
+            });
         }
         t.truncate(e.keep);
         t.extend(e.entries.iter().cloned());
         if t.len() != e.length {
-            return Err(format!(
-                "edit {i} leaves {} entries, not its length {}",
-                t.len(),
-                e.length
-            ));
+            return Err(FoldError::WrongLength {
+                edit,
+                len: t.len(),
+                length: e.length,
+            });
         }
     }
     Ok(t)

@@ -207,6 +207,39 @@ pub enum Message {
     },
 }
 
+/// Why a turn's `input` (or one of its messages) is not one podhost can run.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InputError {
+    #[error("a message's text is not a string")]
+    TextNotString,
+    #[error("a message's content is not a list of parts")]
+    ContentNotList,
+    #[error("a message object has neither text nor content")]
+    Empty,
+    #[error("a message is neither a string nor an object")]
+    NotAMessage,
+    /// A field the input's kind needs is absent (`kind` as the input named it, if it did).
+    #[error("a {kind:?} input has no {field}")]
+    Missing {
+        kind: Option<String>,
+        field: &'static str,
+    },
+    /// A field of the wrong JSON type (`expected`: "a list", "a boolean", …).
+    #[error("{field} is not {expected}")]
+    WrongType {
+        field: &'static str,
+        expected: &'static str,
+    },
+    /// The message at `index` of a `messages` input.
+    #[error("messages[{index}]: {source}")]
+    Message {
+        index: usize,
+        source: Box<InputError>,
+    },
+    #[error("podhost does not know the input kind {0:?}")]
+    UnknownKind(String),
+}
+
 /// The event of an `input` entry podhost writes.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
@@ -216,7 +249,7 @@ pub enum InputEvent {
 }
 
 impl Message {
-    fn from_value(v: &Value) -> Result<Message, String> {
+    fn from_value(v: &Value) -> Result<Message, InputError> {
         match v {
             Value::String(s) => Ok(Message::Text {
                 text: s.clone(),
@@ -225,22 +258,19 @@ impl Message {
             Value::Object(o) => {
                 let metadata = o.get("metadata").cloned();
                 if let Some(text) = o.get("text") {
-                    let text = text
-                        .as_str()
-                        .ok_or("a message's text is not a string")?
-                        .to_owned();
+                    let text = text.as_str().ok_or(InputError::TextNotString)?.to_owned();
                     Ok(Message::Text { text, metadata })
                 } else if let Some(content) = o.get("content") {
                     let content = content
                         .as_array()
-                        .ok_or("a message's content is not a list of parts")?
+                        .ok_or(InputError::ContentNotList)?
                         .clone();
                     Ok(Message::Content { content, metadata })
                 } else {
-                    Err("a message object has neither text nor content".to_owned())
+                    Err(InputError::Empty)
                 }
             }
-            _ => Err("a message is neither a string nor an object".to_owned()),
+            _ => Err(InputError::NotAMessage),
         }
     }
 
@@ -251,19 +281,31 @@ impl Message {
 }
 
 impl TurnInput {
-    pub fn from_value(v: &Value) -> Result<TurnInput, String> {
+    pub fn from_value(v: &Value) -> Result<TurnInput, InputError> {
         let kind = v.get("kind").and_then(Value::as_str);
-        let field = |name: &str| v.get(name).ok_or(format!("a {kind:?} input has no {name}"));
+        let field = |name: &'static str| {
+            v.get(name).ok_or_else(|| InputError::Missing {
+                kind: kind.map(str::to_owned),
+                field: name,
+            })
+        };
+        let wrong =
+            |field: &'static str, expected: &'static str| InputError::WrongType { field, expected };
         match kind {
             Some("continue") => Ok(TurnInput::Continue),
             Some("messages") => {
                 let list = field("messages")?
                     .as_array()
-                    .ok_or("messages is not a list")?;
+                    .ok_or(wrong("messages", "a list"))?;
                 let messages = list
                     .iter()
                     .enumerate()
-                    .map(|(i, m)| Message::from_value(m).map_err(|e| format!("messages[{i}]: {e}")))
+                    .map(|(index, m)| {
+                        Message::from_value(m).map_err(|e| InputError::Message {
+                            index,
+                            source: Box::new(e),
+                        })
+                    })
                     .collect::<Result<Vec<_>, _>>()?;
                 Ok(TurnInput::Messages(messages))
             }
@@ -271,12 +313,12 @@ impl TurnInput {
                 interaction_id: id_field(field("interactionId")?)?,
                 approved: field("approved")?
                     .as_bool()
-                    .ok_or("approved is not a boolean")?,
+                    .ok_or(wrong("approved", "a boolean"))?,
             }),
             Some("respond") => Ok(TurnInput::Respond {
                 interaction_id: id_field(field("interactionId")?)?,
             }),
-            Some(other) => Err(format!("podhost does not know the input kind {other:?}")),
+            Some(other) => Err(InputError::UnknownKind(other.to_owned())),
             None => Message::from_value(v).map(TurnInput::Message),
         }
     }
@@ -291,10 +333,11 @@ impl TurnInput {
     }
 }
 
-fn id_field(v: &Value) -> Result<String, String> {
-    v.as_str()
-        .map(str::to_owned)
-        .ok_or_else(|| "interactionId is not a string".to_owned())
+fn id_field(v: &Value) -> Result<String, InputError> {
+    v.as_str().map(str::to_owned).ok_or(InputError::WrongType {
+        field: "interactionId",
+        expected: "a string",
+    })
 }
 
 impl<'de> Deserialize<'de> for TurnInput {
@@ -700,7 +743,7 @@ mod tests {
 
     #[test]
     fn every_input_shape_parses() {
-        let parse = |v: Value| TurnInput::from_value(&v);
+        let parse = |v: Value| TurnInput::from_value(&v).map_err(|e| e.to_string());
         assert_eq!(parse(json!({"kind": "continue"})), Ok(TurnInput::Continue));
         assert_eq!(
             parse(json!({"text": "hi", "metadata": {"a": 1}})),
@@ -735,6 +778,31 @@ mod tests {
         assert_eq!(
             parse(json!(3)),
             Err("a message is neither a string nor an object".to_owned())
+        );
+    }
+
+    #[test]
+    fn an_unreadable_input_names_the_field_and_the_message() {
+        let why = |v: Value| TurnInput::from_value(&v).unwrap_err().to_string();
+        assert_eq!(
+            why(json!({"kind": "messages", "messages": ["a", {"text": 1}]})),
+            "messages[1]: a message's text is not a string"
+        );
+        assert_eq!(
+            why(json!({"kind": "approve", "approved": true})),
+            "a Some(\"approve\") input has no interactionId"
+        );
+        assert_eq!(
+            why(json!({"kind": "approve", "interactionId": 7, "approved": true})),
+            "interactionId is not a string"
+        );
+        assert_eq!(
+            why(json!({"kind": "messages", "messages": {}})),
+            "messages is not a list"
+        );
+        assert_eq!(
+            why(json!({"metadata": {}})),
+            "a message object has neither text nor content"
         );
     }
 

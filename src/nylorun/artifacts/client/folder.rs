@@ -38,7 +38,8 @@ impl Artifacts {
         match self.write("begin", WriteParams::Begin(begin)).await?.0 {
             WriteAnswer::Written(w) => Ok(FolderStart::Written(w.into())),
             WriteAnswer::Open(o) => {
-                o.check().map_err(|m| ArtifactError::bad("begin", m))?;
+                o.check()
+                    .map_err(|m| ArtifactError::bad("begin", m.to_string()))?;
                 let (Some(max_file_bytes), Some(max_entries)) = (o.max_file_bytes, o.max_entries)
                 else {
                     self.abort(&o.upload_id).await;

@@ -61,7 +61,7 @@ impl Segment {
                     output: fresh.value(),
                     files: None,
                 })
-                .map_err(Fault::Internal)?;
+                .map_err(|e| Fault::Internal(e.to_string()))?;
                 match self.run.journal.outcome(&intent.effect_id, value).await? {
                     Recorded::Completed(v) => v,
                     Recorded::Uncertain => return Ok(None),

@@ -174,7 +174,7 @@ async fn one_server(run: &DiscoveryRun<'_>, name: &str) -> Result<Found, Discove
                     "list",
                     GateReply::Failed {
                         code: "invalid".to_owned(),
-                        message: why,
+                        message: why.to_string(),
                     },
                 );
             }

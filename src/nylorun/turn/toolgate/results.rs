@@ -30,10 +30,11 @@ use base64::Engine as _;
 use serde_json::{Map, Value, json};
 
 use crate::floor::codes;
-use crate::nylorun::artifacts::{Artifacts, FileTarget};
+use crate::nylorun::artifacts::{ArtifactError, Artifacts, FileTarget};
 use crate::nylorun::turn::shaping::{
     ENTRY_ENVELOPE_BYTES, MIN_PREVIEW_BYTES, PREVIEW_HEAD_BYTES, PREVIEW_TAIL_BYTES, ShapeConfig,
-    ShapeContext, SpillRequest, SpillStore, json_len, preview, shape_outcome, spill_key,
+    ShapeContext, SpillError, SpillRequest, SpillStore, json_len, preview, shape_outcome,
+    spill_key,
 };
 
 /// One step's results share this much of their record entry (`stepBudgetBytes`).
@@ -85,14 +86,14 @@ pub struct Stored {
 #[allow(async_fn_in_trait)]
 pub trait PartStore {
     /// Stores the bytes; the artifact and version, or why nothing was stored.
-    async fn store(&self, req: SpillRequest<'_>) -> Result<Stored, String>;
+    async fn store(&self, req: SpillRequest<'_>) -> Result<Stored, ArtifactError>;
 }
 
 /// The run's artifacts, written with `artifact.write`.
 pub struct ArtifactParts<'a>(pub &'a Artifacts);
 
 impl PartStore for ArtifactParts<'_> {
-    async fn store(&self, req: SpillRequest<'_>) -> Result<Stored, String> {
+    async fn store(&self, req: SpillRequest<'_>) -> Result<Stored, ArtifactError> {
         let target = FileTarget {
             key: req.key,
             name: Some(req.name),
@@ -116,7 +117,7 @@ impl PartStore for ArtifactParts<'_> {
             }
             Err(e) => {
                 tracing::warn!(effect_id = %req.effect_id, size = req.bytes.len(), error = %e, "a tool result's part could not be stored");
-                Err(e.to_string())
+                Err(e)
             }
         }
     }
@@ -126,8 +127,8 @@ impl PartStore for ArtifactParts<'_> {
 struct AsSpill<'a, S>(&'a S);
 
 impl<S: PartStore> SpillStore for AsSpill<'_, S> {
-    async fn store(&self, req: SpillRequest<'_>) -> Result<String, String> {
-        self.0.store(req).await.map(|s| s.artifact_id)
+    async fn store(&self, req: SpillRequest<'_>) -> Result<String, SpillError> {
+        Ok(self.0.store(req).await?.artifact_id)
     }
 }
 
@@ -212,8 +213,8 @@ async fn fit_failure(value: Value, ctx: &ResultContext<'_>) -> Value {
     }
     struct Nothing;
     impl SpillStore for Nothing {
-        async fn store(&self, _: SpillRequest<'_>) -> Result<String, String> {
-            Err("failures are not stored".to_owned())
+        async fn store(&self, _: SpillRequest<'_>) -> Result<String, SpillError> {
+            Err(SpillError::Declined("failures are not stored"))
         }
     }
     let shape = ShapeContext {
@@ -243,7 +244,7 @@ enum Part {
 
 /// A stored piece: its artifact (or why not), its size, and its text for previews.
 struct Piece {
-    stored: Result<Stored, String>,
+    stored: Result<Stored, ArtifactError>,
     text: String,
 }
 
@@ -254,7 +255,7 @@ impl Piece {
         stub.insert("truncated".into(), true.into());
         match &self.stored {
             Ok(s) => stub.insert("artifactId".into(), s.artifact_id.clone().into()),
-            Err(why) => stub.insert("dropped".into(), why.clone().into()),
+            Err(why) => stub.insert("dropped".into(), why.to_string().into()),
         };
         stub.insert("size".into(), self.text.len().into());
         let shown = if budget < MIN_PREVIEW_BYTES {
@@ -641,7 +642,7 @@ async fn store_binary<S: PartStore>(
             }
         }
         Err(why) => {
-            shown.insert("dropped".into(), why.into());
+            shown.insert("dropped".into(), why.to_string().into());
         }
     }
     Value::Object(shown)
@@ -720,9 +721,12 @@ mod tests {
     }
 
     impl PartStore for Memory {
-        async fn store(&self, req: SpillRequest<'_>) -> Result<super::Stored, String> {
+        async fn store(&self, req: SpillRequest<'_>) -> Result<super::Stored, ArtifactError> {
             if self.refuse {
-                return Err("limit_exceeded: no room".into());
+                return Err(ArtifactError::LimitExceeded {
+                    op: "artifact.write",
+                    message: "limit_exceeded: no room".into(),
+                });
             }
             let mut s = self.stored.lock().unwrap();
             s.push((req.key, req.name, req.content_type, req.bytes.to_vec()));

@@ -79,6 +79,18 @@ pub struct HttpToolRef<'a> {
     pub tool_name: &'a str,
 }
 
+/// Why a `200` answer of the gate is not what its route answers.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AnswerError {
+    #[error("the answer has no boolean `ok`")]
+    NoOk,
+    #[error("the list has no `tools` array")]
+    NoTools,
+    /// The tool at this index of a `mcp/list` page has no `name`.
+    #[error("tool {0} of the list has no name")]
+    Unnamed(usize),
+}
+
 /// A `200` answer's envelope (v5 §5 for calls; **guess**: the same for connect, list, close).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Envelope {
@@ -90,7 +102,7 @@ pub enum Envelope {
 
 impl Envelope {
     /// Reads a `200` body; `Err` says why it is not an envelope.
-    pub fn parse(body: &Value) -> Result<Envelope, String> {
+    pub fn parse(body: &Value) -> Result<Envelope, AnswerError> {
         match body.get("ok").and_then(Value::as_bool) {
             Some(true) => Ok(Envelope::Ok(
                 body.get("result").cloned().unwrap_or(Value::Null),
@@ -109,7 +121,7 @@ impl Envelope {
                     message: text("message"),
                 })
             }
-            None => Err("the answer has no boolean `ok`".to_owned()),
+            None => Err(AnswerError::NoOk),
         }
     }
 }
@@ -126,17 +138,17 @@ pub fn connected_instructions(result: &Value) -> Option<String> {
 
 /// **Guess.** `mcp/list`'s `result` is one page of the server's `tools/list` result, verbatim:
 /// `{tools: [...], nextCursor?}`; podhost asks again with `cursor` until no `nextCursor` comes.
-pub fn list_page(result: &Value) -> Result<(Vec<Value>, Option<String>), String> {
+pub fn list_page(result: &Value) -> Result<(Vec<Value>, Option<String>), AnswerError> {
     let tools = result
         .get("tools")
         .and_then(Value::as_array)
-        .ok_or("the list has no `tools` array")?
+        .ok_or(AnswerError::NoTools)?
         .clone();
     if let Some(bad) = tools
         .iter()
         .position(|t| t.get("name").and_then(Value::as_str).is_none())
     {
-        return Err(format!("tool {bad} of the list has no name"));
+        return Err(AnswerError::Unnamed(bad));
     }
     let next = result
         .get("nextCursor")
@@ -339,16 +351,16 @@ mod tests {
             })
         );
         assert_eq!(
-            Envelope::parse(&json!({"result": 1})),
+            Envelope::parse(&json!({"result": 1})).map_err(|e| e.to_string()),
             Err("the answer has no boolean `ok`".into())
         );
         let page = json!({"tools": [{"name": "a", "x-odd": [1]}], "nextCursor": "n"});
         assert_eq!(
-            list_page(&page),
+            list_page(&page).map_err(|e| e.to_string()),
             Ok((vec![json!({"name": "a", "x-odd": [1]})], Some("n".into())))
         );
         assert_eq!(
-            list_page(&json!({"tools": [{}]})),
+            list_page(&json!({"tools": [{}]})).map_err(|e| e.to_string()),
             Err("tool 0 of the list has no name".into())
         );
     }
