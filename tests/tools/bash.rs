@@ -663,9 +663,9 @@ fn interrupting_podhost_tool_cancels_the_command() {
         (out.status.code(), outcome),
         (
             Some(130),
-            json!({"kind": "completed", "output": {
-                "exitCode": 130, "stdout": "hi\n", "stderr": "Command was cancelled and killed."
-            }})
+            json!({"kind": "failed", "code": "sandbox.cancelled",
+                   "message": "Stopped by SIGINT: the call was cancelled and its processes \
+                               killed.\nstdout so far:\nhi\n"})
         )
     );
     assert_none_left(&m);
