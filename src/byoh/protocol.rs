@@ -22,6 +22,7 @@ use serde_json::{Map, Value};
 use url::Url;
 
 use crate::chat::message::{ApiKey, ChatMessage, ModelEndpoint, Role, present};
+use crate::floor::secret::{redacted_url, url_credentials};
 
 /// The protocol version podhost speaks.
 pub const PROTOCOL_VERSION: &str = "1";
@@ -162,83 +163,6 @@ impl CheckedConnection<'_> {
     pub fn credentials(&self) -> Credentials {
         self.conn.credentials()
     }
-}
-
-/// Query parameters whose values are credentials, by a part of their name.
-const CREDENTIAL_PARAMS: [&str; 7] = ["key", "token", "secret", "sig", "auth", "pass", "cred"];
-
-/// The credential values a URL carries: its user and password, and the values of query
-/// parameters named like a credential.
-fn url_credentials(u: &Url) -> Vec<String> {
-    let mut out = Vec::new();
-    if !u.username().is_empty() {
-        out.push(decode(u.username()));
-    }
-    if let Some(p) = u.password() {
-        out.push(decode(p));
-    }
-    for (k, v) in u.query_pairs() {
-        let k = k.to_ascii_lowercase();
-        if CREDENTIAL_PARAMS.iter().any(|c| k.contains(c)) && !v.is_empty() {
-            out.push(v.into_owned());
-        }
-    }
-    out
-}
-
-/// Percent-decodes a URL's user-info, as a client sends it.
-fn decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = (b[i] == b'%' && i + 2 < b.len())
-            .then(|| std::str::from_utf8(&b[i + 1..i + 3]).ok())
-            .flatten()
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match hex {
-            Some(byte) => {
-                out.push(byte);
-                i += 3;
-            }
-            None => {
-                out.push(b[i]);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// `url` with its credentials replaced by `redacted`.
-pub fn redacted_url(url: &Url) -> Url {
-    let mut u = url.clone();
-    let secrets = url_credentials(url);
-    if secrets.is_empty() {
-        return u;
-    }
-    if !u.username().is_empty() {
-        let _ = u.set_username("redacted");
-    }
-    if u.password().is_some() {
-        let _ = u.set_password(Some("redacted"));
-    }
-    if u.query().is_some() {
-        let pairs: Vec<(String, String)> = u
-            .query_pairs()
-            .map(|(k, v)| {
-                let lower = k.to_ascii_lowercase();
-                let v = if CREDENTIAL_PARAMS.iter().any(|c| lower.contains(c)) {
-                    "redacted".to_owned()
-                } else {
-                    v.into_owned()
-                };
-                (k.into_owned(), v)
-            })
-            .collect();
-        u.query_pairs_mut().clear().extend_pairs(pairs);
-    }
-    u
 }
 
 /// A submission's credential values (kept in memory only): what is replaced by `[redacted]` in

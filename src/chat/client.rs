@@ -303,6 +303,8 @@ impl ModelClient {
             Ok(sent) => sent,
             Err(_) => return Err(timed_out()),
         };
+        // reqwest's errors name the URL, query and all, where a key may sit: every one here is
+        // told without it (the run says which endpoint, redacted).
         match sent {
             Ok(r) => Ok(r),
             Err(e) => {
@@ -313,7 +315,7 @@ impl ModelClient {
                 };
                 Err(Attempt::Retry {
                     head: format!("The model endpoint {kind}"),
-                    detail: error_chain(&e),
+                    detail: error_chain(&e.without_url()),
                     after: None,
                 })
             }
@@ -351,7 +353,7 @@ impl ModelClient {
             Err(e) => {
                 return Attempt::Retry {
                     head: "The model endpoint's answer could not be read".to_owned(),
-                    detail: error_chain(&e),
+                    detail: error_chain(&e.without_url()),
                     after: None,
                 };
             }
@@ -404,7 +406,7 @@ impl ModelClient {
                 Ok(Err(e)) => {
                     return Attempt::Retry {
                         head: "The model endpoint's stream broke off".to_owned(),
-                        detail: error_chain(&e),
+                        detail: error_chain(&e.without_url()),
                         after: None,
                     };
                 }

@@ -33,6 +33,7 @@ use crate::chat::message::{ApiKey, ChatMessage, KeySource, ModelEndpoint};
 use crate::chat::session::{ChatLimits, ChatTurn, Front, SessionError, step_limit_message};
 use crate::exec::ExecSettings;
 use crate::floor::codes::{self, exit};
+use crate::floor::secret::redacted_url;
 use crate::floor::tls::{TlsSettings, client_config};
 use crate::floor::workspace::Access;
 use crate::tools::Toolbox;
@@ -264,7 +265,7 @@ pub async fn run(cfg: RunConfig, stop: Stop) -> Result<i32, LocalError> {
         version: env!("CARGO_PKG_VERSION"),
         run_id: run_id.clone(),
         model: cfg.model.model.clone(),
-        base_url: cfg.model.base_url.to_string(),
+        base_url: redacted_url(&cfg.model.base_url).to_string(),
         base_url_from: cfg.model.base_url_from.to_owned(),
         api_key_from: key.as_ref().and(cfg.model.api_key_env.clone()),
         workspace: toolbox.workspace().root().to_string_lossy().into_owned(),
@@ -287,7 +288,7 @@ pub async fn run(cfg: RunConfig, stop: Stop) -> Result<i32, LocalError> {
     let (progress_tx, progress_rx) = tokio::sync::watch::channel(0u64);
     let turn = chat_turn(&cfg, key, toolbox, (task, &instructions), progress_tx).await?;
     let endpoint = Endpoint {
-        base_url: cfg.model.base_url.to_string(),
+        base_url: redacted_url(&cfg.model.base_url).to_string(),
         from: cfg.model.base_url_from,
     };
     let mut host = Observed::new(turn, sink.clone(), endpoint.clone());

@@ -265,3 +265,31 @@ async fn an_endpoint_that_cannot_be_reached_says_to_check_the_base_url() {
         "{error}"
     );
 }
+
+/// A base URL that carries credentials (user-info, a key in the query): neither the run's
+/// events nor its messages show them, not even in the hint that names the URL.
+#[tokio::test]
+async fn credentials_in_the_base_url_are_never_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://someone:pw-in-url-8d1f@127.0.0.1:{port}/v1?api-key=key-in-url-77c2");
+    let ws = dir.path().to_str().unwrap();
+    for json in [false, true] {
+        let mut args = vec!["run", "--base-url", &url, "--model", "m", "--workspace", ws];
+        if json {
+            args.push("--json");
+        }
+        args.push("x");
+        let out = output(crate::harness::podhost(&args)).await;
+        assert_eq!(out.code, 3, "{}", out.stderr);
+        let all = format!("{}{}", out.stdout, out.stderr);
+        for secret in ["pw-in-url-8d1f", "key-in-url-77c2"] {
+            assert!(!all.contains(secret), "{secret} printed:\n{all}");
+        }
+        assert!(all.contains("could not be reached"), "{all}");
+    }
+}
