@@ -418,6 +418,15 @@ impl Confinement {
     }
 
     /// Whether commands run in a session's namespaces.
+    /// Whether a session's workspace can be an overlay of a template (see `exec::overlay`):
+    /// sessions get a view of their own, in which the kernel mounts one; else why not.
+    pub fn overlay(&self) -> Result<(), String> {
+        match &self.isolation {
+            Some(iso) => iso.overlay.clone(),
+            None => Err("sessions are not isolated".to_owned()),
+        }
+    }
+
     pub fn uses_namespaces(&self) -> bool {
         self.isolation.as_ref().is_some_and(|i| i.namespaces.any())
     }
