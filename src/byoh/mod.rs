@@ -299,8 +299,9 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
         ),
         source,
     })?;
-    let template =
-        template_dir.map(|(dir, chosen)| template_level(&args, dir, chosen, tools.confinement()));
+    let template = template_dir
+        .map(|(dir, chosen)| template_level(&args, dir, chosen, tools.confinement()))
+        .transpose()?;
     let (store, spec, guards) = open_store(&args, spec, &tls).await?;
     let store_engine = store.engine();
     let client = ModelClient::new(
@@ -440,15 +441,53 @@ fn choose_level(
     }
 }
 
-/// The template with its level: the one chosen before ([`choose_level`]), else
-/// [`Level::Reflink`] when a file of it clones into the data directory, else [`Level::Copy`];
-/// logged.
+/// The overlay level, when chosen, tried once with its upper layer in the data directory
+/// (where a session's is, without a file system per session): a data directory on NFS, say,
+/// cannot hold one. Where it cannot, a forced overlay stops `serve`; a found one falls back to
+/// what cloning into the data directory finds (`None`).
+fn overlay_in_data(
+    args: &ServeConfig,
+    confinement: &Confinement,
+    chosen: Option<Level>,
+) -> Result<Option<Level>, ServeError> {
+    let disk_fs = crate::exec::confine::reported().disk_quota == "filesystem";
+    let Some(iso) = confinement
+        .isolation()
+        .filter(|_| chosen == Some(Level::Overlay) && !disk_fs)
+    else {
+        return Ok(chosen);
+    };
+    match crate::exec::probe::probe_overlay_in(&iso.helper, &args.data) {
+        Ok(()) => Ok(chosen),
+        Err(why) if args.template_level == Some(Level::Overlay) => {
+            Err(ServeError::Config(format!(
+                "{}: the overlay level was asked for, but the data directory {} cannot hold a \
+             session's upper layer: {why}",
+                args.template_setting,
+                args.data.display()
+            )))
+        }
+        Err(why) => {
+            warn!(
+                data = %args.data.display(),
+                error = %why,
+                "the data directory cannot hold an overlay's upper layer: templates are copied"
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// The template with its level: the one chosen before ([`choose_level`]) if the data
+/// directory can hold it ([`overlay_in_data`]), else [`Level::Reflink`] when a file of it
+/// clones into the data directory, else [`Level::Copy`]; logged.
 fn template_level(
     args: &ServeConfig,
     dir: PathBuf,
     chosen: Option<Level>,
     confinement: &Confinement,
-) -> Template {
+) -> Result<Template, ServeError> {
+    let chosen = overlay_in_data(args, confinement, chosen)?;
     let level = chosen.unwrap_or_else(|| crate::exec::template::detect(&dir, &args.data));
     let no_overlay = confinement.overlay().err().unwrap_or_default();
     match level {
@@ -472,7 +511,7 @@ fn template_level(
              of the template"
         ),
     }
-    Template { dir, level }
+    Ok(Template { dir, level })
 }
 
 /// Warns when the uid pool cannot give every running turn its own uid.

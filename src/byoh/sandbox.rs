@@ -372,14 +372,11 @@ pub(super) fn remove_session_files(data: &Path, session: &str) -> Result<(), San
             source,
         }),
     };
-    let dirs = [
-        workspace_dir(data, session),
-        session_tmp_dir(data, session),
-        overlay_work_dir(data, session),
-    ];
-    for dir in dirs {
+    for dir in [workspace_dir(data, session), session_tmp_dir(data, session)] {
         gone(std::fs::remove_dir_all(&dir), &dir)?;
     }
+    let work = overlay_work_dir(data, session);
+    gone(crate::exec::overlay::remove_work_dir(&work), &work)?;
     let image = session_disk_image(data, session);
     gone(std::fs::remove_file(&image), &image)
 }

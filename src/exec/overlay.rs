@@ -26,6 +26,7 @@
 
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
 
 use super::protocol::CommandUser;
 use super::sys::{self, Res, StepError};
@@ -167,6 +168,21 @@ pub fn idmap(from: CommandUser, to: CommandUser) -> Res<OwnedFd> {
     drop(wait_w);
     let _ = sys::wait(child, 0);
     made
+}
+
+/// Removes an overlay's work directory `dir` and what the kernel left in it: its `work`
+/// directory has mode 0, which a user other than root cannot list until it is opened up.
+pub fn remove_work_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                let _ =
+                    std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(0o700));
+            }
+        }
+    }
+    std::fs::remove_dir_all(dir)
 }
 
 fn io_step(step: &str, e: &std::io::Error) -> StepError {

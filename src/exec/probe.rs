@@ -93,21 +93,58 @@ pub const NAMESPACES_ONLY: &str = "namespaces";
 /// The probe's `main`: prints one JSON line.
 pub fn main() -> ExitCode {
     sys::close_from(3);
-    let only_namespaces = std::env::args_os()
-        .nth(2)
-        .is_some_and(|a| a == NAMESPACES_ONLY);
-    let probe = if only_namespaces {
-        run_namespaces()
-    } else {
-        run()
+    let mut args = std::env::args_os().skip(2);
+    let line = match args.next() {
+        Some(a) if a == NAMESPACES_ONLY => serde_json::to_string(&run_namespaces()),
+        Some(a) if a == OVERLAY_IN => {
+            let dir = args
+                .next()
+                .map(std::path::PathBuf::from)
+                .unwrap_or_default();
+            serde_json::to_string(&overlay_in(&dir))
+        }
+        _ => serde_json::to_string(&run()),
     };
-    match serde_json::to_string(&probe) {
+    match line {
         Ok(line) => {
             println!("{line}");
             ExitCode::SUCCESS
         }
         Err(_) => ExitCode::FAILURE,
     }
+}
+
+/// `argv[2]` that asks whether an overlay mounts with its upper layer in the directory
+/// `argv[3]` ([`probe_overlay_in`]).
+pub const OVERLAY_IN: &str = "overlay-in";
+
+/// Whether a session's view can mount an overlay whose upper layer and work directory are in
+/// `dir` (some file systems, NFS among them, cannot hold an upper layer), tried once in the
+/// helper `helper` at the namespaces level this host allows; or why not.
+pub fn probe_overlay_in(helper: &Path, dir: &Path) -> Result<(), String> {
+    let out = std::process::Command::new(helper)
+        .arg(PROBE_ARG)
+        .arg(OVERLAY_IN)
+        .arg(dir)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output();
+    match out {
+        Ok(out) if out.status.success() => serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| Err(format!("the probe's answer: {e}"))),
+        Ok(out) => Err(format!("the probe ended with {}", out.status)),
+        Err(e) => Err(format!("could not run {}: {e}", helper.display())),
+    }
+}
+
+/// The helper's side of [`probe_overlay_in`].
+fn overlay_in(dir: &Path) -> Result<(), String> {
+    let level = run_namespaces().namespaces;
+    if !level.any() {
+        return Err("no namespaces".to_owned());
+    }
+    attempt_overlay(dir, level.user_namespace(), level.pid_namespace())
 }
 
 /// The level this host allows, asked once per process of the helper binary `helper`
@@ -247,7 +284,7 @@ pub fn run() -> Probe {
         } else {
             Err("podhost is not root".to_owned())
         };
-        let overlay = attempt_overlay(userns, pid);
+        let overlay = attempt_overlay(&std::env::temp_dir(), userns, pid);
         return Probe {
             namespaces,
             refused,
@@ -310,11 +347,11 @@ fn attempt_disk() -> Result<(), String> {
     tried
 }
 
-/// Mounts an overlay of two temporary directories, as a session holder would, in throw-away
-/// namespaces of the level found (as root, with the lower layer idmapped, as the holder maps a
-/// template's owner); the first step that fails, in words.
-fn attempt_overlay(userns: bool, pid: bool) -> Result<(), String> {
-    let dir = std::env::temp_dir().join(format!("podhost-probe-ovl-{}", std::process::id()));
+/// Mounts an overlay of two temporary directories in `base`, as a session holder would, in
+/// throw-away namespaces of the level found (as root, with the lower layer idmapped, as the
+/// holder maps a template's owner); the first step that fails, in words.
+fn attempt_overlay(base: &Path, userns: bool, pid: bool) -> Result<(), String> {
+    let dir = base.join(format!(".podhost-probe-overlay-{}", std::process::id()));
     std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let made = ["lower", "upper", "work"]
         .iter()
@@ -351,6 +388,7 @@ fn attempt_overlay(userns: bool, pid: bool) -> Result<(), String> {
             )
         })
     });
+    let _ = crate::exec::overlay::remove_work_dir(&dir.join("work"));
     let _ = std::fs::remove_dir_all(&dir);
     tried
 }

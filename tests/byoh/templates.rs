@@ -11,7 +11,7 @@ use pretty_assertions::assert_eq;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::harness::{Options, Serve, T, spawn, start};
+use crate::harness::{Options, Serve, T, resume, spawn, start};
 use crate::openai_fake::{FakeModel, Reply};
 
 const SESSIONS: usize = 20;
@@ -453,4 +453,184 @@ async fn the_quota_counts_what_a_session_writes_not_the_template() {
         let past = answer(m, "c3");
         assert_ne!(past["exitCode"], json!(0), "disk quota {quota}: {past}");
     }
+}
+
+/// Session `change` deletes a template file and changes another, then (after its holder is
+/// gone: a new turn, answering its question) and session `look`, started after it, list and
+/// read their workspaces: `change` sees its own changes again, `look` the template as it is.
+/// Returns the level.
+async fn changes_outlive_the_holder(env: &[(&str, &str)]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let t = template(dir.path());
+    let before = tree(&t);
+    let fake = FakeModel::start("fake-model", None).await;
+    fake.respond_with(|body| {
+        let messages = body["messages"].as_array().unwrap();
+        let answered = messages.iter().filter(|m| m["role"] == "tool").count();
+        let look = messages
+            .iter()
+            .any(|m| m["role"] == "user" && m["content"] == "look");
+        let see = || {
+            Reply::calls(&[
+                (
+                    "c3",
+                    "bash",
+                    json!({"command": "LC_ALL=C ls -A | tr '\\n' ' '; cat README"}),
+                ),
+                ("c4", "read", json!({"path": "shared.txt"})),
+                ("c5", "glob", json!({"pattern": "**/*"})),
+            ])
+        };
+        match (look, answered) {
+            (true, 0) | (false, 2) => see(),
+            (false, 0) => Reply::call(
+                "c1",
+                "bash",
+                json!({"command": "rm shared.txt src/run.sh && echo changed > README"}),
+            ),
+            (false, 1) => Reply::call("c2", "ask_user", json!({"question": "go on?"})),
+            _ => Reply::text("done"),
+        }
+    });
+    let mut opts = Options::default().env("PODHOST_WORKSPACE_TEMPLATE", t.to_str().unwrap());
+    for (k, v) in env {
+        opts = opts.env(k, v);
+    }
+    let s = Serve::start_with(dir.path(), opts);
+    let (_, health) = s.call("GET", "/healthz", None).await;
+    let level = health["workspace_template"]["level"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let url = fake.base_url();
+    s.submit(start("change", "i1", "change", &url, None)).await;
+    s.wait_status("i1", "input_required", T * 2).await;
+    s.submit(resume("change", "i1", &[("c2", "yes")], &url, "k"))
+        .await;
+    s.wait_status("i1", "completed", T * 2).await;
+    s.submit(start("look", "i3", "look", &url, None)).await;
+    s.wait_status("i3", "completed", T * 2).await;
+    let (_, changed) = s.collect("i1").await;
+    let (_, looked) = s.collect("i3").await;
+    let m = &changed["messages"];
+    assert_eq!(
+        answer(m, "c3"),
+        json!({"exitCode": 0, "stdout": "README out src changed\n", "stderr": ""}),
+        "{level}"
+    );
+    assert_eq!(answer(m, "c5"), json!("README"), "{level}");
+    assert_eq!(
+        answer(m, "c4")["kind"],
+        json!("failed"),
+        "{level}: {}",
+        answer(m, "c4")
+    );
+    let m = &looked["messages"];
+    assert_eq!(
+        answer(m, "c3"),
+        json!({"exitCode": 0, "stdout": "README out shared.txt src from the template\n", "stderr": ""}),
+        "{level}"
+    );
+    assert_eq!(answer(m, "c4"), json!("1\tshared"), "{level}");
+    let mut found: Vec<String> = answer(m, "c5")
+        .as_str()
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    found.sort();
+    assert_eq!(found, ["README", "shared.txt", "src/run.sh"], "{level}");
+    assert_eq!(tree(&t), before, "the template changed");
+    level
+}
+
+#[tokio::test]
+async fn a_sessions_deletions_and_changes_outlive_its_holder_and_stay_its_own() {
+    let found = changes_outlive_the_holder(&[]).await;
+    eprintln!("with the host's defaults: the {found} level");
+    let env = [
+        ("PODHOST_WORKSPACE_TEMPLATE_LEVEL", "copy"),
+        ("PODHOST_SESSION_DISK_FS", "off"),
+    ];
+    assert_eq!(changes_outlive_the_holder(&env).await, "copy");
+}
+
+/// An overlay mounted on the host for a test, detached when dropped.
+struct HostOverlay(PathBuf);
+
+impl Drop for HostOverlay {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("--lazy")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// A data directory the kernel refuses as an overlay's upper layer (itself on an overlay, as
+/// one on NFS would be): a found overlay level falls back to a copy, and sessions still start
+/// from the template; a forced one stops `serve` and says why.
+#[tokio::test]
+async fn a_data_directory_that_cannot_hold_an_upper_layer_falls_back_to_a_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = template(dir.path());
+    let base = dir.path().join("base");
+    for d in ["l", "u", "w", "merged"] {
+        std::fs::create_dir_all(base.join(d)).unwrap();
+    }
+    let options = format!(
+        "lowerdir={0}/l,upperdir={0}/u,workdir={0}/w",
+        base.display()
+    );
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o", &options])
+        .arg(base.join("merged"))
+        .output()
+        .unwrap();
+    if !mounted.status.success() {
+        eprintln!(
+            "cannot mount an overlay on the host here ({}): the fallback is not run",
+            String::from_utf8_lossy(&mounted.stderr).trim()
+        );
+        return;
+    }
+    let _overlay = HostOverlay(base.join("merged"));
+    let opts = || {
+        Options::default()
+            .env("PODHOST_WORKSPACE_TEMPLATE", t.to_str().unwrap())
+            .env("PODHOST_SESSION_DISK_FS", "off")
+    };
+    let data = base.join("merged/data");
+    let forced = opts()
+        .env("PODHOST_WORKSPACE_TEMPLATE_LEVEL", "overlay")
+        .env("PODHOST_TOKEN", "t0k3n");
+    let err = spawn(&data, &forced).err().unwrap();
+    assert!(err.starts_with("exit code Some(2)"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "PODHOST_WORKSPACE_TEMPLATE: the overlay level was asked for, but the data directory \
+             {} cannot hold a session's upper layer: ",
+            data.display()
+        )),
+        "{err}"
+    );
+    let s = Serve::start_with(&base.join("merged"), opts());
+    let (_, health) = s.call("GET", "/healthz", None).await;
+    assert_eq!(health["workspace_template"]["level"], json!("copy"));
+    let fake = FakeModel::start("fake-model", None).await;
+    fake.respond_with(|body| {
+        let messages = body["messages"].as_array().unwrap();
+        match messages.iter().any(|m| m["role"] == "tool") {
+            false => Reply::call("c1", "bash", json!({"command": "cat README"})),
+            true => Reply::text("done"),
+        }
+    });
+    s.submit(start("s", "i", "go", &fake.base_url(), None))
+        .await;
+    s.wait_status("i", "completed", T * 2).await;
+    let (_, out) = s.collect("i").await;
+    assert_eq!(
+        answer(&out["messages"], "c1"),
+        json!({"exitCode": 0, "stdout": "from the template\n", "stderr": ""})
+    );
 }
