@@ -8,7 +8,8 @@
 //!    O (the holder's outer process): makes the image if it is missing, locks it, checks it
 //!    H (the session's pid 1, in its mount namespace): a loop device on the locked image, the
 //!      file system mounted detached (fsmount), its `ws/` and `tmp/` bound onto the session's
-//!      workspace and temporary directory in the view
+//!      workspace and temporary directory in the view (`ws/` the upper layer of the workspace's
+//!      overlay of a template instead, with `ovl-work/` beside it, see `exec::overlay`)
 //! ```
 //!
 //! The file tools, which run in podhost's own threads, join the session's mount namespace for

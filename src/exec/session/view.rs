@@ -7,7 +7,9 @@
 //! 1. `/` and everything beneath it `MS_REC|MS_PRIVATE`: nothing mounted here propagates to
 //!    the host, and nothing the host mounts later shows here.
 //! 2. The re-binds are captured first (`open_tree(OPEN_TREE_CLONE)`): detached copies of the
-//!    writable and read-only places, taken before anything covers them.
+//!    writable and read-only places, taken before anything covers them. The session's own
+//!    files take the place of the host's among them: its disk's directories (`exec::disk`), and
+//!    the workspace's overlay of a template (`exec::overlay`), both mounted detached.
 //! 3. `mount_setattr("/", AT_RECURSIVE, RDONLY|NOSUID|NODEV)`: per-mount flags only, never the
 //!    superblock — a plain `mount -o remount,ro /` would make the *host's* file system
 //!    read-only. So `chmod`, `chown`, `utime` and every write outside the re-binds fail with
