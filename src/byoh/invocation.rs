@@ -379,6 +379,8 @@ impl Engine {
             let _ =
                 tokio::time::timeout(self.inner.config.cancel_wait, done.wait_for(|d| *d)).await;
         }
+        // Also those of a turn that waits for input: they were kept for its resume.
+        self.inner.end_jobs(id).await;
         after.ok_or_else(|| not_found(id))
     }
 
@@ -387,6 +389,7 @@ impl Engine {
     pub async fn shutdown(&self, deadline: Duration) {
         self.inner.tracker.close();
         self.inner.root.cancel();
+        let _ = tokio::time::timeout(deadline, self.inner.end_all_jobs()).await;
         let _ = tokio::time::timeout(deadline, self.inner.tracker.wait()).await;
     }
 }

@@ -176,12 +176,12 @@ pub fn repair_tail(transcript: &[ChatMessage]) -> (Vec<ChatMessage>, Tail) {
     (fill, Tail::Continue)
 }
 
-/// The tools offered to the model, in the OpenAI `tools` format: the six workspace tools and
-/// `ask_user`.
+/// The tools offered to the model, in the OpenAI `tools` format: the six workspace tools, the
+/// two of background processes (`bash_output`, `bash_kill`) and `ask_user`.
 pub fn tool_specs() -> &'static Value {
     static SPECS: OnceLock<Value> = OnceLock::new();
     SPECS.get_or_init(|| {
-        let mut tools: Vec<Value> = ToolName::ALL
+        let mut tools: Vec<Value> = ToolName::WITH_BACKGROUND
             .iter()
             .map(|t| {
                 let d = t.definition();
@@ -364,8 +364,8 @@ impl<F: Front> ChatTurn<F> {
         call: &ToolCallBlock,
         cancel: &CancellationToken,
     ) -> Result<ResultOutcome, SessionError> {
-        let Ok(tool) = call.name.parse::<ToolName>() else {
-            let mut tools = ToolName::ALL.map(ToolName::as_str).to_vec();
+        let Some(tool) = ToolName::offered(&call.name) else {
+            let mut tools = ToolName::WITH_BACKGROUND.map(ToolName::as_str).to_vec();
             tools.push(ASK_USER);
             return Ok(unknown_tool(&call.name, &tools).into());
         };
@@ -608,7 +608,7 @@ impl<F: Front> TurnHost for ChatTurn<F> {
         cancel: &CancellationToken,
     ) -> Result<ToolEffect, SessionError> {
         let outcome = if call.name == NO_NAME {
-            let mut tools = ToolName::ALL.map(ToolName::as_str).to_vec();
+            let mut tools = ToolName::WITH_BACKGROUND.map(ToolName::as_str).to_vec();
             tools.push(ASK_USER);
             ResultOutcome::failed(
                 codes::tool::INVALID_INPUT,
@@ -761,7 +761,7 @@ mod tests {
     }
 
     #[test]
-    fn the_model_is_offered_seven_tools() {
+    fn the_model_is_offered_nine_tools() {
         let names: Vec<&str> = tool_specs()
             .as_array()
             .unwrap()
@@ -770,7 +770,17 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            ["bash", "read", "write", "edit", "grep", "glob", "ask_user"]
+            [
+                "bash",
+                "read",
+                "write",
+                "edit",
+                "grep",
+                "glob",
+                "bash_output",
+                "bash_kill",
+                "ask_user"
+            ]
         );
     }
 }

@@ -27,6 +27,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::background::{self, Jobs};
 use super::{ToolError, ToolName, ToolOutcome, bash, codes, edit, glob, grep, parse, read, write};
 use crate::exec::confine::{Confinement, WorkspaceRules};
 use crate::exec::env::Egress;
@@ -170,6 +171,9 @@ impl CallContext {
 #[derive(Clone)]
 pub struct Toolbox {
     inner: Arc<ToolboxInner>,
+    /// The session's background processes, where the front offers them (see
+    /// [`with_background`](Self::with_background)); `None` refuses them.
+    jobs: Option<Jobs>,
 }
 
 struct ToolboxInner {
@@ -217,7 +221,21 @@ impl Toolbox {
                 rules,
                 commands: one_at_a_time.then(|| tokio::sync::Mutex::new(())),
             }),
+            jobs: None,
         }
+    }
+
+    /// The same tools, with `bash`'s `run_in_background`, `bash_output` and `bash_kill` running
+    /// the session's background processes in `jobs` (whose end kills them: the front ends it
+    /// with its session).
+    pub fn with_background(mut self, jobs: Jobs) -> Self {
+        self.jobs = Some(jobs);
+        self
+    }
+
+    /// The session's background processes, when this toolbox offers them.
+    pub fn background(&self) -> Option<&Jobs> {
+        self.jobs.as_ref()
     }
 
     pub fn workspace(&self) -> &Workspace {
@@ -310,10 +328,20 @@ impl Toolbox {
         }
         match tool {
             ToolName::Bash => {
-                let input = match parse(tool, input) {
+                let (input, in_background) = match &self.jobs {
+                    Some(_) => match background::split_input(input) {
+                        Ok(split) => split,
+                        Err(o) => return Ok(o),
+                    },
+                    None => (std::borrow::Cow::Borrowed(input), false),
+                };
+                let input = match parse(tool, &input) {
                     Ok(i) => i,
                     Err(o) => return Ok(o),
                 };
+                if let Some(jobs) = self.jobs.as_ref().filter(|_| in_background) {
+                    return Ok(background::start(self, jobs, input, ctx));
+                }
                 let _one_at_a_time = match &self.inner.commands {
                     Some(lock) => tokio::select! {
                         held = lock.lock() => Some(held),
@@ -336,6 +364,19 @@ impl Toolbox {
             }
             ToolName::Grep => self.blocking(tool, input, ctx, grep::search).await,
             ToolName::Glob => self.blocking(tool, input, ctx, glob::find).await,
+            ToolName::BashOutput | ToolName::BashKill => {
+                let Some(jobs) = &self.jobs else {
+                    return Ok(no_background());
+                };
+                let input = match parse(tool, input) {
+                    Ok(i) => i,
+                    Err(o) => return Ok(o),
+                };
+                Ok(match tool {
+                    ToolName::BashKill => background::kill(jobs, input).await,
+                    _ => background::output(jobs, input),
+                })
+            }
         }
     }
 
@@ -514,6 +555,16 @@ impl Toolbox {
             Err(_) => Err(worker("its thread ended without an answer".to_owned())),
         }
     }
+}
+
+/// The refusal of `bash_output` or `bash_kill` where the front offers no background processes
+/// (a pod, `podhost tool`).
+fn no_background() -> ToolOutcome {
+    ToolOutcome::failed(
+        codes::INVALID_INPUT,
+        "Background processes are not offered here: run commands with bash, each of which ends \
+         with its call.",
+    )
 }
 
 /// Free bytes below which a session's full disk is taken for the host's: a session's own image
