@@ -1,5 +1,6 @@
 //! A chat session's side of the agent loop: [`ChatTurn`] implements [`TurnHost`] over an
-//! OpenAI-format transcript, the six workspace tools and `ask_user`.
+//! OpenAI-format transcript, the six workspace tools, the background processes' two and
+//! `ask_user`.
 //!
 //! Owns: the transcript kept in memory for a turn, the tool list the model is offered, the
 //! system message that tells the model its working directory (sent first, never stored or
@@ -356,7 +357,7 @@ impl<F: Front> ChatTurn<F> {
         Ok(())
     }
 
-    /// Runs one of the six tools. A fault of podhost's own is the turn's, never the model's: a
+    /// Runs one of the toolbox's tools. A fault of podhost's own is the turn's, never the model's: a
     /// call that failed before anything ran is made again (a new session holder, a new
     /// supervisor) a few times, then ends the turn, as does any other fault at once.
     async fn call_tool(

@@ -1,5 +1,6 @@
-//! `podhost mcp`: the six tools as a Model Context Protocol server, on stdio or streamable
-//! HTTP, for the agents people already use (Claude Code, Codex, Cursor, any MCP client).
+//! `podhost mcp`: the six tools and background processes as a Model Context Protocol server, on
+//! stdio or streamable HTTP, for the agents people already use (Claude Code, Codex, Cursor, any
+//! MCP client).
 //!
 //! Owns: the tool list (built from the same `tools/*.json` definitions every front uses, with
 //! honest annotations), each call's trip through [`Toolbox::call`] and back as an MCP result,
@@ -180,8 +181,10 @@ impl ServerHandler for Tools {
             .with_server_info(Implementation::new("podhost", env!("CARGO_PKG_VERSION")))
             .with_instructions(format!(
                 "podhost's tools work in the workspace {root}: bash runs a command there (each \
-                 call its own process tree, killed when the call is cancelled or times out); \
-                 read, write, edit, grep and glob work on its files. Relative paths resolve \
+                 call its own process tree, killed when the call is cancelled or times out; \
+                 with run_in_background it runs on, read with bash_output and stopped with \
+                 bash_kill, until this session ends); read, write, edit, grep and glob work on \
+                 its files. Relative paths resolve \
                  under the workspace and results name paths relative to it. Commands and file \
                  tools are confined: they may write only the workspace, the temporary directory \
                  and the directories the user allowed."

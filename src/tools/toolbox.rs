@@ -1,5 +1,5 @@
-//! [`Toolbox`]: the six tools bound to one workspace, and [`ToolboxBuilder`], the one way a front
-//! makes them.
+//! [`Toolbox`]: the tools bound to one workspace (and, where a front offers them, a session's
+//! background processes), and [`ToolboxBuilder`], the one way a front makes them.
 //!
 //! Owns: the executor and confinement rules of one workspace, the per-file locks, and the threads
 //! file tools run on (each confined to the workspace's rules before it touches a file).
@@ -257,7 +257,7 @@ impl Toolbox {
 
     /// The one entry for a sandbox call, whatever the front. The front parsed the model's name
     /// into a [`ToolName`] where it arrived, and answered an unknown one itself (see
-    /// [`unknown_tool`]): only the six reach a toolbox.
+    /// [`unknown_tool`]): only podhost's own reach a toolbox.
     ///
     /// Input that does not match the tool's schema and a call cancelled before it ran are
     /// failed outcomes the model can act on; `Err` is a fault of podhost. Where
