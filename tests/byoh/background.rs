@@ -310,3 +310,36 @@ async fn cancelling_a_running_turn_kills_its_background_processes() {
     );
     assert_gone(&[m], "the cancel").await;
 }
+
+#[tokio::test]
+async fn stopping_podhost_kills_the_processes_of_an_invocation_waiting_for_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeModel::start("fake-model", Some("k")).await;
+    let (a, b) = (marker(7), marker(8));
+    fake.push([Reply::calls(&[
+        (
+            "b1",
+            "bash",
+            json!({"command": format!("(setsid sh -c 'sleep {a}' &); sleep {b}"),
+                   "run_in_background": true}),
+        ),
+        ("q1", "ask_user", json!({"question": "Go on?"})),
+    ])]);
+    let mut s = Serve::start(dir.path());
+    s.submit(start("s", "i", "x", &fake.base_url(), Some("k")))
+        .await;
+    s.wait_status("i", "input_required", T).await;
+    wait_alive(&a, &s).await;
+    wait_alive(&b, &s).await;
+    let stopped = std::process::Command::new("kill")
+        .args(["-TERM", &s.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    let deadline = Instant::now() + T;
+    while s.child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "podhost did not stop");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_gone(&[a, b], "podhost's stop").await;
+}
