@@ -25,7 +25,8 @@
 //! * [`agent`] is the one loop; it talks to a model port and a journal port and knows nothing of
 //!   WebSockets or HTTP.
 //! * [`tools`] are functions of (workspace, input) → outcome; a tool that ran and failed returns
-//!   an outcome, never `Err`.
+//!   an outcome, never `Err`. A toolbox of `serve`, `run` or `mcp` also holds its session's
+//!   background processes (`tools::background`), which end with the session.
 //! * [`failpoints`]: named crash and fault boundaries, compiled into test builds only; any layer
 //!   marks one, and it imports nothing of podhost. (`fuzzing`, also test builds only, holds the
 //!   fuzz targets' bodies: like the CLI, it calls into every layer, and nothing calls it.)

@@ -3,7 +3,8 @@
 //! Owns: the store, the model client and the settings; this replica's identity and lease terms;
 //! the in-memory table of the turns this replica runs (their cancellation token, the fence of
 //! their lease, the latest [`Secrets`]: key, credential-bearing URL, the values to scrub); the
-//! permits that bound the turns running here; and the per-invocation lock that makes a
+//! permits that bound the turns running here; each open invocation's background processes;
+//! and the per-invocation lock that makes a
 //! submission's check-and-insert atomic against its concurrent duplicates in this process
 //! (across replicas, the store's keys and row locks do it).
 //!
@@ -32,7 +33,8 @@ use super::protocol::{CheckedConnection, Credentials};
 use super::store::{Fence, InvocationRow, LeaseTerms, StatusRow, Store};
 use crate::chat::client::ModelClient;
 use crate::chat::message::ApiKey;
-use crate::tools::ToolboxBuilder;
+use crate::tools::background::Jobs;
+use crate::tools::{Toolbox, ToolboxBuilder};
 
 /// Settings of the engine.
 #[derive(Clone, Debug)]
@@ -58,6 +60,8 @@ pub struct EngineConfig {
     /// database, every session's workspace) or the credential file; each session adds its own
     /// workspace and private tmp.
     pub tools: ToolboxBuilder,
+    /// Most background processes one invocation runs at once.
+    pub max_background: usize,
     /// The template every new session's workspace starts as a copy of.
     pub template: Option<crate::exec::template::Template>,
 }
@@ -281,6 +285,75 @@ pub(super) struct Inner {
     /// put aside: to take those turns back should no other replica take them.
     stashed: Mutex<HashMap<String, (std::time::Instant, Secrets)>>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The toolbox of each invocation with a turn running here, or paused for input with
+    /// background processes running: made at its first turn, ended with the invocation (see
+    /// [`Inner::end_jobs`]).
+    background: Mutex<HashMap<String, Toolbox>>,
+}
+
+impl Inner {
+    /// The toolbox of invocation `id`'s turns, with its background processes: the one an
+    /// earlier turn left processes running in (it asked for input meanwhile), else `make`'s,
+    /// held from now on until the invocation ends (see [`Inner::end_jobs`]).
+    pub(super) async fn toolbox_for<F, E>(&self, id: &str, make: F) -> Result<Option<Toolbox>, E>
+    where
+        F: std::future::Future<Output = Result<Option<Toolbox>, E>>,
+    {
+        if let Some(held) = self.held_toolbox(id) {
+            return Ok(Some(held));
+        }
+        let Some(toolbox) = make.await? else {
+            return Ok(None);
+        };
+        let toolbox = toolbox.with_background(Jobs::new(self.config.max_background));
+        self.background
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id.to_owned(), toolbox.clone());
+        Ok(Some(toolbox))
+    }
+
+    fn held_toolbox(&self, id: &str) -> Option<Toolbox> {
+        self.background
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id)
+            .cloned()
+    }
+
+    /// Whether invocation `id` has background processes running.
+    pub(super) fn has_jobs(&self, id: &str) -> bool {
+        self.held_toolbox(id)
+            .and_then(|tb| tb.background().map(Jobs::running))
+            .is_some_and(|n| n > 0)
+    }
+
+    /// Kills the background processes of invocation `id` (it ended, was cancelled, or paused
+    /// with none running) and waits until they are gone; its toolbox is no longer held.
+    pub(super) async fn end_jobs(&self, id: &str) {
+        let held = self
+            .background
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(id);
+        if let Some(jobs) = held.as_ref().and_then(Toolbox::background) {
+            jobs.close().await;
+        }
+    }
+
+    /// Kills every invocation's background processes (podhost stops).
+    pub(super) async fn end_all_jobs(&self) {
+        let all: Vec<Toolbox> = self
+            .background
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain()
+            .map(|(_, toolbox)| toolbox)
+            .collect();
+        for jobs in all.iter().filter_map(Toolbox::background) {
+            jobs.close().await;
+        }
+    }
 }
 
 /// Holds one invocation's lock until dropped.
@@ -446,6 +519,7 @@ impl Engine {
                 sandboxes: Default::default(),
                 stashed: Mutex::new(HashMap::new()),
                 locks: Mutex::new(HashMap::new()),
+                background: Mutex::new(HashMap::new()),
             }),
         }
     }

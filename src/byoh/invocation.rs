@@ -379,14 +379,20 @@ impl Engine {
             let _ =
                 tokio::time::timeout(self.inner.config.cancel_wait, done.wait_for(|d| *d)).await;
         }
+        // Also those of a turn that waits for input: they were kept for its resume.
+        self.inner.end_jobs(id).await;
         after.ok_or_else(|| not_found(id))
     }
 
-    /// Stops every turn (their statuses stay as stored, to be taken up after a restart) and
-    /// waits for the tasks, at most `deadline`.
+    /// Stops every turn (their statuses stay as stored, to be taken up after a restart), kills
+    /// every invocation's background processes, and waits for both, at most `deadline`.
     pub async fn shutdown(&self, deadline: Duration) {
         self.inner.tracker.close();
         self.inner.root.cancel();
-        let _ = tokio::time::timeout(deadline, self.inner.tracker.wait()).await;
+        // The background processes of every open invocation too (one waiting for input has no
+        // turn to end them).
+        let until = tokio::time::Instant::now() + deadline;
+        let _ = tokio::time::timeout_at(until, self.inner.end_all_jobs()).await;
+        let _ = tokio::time::timeout_at(until, self.inner.tracker.wait()).await;
     }
 }

@@ -88,6 +88,8 @@ pub struct ServeConfig {
     pub limits: crate::chat::session::ChatLimits,
     /// Start with an empty store even though session workspaces exist (see [`check_not_stranded`]).
     pub start_afresh: bool,
+    /// Most background processes one invocation runs at once.
+    pub max_background: usize,
     pub exec: ExecSettings,
     /// The directory every new session's workspace starts as a copy of.
     pub template: Option<PathBuf>,
@@ -276,6 +278,27 @@ pub async fn serve(args: ServeConfig) -> Result<i32, ServeError> {
     }
 }
 
+/// The engine's settings from the server's.
+fn engine_config(
+    args: &ServeConfig,
+    tools: ToolboxBuilder,
+    template: Option<crate::exec::template::Template>,
+) -> EngineConfig {
+    EngineConfig {
+        data_dir: args.data.clone(),
+        max_running: args.max_running,
+        retention: args.retention,
+        orphan_grace: args.orphan_grace,
+        cancel_wait: Duration::from_secs(5),
+        lease: args.lease,
+        max_steps: args.max_steps,
+        limits: args.limits.clone(),
+        tools,
+        max_background: args.max_background,
+        template,
+    }
+}
+
 async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
     let token = credential(&args)?;
     let tls = client_config(&args.tls).map_err(|e| ServeError::Config(e.to_string()))?;
@@ -311,22 +334,7 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
         },
         tls,
     )?;
-    let engine = Engine::new(
-        store,
-        client,
-        EngineConfig {
-            data_dir: args.data.clone(),
-            max_running: args.max_running,
-            retention: args.retention,
-            orphan_grace: args.orphan_grace,
-            cancel_wait: Duration::from_secs(5),
-            lease: args.lease,
-            max_steps: args.max_steps,
-            limits: args.limits.clone(),
-            tools,
-            template,
-        },
-    );
+    let engine = Engine::new(store, client, engine_config(&args, tools, template));
     engine.recover().await?;
     let (listener, local) = bind(addr).await?;
     if token.is_none() {

@@ -1,8 +1,10 @@
 //! Running BYOH turns in the background under leases, taking up turns whose replica stopped,
 //! and sweeping old sessions.
 //!
-//! Owns: the task body of a turn (`drive`): its toolbox (built per turn, never held idle, by
-//! `sandbox`), the store-backed [`Front`] (every message, and the compacted view the model is
+//! Owns: the task body of a turn (`drive`): its toolbox (built per turn by `sandbox`, never held
+//! idle — but for an `input_required` pause with background processes running, when the engine
+//! keeps it, processes and all, for the resume; they end with the invocation, before its end
+//! is written), the store-backed [`Front`] (every message, and the compacted view the model is
 //! sent, committed as they change), the model's limits for the turn (the settings, else the
 //! assumed window; the evaluator's key goes to `POST …/chat/completions` and nowhere else, so
 //! the model listing is never asked), and the one status write that ends the turn; the
@@ -103,6 +105,12 @@ pub(super) async fn drive(inner: &Inner, id: &str, live: &Arc<Live>) {
         conn.base_url = url;
     }
     let end = run_turn(inner, id, live, &row.session_id, conn).await;
+    // Background processes wait for a resume, and end with the invocation otherwise: before
+    // its end is written, so that whoever reads that end finds them gone.
+    let waits = matches!(end, Ok(Some(TurnEnd::InputRequired { .. })) | Ok(None));
+    if !waits || live.cancel.is_cancelled() || !inner.has_jobs(id) {
+        inner.end_jobs(id).await;
+    }
     // The task's own end write comes next: from here on the store answers.
     live.remember(None);
     let (to, error, pending) = match end {
@@ -308,7 +316,8 @@ async fn run_turn(
         }
         Tail::Continue => {}
     }
-    let Some(toolbox) = sandbox::for_turn(inner, session_id, &live.cancel).await? else {
+    let made = sandbox::for_turn(inner, session_id, &live.cancel);
+    let Some(toolbox) = inner.toolbox_for(id, made).await? else {
         return Ok(None);
     };
     let view = store.view(id).await.map_err(store_err)?;

@@ -1,5 +1,6 @@
 //! A chat session's side of the agent loop: [`ChatTurn`] implements [`TurnHost`] over an
-//! OpenAI-format transcript, the six workspace tools and `ask_user`.
+//! OpenAI-format transcript, the six workspace tools, the background processes' two and
+//! `ask_user`.
 //!
 //! Owns: the transcript kept in memory for a turn, the tool list the model is offered, the
 //! system message that tells the model its working directory (sent first, never stored or
@@ -176,12 +177,12 @@ pub fn repair_tail(transcript: &[ChatMessage]) -> (Vec<ChatMessage>, Tail) {
     (fill, Tail::Continue)
 }
 
-/// The tools offered to the model, in the OpenAI `tools` format: the six workspace tools and
-/// `ask_user`.
+/// The tools offered to the model, in the OpenAI `tools` format: the six workspace tools, the
+/// two of background processes (`bash_output`, `bash_kill`) and `ask_user`.
 pub fn tool_specs() -> &'static Value {
     static SPECS: OnceLock<Value> = OnceLock::new();
     SPECS.get_or_init(|| {
-        let mut tools: Vec<Value> = ToolName::ALL
+        let mut tools: Vec<Value> = ToolName::WITH_BACKGROUND
             .iter()
             .map(|t| {
                 let d = t.definition();
@@ -356,7 +357,7 @@ impl<F: Front> ChatTurn<F> {
         Ok(())
     }
 
-    /// Runs one of the six tools. A fault of podhost's own is the turn's, never the model's: a
+    /// Runs one of the toolbox's tools. A fault of podhost's own is the turn's, never the model's: a
     /// call that failed before anything ran is made again (a new session holder, a new
     /// supervisor) a few times, then ends the turn, as does any other fault at once.
     async fn call_tool(
@@ -364,8 +365,8 @@ impl<F: Front> ChatTurn<F> {
         call: &ToolCallBlock,
         cancel: &CancellationToken,
     ) -> Result<ResultOutcome, SessionError> {
-        let Ok(tool) = call.name.parse::<ToolName>() else {
-            let mut tools = ToolName::ALL.map(ToolName::as_str).to_vec();
+        let Some(tool) = ToolName::offered(&call.name) else {
+            let mut tools = ToolName::WITH_BACKGROUND.map(ToolName::as_str).to_vec();
             tools.push(ASK_USER);
             return Ok(unknown_tool(&call.name, &tools).into());
         };
@@ -608,7 +609,7 @@ impl<F: Front> TurnHost for ChatTurn<F> {
         cancel: &CancellationToken,
     ) -> Result<ToolEffect, SessionError> {
         let outcome = if call.name == NO_NAME {
-            let mut tools = ToolName::ALL.map(ToolName::as_str).to_vec();
+            let mut tools = ToolName::WITH_BACKGROUND.map(ToolName::as_str).to_vec();
             tools.push(ASK_USER);
             ResultOutcome::failed(
                 codes::tool::INVALID_INPUT,
@@ -761,7 +762,7 @@ mod tests {
     }
 
     #[test]
-    fn the_model_is_offered_seven_tools() {
+    fn the_model_is_offered_nine_tools() {
         let names: Vec<&str> = tool_specs()
             .as_array()
             .unwrap()
@@ -770,7 +771,17 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            ["bash", "read", "write", "edit", "grep", "glob", "ask_user"]
+            [
+                "bash",
+                "read",
+                "write",
+                "edit",
+                "grep",
+                "glob",
+                "bash_output",
+                "bash_kill",
+                "ask_user"
+            ]
         );
     }
 }

@@ -44,6 +44,26 @@ pub struct ExecArgs {
     pub confine: ConfineArgs,
 }
 
+/// Background processes (`bash` with `run_in_background`, `bash_output`, `bash_kill`): `serve`,
+/// `run` and `mcp` offer them, a pod never does.
+#[derive(Clone, Debug, Args)]
+#[command(next_help_heading = "Commands")]
+pub struct BackgroundArgs {
+    /// Most background processes a session runs at once (serve: one invocation; run: the task;
+    /// mcp: one client session); one more is refused with a tool error.
+    #[arg(long, env = "PODHOST_MAX_BACKGROUND",
+          default_value_t = crate::tools::background::DEFAULT_MAX as u64,
+          value_parser = clap::value_parser!(u64).range(1..=256))]
+    pub max_background: u64,
+}
+
+impl BackgroundArgs {
+    /// The cap, as a count.
+    pub fn max(&self) -> usize {
+        usize::try_from(self.max_background).unwrap_or(usize::MAX)
+    }
+}
+
 /// How commands and file tools are confined (see `exec::confine`).
 #[derive(Clone, Debug, Args)]
 #[command(next_help_heading = "Confinement")]

@@ -13,7 +13,7 @@ use clap::{Args, ValueEnum};
 use serde_json::{Map, Value, json};
 use url::Url;
 
-use super::exec::ExecArgs;
+use super::exec::{BackgroundArgs, ExecArgs};
 use super::http::HttpArgs;
 use super::origins::Origins;
 use super::serve::ModelLimitsArgs;
@@ -140,6 +140,8 @@ pub struct RunArgs {
     pub tls: TlsArgs,
     #[command(flatten)]
     pub exec: ExecArgs,
+    #[command(flatten)]
+    pub background: BackgroundArgs,
     /// Which settings were given as flags (filled in by `Cli::parse_args`).
     #[arg(skip)]
     pub origins: Origins,
@@ -200,6 +202,8 @@ pub struct McpArgs {
     pub env: LocalEnvArgs,
     #[command(flatten)]
     pub exec: ExecArgs,
+    #[command(flatten)]
+    pub background: BackgroundArgs,
 }
 
 impl RunArgs {
@@ -264,6 +268,7 @@ impl RunArgs {
             env: self.env.settings(),
             tls: self.tls.settings(&self.origins),
             exec: self.exec.settings(),
+            max_background: self.background.max(),
         })
     }
 }
@@ -327,6 +332,7 @@ impl McpArgs {
             http: self.http.limits(),
             env: self.env.settings(),
             exec: self.exec.settings(),
+            max_background: self.background.max(),
         })
     }
 }

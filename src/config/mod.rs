@@ -17,7 +17,7 @@ mod tls;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
-pub use exec::{ConfineArgs, ExecArgs, Sessions};
+pub use exec::{BackgroundArgs, ConfineArgs, ExecArgs, Sessions};
 pub use http::HttpArgs;
 pub use local::{LocalEnvArgs, McpArgs, RunArgs, ToolArgs};
 pub use origins::Origins;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::exec::{ExecArgs, Sessions};
+use super::exec::{BackgroundArgs, ExecArgs, Sessions};
 use super::http::HttpArgs;
 use super::origins::Origins;
 use super::pod::{SettingsError, is_listen_address};
@@ -101,6 +101,8 @@ pub struct ServeArgs {
     pub model: ModelLimitsArgs,
     #[command(flatten)]
     pub exec: ExecArgs,
+    #[command(flatten)]
+    pub background: BackgroundArgs,
     /// Which settings were given as flags (filled in by `Cli::parse_args`).
     #[arg(skip)]
     pub origins: Origins,
@@ -247,6 +249,7 @@ impl ServeArgs {
                 exec.confine.session_disk_fs = self.session_disk_fs;
                 exec
             },
+            max_background: self.background.max(),
             start_afresh: self.start_afresh,
             template: self.workspace_template.clone(),
             template_setting: self.origins.name("PODHOST_WORKSPACE_TEMPLATE"),

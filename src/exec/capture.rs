@@ -2,8 +2,9 @@
 //!
 //! Owns: [`StreamCapture`], which keeps the head of a stream in a fixed buffer and its tail in a
 //! bounded window, counting the characters that fall out of the middle, and turns that into valid
-//! text cut with the omission marker ([`Captured`]); and [`capture`], the task that reads a pipe
-//! into it.
+//! text cut with the omission marker ([`Captured`]); [`capture`], the task that reads a pipe
+//! into it; and [`LiveOutput`], where a background command's streams go instead, to be read in
+//! pieces while it runs.
 //!
 //! Invariants:
 //! * Memory is bounded by the limit (4 bytes per kept character, three times: the head, and a
@@ -13,6 +14,9 @@
 //! * When nothing fell out of the middle the result equals
 //!   `truncate_middle(lossy_text(all bytes), limit)`; when something did, the head and tail are
 //!   the same characters that call would keep, and the omitted count is exact for valid UTF-8.
+//!
+//! * A [`LiveOutput`] read is the text written since the previous read, each stream bounded as
+//!   a capture is; a character split across two reads is held back whole for the later one.
 //!
 //! Non-goals: keeping the whole output anywhere (spilling to a file belongs to result shaping).
 
@@ -153,12 +157,14 @@ impl StreamCapture {
     }
 }
 
-/// Reads `reader` to its end (or until `stop`) into `cap`. A read error ends the stream: what
-/// was read so far is kept.
+/// Reads `reader` to its end (or until `stop`) into `cap` — or, with `live` (a background
+/// command's output and which of its streams this is), into that instead, leaving `cap` empty.
+/// A read error ends the stream: what was read so far is kept.
 pub async fn capture<R: AsyncRead + Unpin>(
     mut reader: R,
     mut cap: StreamCapture,
     stop: CancellationToken,
+    live: Option<(&LiveOutput, OutStream)>,
 ) -> StreamCapture {
     let mut buf = vec![0u8; READ_CHUNK];
     loop {
@@ -168,11 +174,95 @@ pub async fn capture<R: AsyncRead + Unpin>(
             _ = stop.cancelled() => break,
             n = reader.read(&mut buf) => match n {
                 Ok(0) | Err(_) => break,
-                Ok(n) => cap.push(&buf[..n]),
+                Ok(n) => match live {
+                    None => cap.push(&buf[..n]),
+                    Some((out, which)) => out.push(which, &buf[..n]),
+                },
             },
         }
     }
+    if let Some((out, which)) = live {
+        out.flush(which);
+    }
     cap
+}
+
+/// One of a command's two output streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutStream {
+    Stdout,
+    Stderr,
+}
+
+/// A background command's output while it runs: each stream's text since the last
+/// [`take`](Self::take), head and tail kept within the limit as a [`StreamCapture`] keeps them.
+#[derive(Debug)]
+pub struct LiveOutput {
+    limit_chars: usize,
+    streams: std::sync::Mutex<[LiveStream; 2]>,
+}
+
+#[derive(Debug)]
+struct LiveStream {
+    cap: StreamCapture,
+    /// The start of a character whose remaining bytes have not arrived yet (at most 3 bytes).
+    carry: Vec<u8>,
+}
+
+impl LiveOutput {
+    /// Keeps up to `limit_chars` characters of each stream between two reads.
+    pub fn new(limit_chars: usize) -> Self {
+        let stream = || LiveStream {
+            cap: StreamCapture::new(limit_chars),
+            carry: Vec::new(),
+        };
+        LiveOutput {
+            limit_chars,
+            streams: std::sync::Mutex::new([stream(), stream()]),
+        }
+    }
+
+    fn streams(&self) -> std::sync::MutexGuard<'_, [LiveStream; 2]> {
+        self.streams
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Adds the next bytes of a stream; an incomplete character at their end waits for the rest.
+    pub fn push(&self, which: OutStream, data: &[u8]) {
+        let mut streams = self.streams();
+        let s = &mut streams[which as usize];
+        let mut joined;
+        let bytes = if s.carry.is_empty() {
+            data
+        } else {
+            joined = std::mem::take(&mut s.carry);
+            joined.extend_from_slice(data);
+            &joined[..]
+        };
+        let (whole, _) = trim_incomplete_end(bytes);
+        s.cap.push(whole);
+        s.carry = bytes[whole.len()..].to_vec();
+    }
+
+    /// The stream ended: a held-back incomplete character is taken as it is.
+    pub fn flush(&self, which: OutStream) {
+        let mut streams = self.streams();
+        let s = &mut streams[which as usize];
+        let carry = std::mem::take(&mut s.carry);
+        s.cap.push(&carry);
+    }
+
+    /// What each stream (stdout, stderr) wrote since the previous call, cut in the middle
+    /// when longer than the limit.
+    pub fn take(&self) -> (Captured, Captured) {
+        let mut streams = self.streams();
+        let [out, err] = &mut *streams;
+        let cut = |s: &mut LiveStream| {
+            std::mem::replace(&mut s.cap, StreamCapture::new(self.limit_chars)).finish()
+        };
+        (cut(out), cut(err))
+    }
 }
 
 /// The whole stream, cut to `head_chars + tail_chars` characters when longer.
@@ -324,6 +414,25 @@ mod tests {
     /// What the capture must equal when the whole stream is known.
     fn reference(all: &[u8], limit: usize) -> (String, u64) {
         truncate_middle(&lossy_text(all).0, limit)
+    }
+
+    #[test]
+    fn live_reads_are_disjoint_and_never_split_a_character() {
+        let live = LiveOutput::new(10);
+        live.push(OutStream::Stdout, b"one \xC3");
+        live.push(OutStream::Stderr, b"err");
+        let (out, err) = live.take();
+        assert_eq!((out.text.as_str(), err.text.as_str()), ("one ", "err"));
+        live.push(OutStream::Stdout, b"\xA9 two");
+        assert_eq!(live.take().0.text, "\u{e9} two");
+        assert_eq!(live.take(), (Captured::default(), Captured::default()));
+        live.push(OutStream::Stdout, "0123456789abcdef".as_bytes());
+        let long = live.take().0;
+        assert_eq!(long, captured(&[b"0123456789abcdef"], 10));
+        assert_eq!(long.omitted_chars, 6);
+        live.push(OutStream::Stdout, b"\xE2\x82");
+        live.flush(OutStream::Stdout);
+        assert_eq!(live.take().0.replaced, 2);
     }
 
     #[test]

@@ -96,6 +96,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
+pub use capture::LiveOutput;
 pub use confine::Confinement;
 pub use env::{BaseEnv, CommandEnv};
 
@@ -470,6 +471,9 @@ pub struct ExecRequest {
     /// The largest file this command may write, when smaller than the executor's limit (the
     /// room left in a measured disk quota); set by the executor.
     pub file_size_cap: Option<u64>,
+    /// Where the output goes while the command runs (a background command, read in pieces);
+    /// the [`ExecOutput`]'s streams are then empty. `None`: captured for the output.
+    pub live: Option<Arc<LiveOutput>>,
 }
 
 /// One captured stream, already cut to the requested size.

@@ -32,7 +32,7 @@ use tokio::net::UnixStream;
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
-use super::capture::{StreamCapture, capture};
+use super::capture::{OutStream, StreamCapture, capture};
 use super::protocol::{MAX_STATUS_BYTES, Request, Status};
 use super::session::SessionSlot;
 use super::{ExecConfig, ExecError, ExecOutput, ExecRequest, SUPERVISOR_ARG, procs, reaper, sys};
@@ -76,8 +76,18 @@ pub(super) async fn execute(
     let stop = CancellationToken::new();
     let captures = async {
         tokio::join!(
-            capture(stdout, StreamCapture::new(req.stream_chars), stop.clone()),
-            capture(stderr, StreamCapture::new(req.stream_chars), stop.clone()),
+            capture(
+                stdout,
+                StreamCapture::new(req.stream_chars),
+                stop.clone(),
+                req.live.as_deref().map(|l| (l, OutStream::Stdout)),
+            ),
+            capture(
+                stderr,
+                StreamCapture::new(req.stream_chars),
+                stop.clone(),
+                req.live.as_deref().map(|l| (l, OutStream::Stderr)),
+            ),
         )
     };
     tokio::pin!(captures);

@@ -54,6 +54,8 @@ pub mod sandbox {
     pub const ENCODING: &str = "sandbox.encoding";
     /// The call was cancelled before it could finish.
     pub const CANCELLED: &str = "sandbox.cancelled";
+    /// The session already runs as many background processes as it may.
+    pub const BACKGROUND_LIMIT: &str = "sandbox.background_limit";
 }
 
 /// Codes of a tool result the loop or a front gives the model instead of running the call

@@ -1,5 +1,6 @@
-//! `podhost mcp`: the six tools as a Model Context Protocol server, on stdio or streamable
-//! HTTP, for the agents people already use (Claude Code, Codex, Cursor, any MCP client).
+//! `podhost mcp`: the six tools and background processes as a Model Context Protocol server, on
+//! stdio or streamable HTTP, for the agents people already use (Claude Code, Codex, Cursor, any
+//! MCP client).
 //!
 //! Owns: the tool list (built from the same `tools/*.json` definitions every front uses, with
 //! honest annotations), each call's trip through [`Toolbox::call`] and back as an MCP result,
@@ -50,6 +51,7 @@ use crate::floor::codes::exit;
 use crate::floor::http::listener::fit_open_files;
 use crate::floor::http::{Guard, HttpLimits, auth};
 use crate::floor::secret::Secret;
+use crate::tools::background::Jobs;
 use crate::tools::{CallContext, ToolName, ToolOutcome, Toolbox};
 
 /// How long calls in flight get to end once the server stops.
@@ -69,6 +71,8 @@ pub struct McpConfig {
     pub http: HttpLimits,
     pub env: LocalEnv,
     pub exec: ExecSettings,
+    /// Most background processes a client session runs at once.
+    pub max_background: usize,
 }
 
 /// What a client is told about each tool: a title and honest hints.
@@ -90,12 +94,19 @@ fn annotations(tool: ToolName) -> (&'static str, ToolAnnotations) {
         ToolName::Edit => ("Edit a file", hints(false, true, false, false)),
         ToolName::Grep => ("Search file contents", hints(true, false, true, false)),
         ToolName::Glob => ("Find files by name", hints(true, false, true, false)),
+        // Each read takes the text it returns: a second read returns only newer text.
+        ToolName::BashOutput => (
+            "Read a background process's output",
+            hints(true, false, false, false),
+        ),
+        // Stopping a process already stopped changes nothing.
+        ToolName::BashKill => ("Stop a background process", hints(false, true, true, false)),
     }
 }
 
 /// The tool list: every definition in `tools/`, as MCP tools.
 pub fn tool_list() -> Vec<Tool> {
-    ToolName::ALL
+    ToolName::WITH_BACKGROUND
         .iter()
         .map(|&t| {
             let d = t.definition();
@@ -115,10 +126,15 @@ pub fn tool_list() -> Vec<Tool> {
         .collect()
 }
 
-/// The server: one per stdio connection, one per HTTP session (they share the toolbox).
+/// The server: one per stdio connection, one per HTTP session (they share the toolbox; each
+/// has background processes of its own, see [`Tools::session`]).
 #[derive(Clone)]
 struct Tools {
     toolbox: Toolbox,
+    /// Most background processes of a session.
+    max_background: usize,
+    /// Every session's background processes, for the wait at the end.
+    jobs: TaskTracker,
     tools: Arc<Vec<Tool>>,
     /// Cancelled when the server stops: every call in flight is cancelled.
     root: CancellationToken,
@@ -146,6 +162,18 @@ fn result(outcome: ToolOutcome) -> CallToolResult {
     }
 }
 
+impl Tools {
+    /// The server of one client session: the shared toolbox with background processes of the
+    /// session's own, killed when the session ends (this server is dropped).
+    fn session(&self) -> Tools {
+        let jobs = Jobs::tracked(self.max_background, self.jobs.clone());
+        Tools {
+            toolbox: self.toolbox.clone().with_background(jobs),
+            ..self.clone()
+        }
+    }
+}
+
 impl ServerHandler for Tools {
     fn get_info(&self) -> ServerConfig {
         let root = self.toolbox.workspace().root().display().to_string();
@@ -153,8 +181,10 @@ impl ServerHandler for Tools {
             .with_server_info(Implementation::new("podhost", env!("CARGO_PKG_VERSION")))
             .with_instructions(format!(
                 "podhost's tools work in the workspace {root}: bash runs a command there (each \
-                 call its own process tree, killed when the call is cancelled or times out); \
-                 read, write, edit, grep and glob work on its files. Relative paths resolve \
+                 call its own process tree, killed when the call is cancelled or times out; \
+                 with run_in_background it runs on, read with bash_output and stopped with \
+                 bash_kill, until this session ends); read, write, edit, grep and glob work on \
+                 its files. Relative paths resolve \
                  under the workspace and results name paths relative to it. Commands and file \
                  tools are confined: they may write only the workspace, the temporary directory \
                  and the directories the user allowed."
@@ -178,11 +208,11 @@ impl ServerHandler for Tools {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let Ok(tool) = request.name.parse::<ToolName>() else {
+        let Some(tool) = ToolName::offered(&request.name) else {
             return Err(ErrorData::invalid_params(
                 format!(
-                    "There is no tool named {:?}. The tools are bash, read, write, edit, grep \
-                     and glob.",
+                    "There is no tool named {:?}. The tools are bash, read, write, edit, grep, \
+                     glob, bash_output and bash_kill.",
                     request.name.as_ref()
                 ),
                 None,
@@ -229,12 +259,21 @@ pub async fn mcp(cfg: McpConfig, stop: Stop) -> Result<i32, LocalError> {
     }
     let tools = Tools {
         toolbox,
+        max_background: cfg.max_background,
+        jobs: TaskTracker::new(),
         tools: Arc::new(tool_list()),
         root: CancellationToken::new(),
         calls: TaskTracker::new(),
     };
     match &cfg.listen {
-        None => stdio(tools.clone(), &stop).await?,
+        None => {
+            let session = tools.session();
+            let jobs = session.toolbox.background().cloned();
+            stdio(session, &stop).await?;
+            if let Some(jobs) = jobs {
+                jobs.close().await;
+            }
+        }
         Some(listen) => http(tools.clone(), listen, token, cfg.http, &stop).await?,
     }
     // Stop every call still running and wait for their process trees to be gone.
@@ -245,6 +284,17 @@ pub async fn mcp(cfg: McpConfig, stop: Stop) -> Result<i32, LocalError> {
         .is_err()
     {
         tracing::warn!("calls still running {} s after the stop", DRAIN.as_secs());
+    }
+    // The sessions ended, and their background processes with them: wait until they are gone.
+    tools.jobs.close();
+    if tokio::time::timeout(DRAIN, tools.jobs.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "background processes still running {} s after the stop",
+            DRAIN.as_secs()
+        );
     }
     Ok(exit::OK)
 }
@@ -313,7 +363,7 @@ async fn http(
         .disable_allowed_hosts();
     let root = tools.toolbox.workspace().root().display().to_string();
     let service = StreamableHttpService::new(
-        move || Ok(tools.clone()),
+        move || Ok(tools.session()),
         Arc::new(LocalSessionManager::default()),
         config,
     );
@@ -416,7 +466,8 @@ mod tests {
     #[test]
     fn the_tool_list_is_the_definitions_with_honest_hints() {
         let tools = tool_list();
-        for (tool, name) in tools.iter().zip(ToolName::ALL) {
+        assert_eq!(tools.len(), ToolName::WITH_BACKGROUND.len());
+        for (tool, name) in tools.iter().zip(ToolName::WITH_BACKGROUND) {
             let d = name.definition();
             assert_eq!(tool.name.as_ref(), d.name);
             assert_eq!(tool.description.as_deref(), Some(d.description.as_str()));
@@ -427,19 +478,22 @@ mod tests {
             .filter(|t| t.annotations.as_ref().and_then(|a| a.read_only_hint) == Some(true))
             .map(|t| t.name.as_ref())
             .collect();
-        assert_eq!(read_only, ["read", "grep", "glob"]);
+        assert_eq!(read_only, ["read", "grep", "glob", "bash_output"]);
         let destructive: Vec<&str> = tools
             .iter()
             .filter(|t| t.annotations.as_ref().and_then(|a| a.destructive_hint) == Some(true))
             .map(|t| t.name.as_ref())
             .collect();
-        assert_eq!(destructive, ["bash", "write", "edit"]);
+        assert_eq!(destructive, ["bash", "write", "edit", "bash_kill"]);
         let structured: Vec<&str> = tools
             .iter()
             .filter(|t| t.output_schema.is_some())
             .map(|t| t.name.as_ref())
             .collect();
-        assert_eq!(structured, ["bash", "write", "edit"]);
+        assert_eq!(
+            structured,
+            ["bash", "write", "edit", "bash_output", "bash_kill"]
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The local front: `podhost tool` runs one tool, `podhost run` one agent task, `podhost mcp`
-//! serves the six tools to an MCP client — for the person at the keyboard, in a local workspace.
+//! serves the tools to an MCP client — for the person at the keyboard, in a local workspace.
 //!
 //! * [`tool`]: one tool call, its outcome as JSON on stdout.
 //! * [`run`]: one agent task with an output contract (activity on stderr, the answer alone on

@@ -37,6 +37,7 @@ use crate::floor::secret::redacted_url;
 use crate::floor::tls::{TlsSettings, client_config};
 use crate::floor::workspace::Access;
 use crate::tools::Toolbox;
+use crate::tools::background::Jobs;
 
 /// The most bytes of a task read from stdin.
 pub const MAX_TASK_BYTES: usize = 1 << 20;
@@ -87,6 +88,8 @@ pub struct RunConfig {
     /// Which CA certificates to trust besides the system's, for the model endpoint.
     pub tls: TlsSettings,
     pub exec: ExecSettings,
+    /// Most background processes the task runs at once.
+    pub max_background: usize,
 }
 
 /// The front of a local run: a terminal answers questions, when there is one.
@@ -286,6 +289,8 @@ pub async fn run(cfg: RunConfig, stop: Stop) -> Result<i32, LocalError> {
     }
 
     let (progress_tx, progress_rx) = tokio::sync::watch::channel(0u64);
+    let jobs = Jobs::new(cfg.max_background);
+    let toolbox = toolbox.with_background(jobs.clone());
     let turn = chat_turn(&cfg, key, toolbox, (task, &instructions), progress_tx).await?;
     let endpoint = Endpoint {
         base_url: redacted_url(&cfg.model.base_url).to_string(),
@@ -297,6 +302,8 @@ pub async fn run(cfg: RunConfig, stop: Stop) -> Result<i32, LocalError> {
     let ended = turn::drive(&mut host, 0, stop.token()).await;
     progress_done.cancel();
     let _ = progress.await;
+    // The task's background processes end with it.
+    jobs.close().await;
 
     let mut end = End::of(ended, cfg.max_steps);
     end.error = end.error.map(|e| endpoint.hinted(&e));

@@ -68,7 +68,7 @@ pub fn execute_here(
 
 /// The command a call asks for and its timeout in seconds, or the outcome that refuses its
 /// input.
-fn request(
+pub(super) fn request(
     tb: &Toolbox,
     input: BashInput,
     ctx: &CallContext,
@@ -108,6 +108,7 @@ fn request(
         stream_chars: STREAM_CHARS,
         confine: tb.rules().command.clone(),
         file_size_cap: None,
+        live: None,
     };
     Ok((req, timeout))
 }
@@ -166,7 +167,7 @@ fn output(out: ExecOutput, timeout_secs: u64) -> Value {
 }
 
 /// Appends `line` on a line of its own.
-fn push_line(text: &mut String, line: &str) {
+pub(super) fn push_line(text: &mut String, line: &str) {
     if !text.is_empty() && !text.ends_with('\n') {
         text.push('\n');
     }
@@ -260,6 +261,7 @@ mod tests {
             .map(|(k, v)| (k.clone(), v["type"].as_str().unwrap()))
             .collect();
         let mut produced = types(&output(every_key, 5));
+        produced.push(("backgroundId".to_owned(), "string"));
         let mut declared = declared;
         produced.sort();
         declared.sort();
@@ -282,13 +284,19 @@ mod tests {
             .map(String::as_str)
             .collect();
         keys.sort_unstable();
-        let mut required: Vec<&str> = schema["required"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|k| k.as_str().unwrap())
-            .collect();
-        required.sort_unstable();
+        // An ordinary call's object (the first branch) or a background start's (the second).
+        let required = |branch: usize| -> Vec<&str> {
+            let mut keys: Vec<&str> = schema["anyOf"][branch]["required"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|k| k.as_str().unwrap())
+                .collect();
+            keys.sort_unstable();
+            keys
+        };
+        assert_eq!(required(1), ["backgroundId"]);
+        let required = required(0);
         assert_eq!(required, keys);
     }
 }

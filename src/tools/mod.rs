@@ -1,4 +1,6 @@
-//! The six workspace tools: `bash`, `read`, `write`, `edit`, `grep`, `glob`.
+//! The six workspace tools: `bash`, `read`, `write`, `edit`, `grep`, `glob`; and, where a front
+//! offers background processes (`serve`, `run`, `mcp`; never a pod), `bash_output` and
+//! `bash_kill`.
 //!
 //! Owns: the [`Toolbox`] every front calls, the [`ToolOutcome`] wire shape, input parsing, and the
 //! model-facing definitions embedded from the top-level `tools/` directory.
@@ -13,6 +15,7 @@
 //! Non-goals: deciding *whether* a tool may run (the fronts and core decide), shaping results to a
 //! record budget (`nylorun::turn::shaping`).
 
+pub mod background;
 pub(crate) mod bash;
 pub mod edit;
 pub(crate) mod encoding;
@@ -47,9 +50,40 @@ pub enum ToolName {
     Edit,
     Grep,
     Glob,
+    /// Background processes' output (not a workspace tool: see [`ToolName::BACKGROUND`]).
+    #[serde(rename = "bash_output")]
+    BashOutput,
+    /// Stops a background process.
+    #[serde(rename = "bash_kill")]
+    BashKill,
 }
 
 impl ToolName {
+    /// The two tools of background processes, offered beside [`ALL`](Self::ALL) by the fronts
+    /// that offer `bash`'s `run_in_background` (`serve`, `run`, `mcp`), never by a pod. Their
+    /// names do not parse with [`FromStr`] (the pod's names): [`ToolName::offered`] does.
+    pub const BACKGROUND: [ToolName; 2] = [ToolName::BashOutput, ToolName::BashKill];
+
+    /// Every tool of a front that offers background processes.
+    pub const WITH_BACKGROUND: [ToolName; 8] = [
+        ToolName::Bash,
+        ToolName::Read,
+        ToolName::Write,
+        ToolName::Edit,
+        ToolName::Grep,
+        ToolName::Glob,
+        ToolName::BashOutput,
+        ToolName::BashKill,
+    ];
+
+    /// The tool `name` names among those of a front that offers background processes.
+    pub fn offered(name: &str) -> Option<ToolName> {
+        ToolName::WITH_BACKGROUND
+            .into_iter()
+            .find(|t| t.as_str() == name)
+    }
+
+    /// The six workspace tools: a pod's.
     pub const ALL: [ToolName; 6] = [
         ToolName::Bash,
         ToolName::Read,
@@ -67,12 +101,20 @@ impl ToolName {
             ToolName::Edit => "edit",
             ToolName::Grep => "grep",
             ToolName::Glob => "glob",
+            ToolName::BashOutput => "bash_output",
+            ToolName::BashKill => "bash_kill",
         }
     }
 
     /// The model-facing definition: `{name, description, input_schema}` from `tools/<name>.json`.
     pub fn definition(self) -> &'static ToolDefinition {
         definitions::get(self)
+    }
+
+    /// The definition where background processes are not offered (a pod): `bash` without its
+    /// `run_in_background` input; the others as [`definition`](Self::definition) says.
+    pub fn definition_without_background(self) -> &'static ToolDefinition {
+        definitions::without_background(self)
     }
 }
 
@@ -225,14 +267,25 @@ pub mod definitions {
 
     use super::{ToolDefinition, ToolName};
 
-    const SOURCES: [(ToolName, &str); 6] = [
+    const SOURCES: [(ToolName, &str); 8] = [
         (ToolName::Bash, include_str!("../../tools/bash.json")),
         (ToolName::Read, include_str!("../../tools/read.json")),
         (ToolName::Write, include_str!("../../tools/write.json")),
         (ToolName::Edit, include_str!("../../tools/edit.json")),
         (ToolName::Grep, include_str!("../../tools/grep.json")),
         (ToolName::Glob, include_str!("../../tools/glob.json")),
+        (
+            ToolName::BashOutput,
+            include_str!("../../tools/bash_output.json"),
+        ),
+        (
+            ToolName::BashKill,
+            include_str!("../../tools/bash_kill.json"),
+        ),
     ];
+
+    /// The input only fronts that offer background processes take.
+    pub const BACKGROUND_INPUT: &str = "run_in_background";
 
     static PARSED: OnceLock<Vec<(ToolName, ToolDefinition)>> = OnceLock::new();
 
@@ -266,9 +319,45 @@ pub mod definitions {
             })
     }
 
+    /// `bash` without [`BACKGROUND_INPUT`], made once; the others unchanged.
+    pub fn without_background(tool: ToolName) -> &'static ToolDefinition {
+        static BASH: OnceLock<ToolDefinition> = OnceLock::new();
+        if tool != ToolName::Bash {
+            return get(tool);
+        }
+        BASH.get_or_init(|| {
+            let mut def = get(tool).clone();
+            if let Some(props) = def
+                .input_schema
+                .get_mut("properties")
+                .and_then(|p| p.as_object_mut())
+            {
+                props.remove(BACKGROUND_INPUT);
+            }
+            def
+        })
+    }
+
     #[cfg(test)]
     mod tests {
         use super::*;
+
+        #[test]
+        fn only_bash_loses_its_background_input_where_none_is_offered() {
+            let full = get(ToolName::Bash);
+            let plain = without_background(ToolName::Bash);
+            assert!(full.input_schema["properties"][BACKGROUND_INPUT].is_object());
+            let mut expected = full.clone();
+            expected.input_schema["properties"]
+                .as_object_mut()
+                .unwrap()
+                .remove(BACKGROUND_INPUT);
+            assert_eq!(plain, &expected);
+            assert!(!plain.description.contains(BACKGROUND_INPUT));
+            for t in ToolName::ALL.into_iter().skip(1) {
+                assert_eq!(without_background(t), get(t));
+            }
+        }
 
         #[test]
         fn every_definition_parses_and_names_its_tool() {

@@ -1,5 +1,5 @@
-//! [`Toolbox`]: the six tools bound to one workspace, and [`ToolboxBuilder`], the one way a front
-//! makes them.
+//! [`Toolbox`]: the tools bound to one workspace (and, where a front offers them, a session's
+//! background processes), and [`ToolboxBuilder`], the one way a front makes them.
 //!
 //! Owns: the executor and confinement rules of one workspace, the per-file locks, and the threads
 //! file tools run on (each confined to the workspace's rules before it touches a file).
@@ -27,6 +27,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use super::background::{self, Jobs};
 use super::{ToolError, ToolName, ToolOutcome, bash, codes, edit, glob, grep, parse, read, write};
 use crate::exec::confine::{Confinement, WorkspaceRules};
 use crate::exec::env::Egress;
@@ -183,6 +184,9 @@ impl CallContext {
 #[derive(Clone)]
 pub struct Toolbox {
     inner: Arc<ToolboxInner>,
+    /// The session's background processes, where the front offers them (see
+    /// [`with_background`](Self::with_background)); `None` refuses them.
+    jobs: Option<Jobs>,
 }
 
 struct ToolboxInner {
@@ -230,7 +234,21 @@ impl Toolbox {
                 rules,
                 commands: one_at_a_time.then(|| tokio::sync::Mutex::new(())),
             }),
+            jobs: None,
         }
+    }
+
+    /// The same tools, with `bash`'s `run_in_background`, `bash_output` and `bash_kill` running
+    /// the session's background processes in `jobs` (whose end kills them: the front ends it
+    /// with its session).
+    pub fn with_background(mut self, jobs: Jobs) -> Self {
+        self.jobs = Some(jobs);
+        self
+    }
+
+    /// The session's background processes, when this toolbox offers them.
+    pub fn background(&self) -> Option<&Jobs> {
+        self.jobs.as_ref()
     }
 
     pub fn workspace(&self) -> &Workspace {
@@ -252,7 +270,7 @@ impl Toolbox {
 
     /// The one entry for a sandbox call, whatever the front. The front parsed the model's name
     /// into a [`ToolName`] where it arrived, and answered an unknown one itself (see
-    /// [`unknown_tool`]): only the six reach a toolbox.
+    /// [`unknown_tool`]): only podhost's own reach a toolbox.
     ///
     /// Input that does not match the tool's schema and a call cancelled before it ran are
     /// failed outcomes the model can act on; `Err` is a fault of podhost. Where
@@ -323,10 +341,20 @@ impl Toolbox {
         }
         match tool {
             ToolName::Bash => {
-                let input = match parse(tool, input) {
+                let (input, in_background) = match &self.jobs {
+                    Some(_) => match background::split_input(input) {
+                        Ok(split) => split,
+                        Err(o) => return Ok(o),
+                    },
+                    None => (std::borrow::Cow::Borrowed(input), false),
+                };
+                let input = match parse(tool, &input) {
                     Ok(i) => i,
                     Err(o) => return Ok(o),
                 };
+                if let Some(jobs) = self.jobs.as_ref().filter(|_| in_background) {
+                    return Ok(background::start(self, jobs, input, ctx));
+                }
                 let _one_at_a_time = match &self.inner.commands {
                     Some(lock) => tokio::select! {
                         held = lock.lock() => Some(held),
@@ -349,6 +377,19 @@ impl Toolbox {
             }
             ToolName::Grep => self.blocking(tool, input, ctx, grep::search).await,
             ToolName::Glob => self.blocking(tool, input, ctx, glob::find).await,
+            ToolName::BashOutput | ToolName::BashKill => {
+                let Some(jobs) = &self.jobs else {
+                    return Ok(no_background());
+                };
+                let input = match parse(tool, input) {
+                    Ok(i) => i,
+                    Err(o) => return Ok(o),
+                };
+                Ok(match tool {
+                    ToolName::BashKill => background::kill(jobs, input).await,
+                    _ => background::output(jobs, input),
+                })
+            }
         }
     }
 
@@ -527,6 +568,16 @@ impl Toolbox {
             Err(_) => Err(worker("its thread ended without an answer".to_owned())),
         }
     }
+}
+
+/// The refusal of `bash_output` or `bash_kill` where the front offers no background processes
+/// (a pod, `podhost tool`).
+fn no_background() -> ToolOutcome {
+    ToolOutcome::failed(
+        codes::INVALID_INPUT,
+        "Background processes are not offered here: run commands with bash, each of which ends \
+         with its call.",
+    )
 }
 
 /// Free bytes below which a session's full disk is taken for the host's: a session's own image

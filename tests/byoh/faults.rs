@@ -305,7 +305,7 @@ async fn tool_calls_that_break_the_protocols_rules_are_normalized() {
             json!("c3"),
             failed(
                 "The tool call named no function. Call one of: bash, read, write, edit, grep, \
-                 glob, ask_user."
+                 glob, bash_output, bash_kill, ask_user."
             )
         )
     );

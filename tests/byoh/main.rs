@@ -15,6 +15,7 @@ mod tls_front;
 
 mod harness;
 
+mod background;
 mod browsers;
 mod call_ids;
 mod context;

@@ -57,7 +57,7 @@ async fn a_text_answer_completes_and_its_output_is_collected() {
         (StatusCode::OK, status_obj("s1", "i1", "completed"))
     );
 
-    // What the model got: our system message first, the transcript, seven tools, the key.
+    // What the model got: our system message first, the transcript, nine tools, the key.
     let reqs = fake.requests();
     assert_eq!(reqs.len(), 1);
     let b = &reqs[0].body;
@@ -76,7 +76,7 @@ async fn a_text_answer_completes_and_its_output_is_collected() {
         b["messages"][1],
         json!({"role": "user", "content": "Capital of France?"})
     );
-    assert_eq!(b["tools"].as_array().unwrap().len(), 7);
+    assert_eq!(b["tools"].as_array().unwrap().len(), 9);
     assert_eq!(reqs[0].authorization.as_deref(), Some("Bearer k1"));
     assert!(
         reqs[0].headers.iter().all(|(k, _)| k != "accept-encoding")

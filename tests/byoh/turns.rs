@@ -127,7 +127,7 @@ async fn reused_call_ids_are_made_unique_and_bad_arguments_answered_as_errors() 
     );
     assert_eq!(
         tool_text(&out["messages"], "call_0_2"),
-        r#"{"kind":"failed","code":"tool.unknown","message":"There is no tool named \"nosuchtool\". The tools are bash, read, write, edit, grep, glob and ask_user."}"#
+        r#"{"kind":"failed","code":"tool.unknown","message":"There is no tool named \"nosuchtool\". The tools are bash, read, write, edit, grep, glob, bash_output, bash_kill and ask_user."}"#
     );
     // Malformed arguments are returned as the model wrote them.
     assert_eq!(

@@ -78,7 +78,8 @@ async fn a_completed_run_is_a_valid_event_stream() {
                "api_key_from": "MODEL_API_KEY",
                "workspace": std::fs::canonicalize(dir.path()).unwrap(),
                "cwd": std::env::current_dir().unwrap(),
-               "tools": ["bash", "read", "write", "edit", "grep", "glob", "ask_user"],
+               "tools": ["bash", "read", "write", "edit", "grep", "glob", "bash_output",
+                         "bash_kill", "ask_user"],
                "max_steps": 500, "stream": true, "instructions": ["AGENTS.md"],
                "withheld_env": []})
     );

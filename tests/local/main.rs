@@ -10,6 +10,7 @@ mod support;
 
 mod harness;
 
+mod background;
 mod environment;
 mod events;
 mod exits;

@@ -82,6 +82,24 @@ fn check_python_report(report: &Value, workspace: &std::path::Path) {
                 "Find files by name",
                 json!(["pattern"])
             ),
+            hint(
+                "bash_output",
+                true,
+                false,
+                false,
+                false,
+                "Read a background process's output",
+                json!(["id"])
+            ),
+            hint(
+                "bash_kill",
+                false,
+                true,
+                true,
+                false,
+                "Stop a background process",
+                json!(["id"])
+            ),
         ])
     );
     let ok = |text: &str| json!({"is_error": false, "text": text});
@@ -98,7 +116,10 @@ fn check_python_report(report: &Value, workspace: &std::path::Path) {
     );
     // An object output is also structuredContent, the value its text holds; the SDK validated
     // it against the tool's outputSchema (or the call would have failed).
-    assert_eq!(report["output_schemas"], json!(["bash", "write", "edit"]));
+    assert_eq!(
+        report["output_schemas"],
+        json!(["bash", "write", "edit", "bash_output", "bash_kill"])
+    );
     let parsed = |tool: &str| {
         serde_json::from_str::<Value>(report["calls"][tool]["text"].as_str().unwrap()).unwrap()
     };
@@ -124,7 +145,7 @@ fn check_python_report(report: &Value, workspace: &std::path::Path) {
             "bad_field": err("sandbox.invalid_input: Invalid read input: unknown field `file_path`, \
                               expected one of `path`, `offset`, `limit`.".to_owned()),
             "unknown_tool": "There is no tool named \"nope\". The tools are bash, read, write, \
-                             edit, grep and glob.",
+                             edit, grep, glob, bash_output and bash_kill.",
         })
     );
     assert!(!std::path::Path::new(&parent).join("escape.txt").exists());
@@ -303,6 +324,8 @@ async fn the_typescript_sdk_drives_it_over_stdio() {
                 {"name": "edit", "read_only": false, "destructive": true},
                 {"name": "grep", "read_only": true, "destructive": false},
                 {"name": "glob", "read_only": true, "destructive": false},
+                {"name": "bash_output", "read_only": true, "destructive": false},
+                {"name": "bash_kill", "read_only": false, "destructive": true},
             ],
             "calls": {
                 "write": ok(r#"{"bytes":8,"path":"a.txt"}"#),
@@ -391,14 +414,15 @@ async def main():
 anyio.run(main)
 "#;
 
-/// A real MCP client's session against `server` succeeds: the six tools listed, a call run.
+/// A real MCP client's session against `server` succeeds: the eight tools listed, a call run.
 async fn a_client_is_served(server: &Http, token: Option<&str>) {
     let mut cmd = tokio::process::Command::new(python());
     cmd.args(["-c", LIST_AND_CALL, &server.url, token.unwrap_or("")]);
     let r = report(cmd).await;
     assert_eq!(
         r,
-        json!({"tools": ["bash", "read", "write", "edit", "grep", "glob"], "echo": "hi\n"})
+        json!({"tools": ["bash", "read", "write", "edit", "grep", "glob", "bash_output",
+                         "bash_kill"], "echo": "hi\n"})
     );
 }
 

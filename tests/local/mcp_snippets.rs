@@ -329,7 +329,16 @@ async fn through(client: &str, snippet: &Snippet) -> Result<(Value, Value), Stri
 
 fn served() -> (Value, Value) {
     (
-        json!(["bash", "read", "write", "edit", "grep", "glob"]),
+        json!([
+            "bash",
+            "read",
+            "write",
+            "edit",
+            "grep",
+            "glob",
+            "bash_output",
+            "bash_kill"
+        ]),
         json!("1\thello from the snippet"),
     )
 }

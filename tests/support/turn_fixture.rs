@@ -51,11 +51,11 @@ pub fn sandbox_instructions() -> String {
     )
 }
 
-/// The tools offered with a sandbox.
+/// The tools offered with a sandbox: a pod offers no background processes.
 pub fn sandbox_tools() -> Vec<Value> {
     podhost::tools::ToolName::ALL
         .iter()
-        .map(|t| t.definition())
+        .map(|t| t.definition_without_background())
         .chain(std::iter::once(
             podhost::nylorun::artifacts::read_artifact_definition(),
         ))

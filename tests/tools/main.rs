@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod background;
 mod bash;
 mod cli;
 mod cli_pipe;

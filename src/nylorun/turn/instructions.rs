@@ -80,7 +80,7 @@ impl Offer {
         let mut tools = Vec::new();
         if sandbox {
             for t in ToolName::ALL {
-                tools.push(model_tool(t.definition()));
+                tools.push(model_tool(t.definition_without_background()));
             }
         }
         tools.push(model_tool(read_artifact_definition()));
@@ -585,6 +585,15 @@ mod tests {
             sandboxed.route("grep"),
             Some((Route::Sandbox(ToolName::Grep), None))
         );
+        // Background processes are not a pod's: bash takes no run_in_background, and there is
+        // no bash_output or bash_kill.
+        let bash = &sandboxed.tools[0]["inputSchema"]["properties"];
+        assert_eq!(
+            bash.as_object().unwrap().keys().collect::<Vec<_>>(),
+            ["command", "timeout"]
+        );
+        assert_eq!(sandboxed.route("bash_output"), None);
+        assert_eq!(sandboxed.route("bash_kill"), None);
         assert_eq!(
             sandboxed.route("memory/view"),
             Some((Route::Memory, Some("view".into())))
