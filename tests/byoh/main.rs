@@ -36,3 +36,4 @@ mod stress;
 mod templates;
 mod tls;
 mod turns;
+mod viewer;

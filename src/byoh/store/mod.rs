@@ -280,6 +280,89 @@ impl InvocationRow {
     }
 }
 
+/// A page of the viewer's list of sessions: newest first, after a cursor, by status and id.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ListQuery {
+    /// Only sessions in this status.
+    pub status: Option<Status>,
+    /// Only sessions whose invocation or session id contains this text.
+    pub search: Option<String>,
+    /// The cursor: the start time (ms) and invocation id of the last row of the page before.
+    pub before: Option<(i64, String)>,
+    /// At most this many rows.
+    pub limit: u32,
+}
+
+/// One session as the viewer's list shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SessionSummary {
+    pub invocation_id: String,
+    pub session_id: String,
+    pub status: Status,
+    pub error: Option<String>,
+    /// When the invocation was submitted (ms since the epoch).
+    pub created_ms: i64,
+    /// The last write to the invocation (ms since the epoch).
+    pub updated_ms: i64,
+    pub finished_ms: Option<i64>,
+    /// The model's answers in the transcript (one per model call that landed).
+    pub steps: u64,
+    /// The tool results in the transcript (one per tool call).
+    pub tool_calls: u64,
+    /// The transcript was removed after the retention period.
+    pub swept: bool,
+}
+
+/// The SQL of a [`ListQuery`] page, with the engine's placeholders (`?N` or `$N`) and its
+/// test for "`col` contains the parameter `p`"; the parameters, in order: the status (if
+/// filtered), the search text (if any), the cursor's time and id (if any), then the limit. The
+/// cursor is a row comparison, so the index on (created_ms, invocation_id) starts the scan
+/// where the page before ended. A message's role is read without parsing it: a stored
+/// message's JSON starts with its role (`{"role":"assistant"…`), the first field of the wire
+/// form.
+fn list_sql(q: &ListQuery, ph: fn(usize) -> String, contains: fn(&str, &str) -> String) -> String {
+    let count = |role: &str| {
+        format!(
+            "(SELECT COUNT(*) FROM messages m WHERE m.invocation_id = i.invocation_id \
+             AND m.body LIKE '{{\"role\":\"{role}\"%')"
+        )
+    };
+    let mut sql = format!(
+        "SELECT i.invocation_id, i.session_id, i.status, i.error, i.created_ms, i.updated_ms, \
+         i.finished_ms, i.swept, {}, {} FROM invocations i WHERE 1 = 1",
+        count("assistant"),
+        count("tool")
+    );
+    let mut n = 0;
+    let mut next = || {
+        n += 1;
+        ph(n)
+    };
+    if q.status.is_some() {
+        sql += &format!(" AND i.status = {}", next());
+    }
+    if q.search.is_some() {
+        let p = next();
+        sql += &format!(
+            " AND ({} OR {})",
+            contains("i.invocation_id", &p),
+            contains("i.session_id", &p)
+        );
+    }
+    if q.before.is_some() {
+        sql += &format!(
+            " AND (i.created_ms, i.invocation_id) < ({}, {})",
+            next(),
+            next()
+        );
+    }
+    sql += &format!(
+        " ORDER BY i.created_ms DESC, i.invocation_id DESC LIMIT {}",
+        next()
+    );
+    sql
+}
+
 /// The statuses of a turn that runs (or is about to) under a lease.
 pub const OPEN: &[Status] = &[Status::Queued, Status::Running];
 
@@ -540,6 +623,12 @@ impl Store {
     /// The transcript from message `from` on.
     pub async fn messages(&self, id: &str, from: usize) -> Result<Vec<ChatMessage>, StoreError> {
         dispatch!(self.messages(id, from))
+    }
+
+    /// A page of the sessions, newest first (see [`ListQuery`]); indexed, so a page costs the
+    /// same whatever the number of sessions stored.
+    pub async fn list_sessions(&self, q: &ListQuery) -> Result<Vec<SessionSummary>, StoreError> {
+        dispatch!(self.list_sessions(q))
     }
 
     /// Keeps the compacted view of an invocation's transcript, committed synchronously (a later

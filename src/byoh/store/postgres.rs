@@ -42,9 +42,9 @@ use super::SpecError;
 use super::pg_live::Liveness;
 use super::pg_tls::{self, MakeRustls};
 use super::{
-    COLUMNS, Fence, InvocationRow, LeaseTerms, Orphan, Park, ResumeOutcome, StartOutcome,
-    StatusRow, StoreError, UidGrant, from_json, grant, judge_resume, judge_transition, migrate,
-    parse_status, to_json,
+    COLUMNS, Fence, InvocationRow, LeaseTerms, ListQuery, Orphan, Park, ResumeOutcome,
+    SessionSummary, StartOutcome, StatusRow, StoreError, UidGrant, from_json, grant, judge_resume,
+    judge_transition, list_sql, migrate, parse_status, to_json,
 };
 use crate::byoh::protocol::Status;
 use crate::chat::message::{ChatMessage, ModelEndpoint};
@@ -612,6 +612,47 @@ impl Postgres {
             .await?;
         rows.iter()
             .map(|r| from_json("message", r.try_get::<_, &str>(0)?))
+            .collect()
+    }
+
+    pub async fn list_sessions(&self, q: &ListQuery) -> Result<Vec<SessionSummary>, StoreError> {
+        let c = self.reader().await?;
+        let sql = list_sql(
+            q,
+            |n| format!("${n}"),
+            |col, p| format!("strpos({col}, {p}) > 0"),
+        );
+        let status = q.status.map(Status::as_str);
+        let limit = i64::from(q.limit);
+        let mut args: Vec<&(dyn ToSql + Sync)> = Vec::new();
+        if let Some(s) = &status {
+            args.push(s);
+        }
+        if let Some(s) = &q.search {
+            args.push(s);
+        }
+        if let Some((ms, id)) = &q.before {
+            args.push(ms);
+            args.push(id);
+        }
+        args.push(&limit);
+        let rows = c.rows(&sql, &args).await?;
+        rows.iter()
+            .map(|r| {
+                let status: String = r.try_get(2)?;
+                Ok(SessionSummary {
+                    invocation_id: r.try_get(0)?,
+                    session_id: r.try_get(1)?,
+                    status: parse_status(&status)?,
+                    error: r.try_get(3)?,
+                    created_ms: r.try_get(4)?,
+                    updated_ms: r.try_get(5)?,
+                    finished_ms: r.try_get(6)?,
+                    swept: r.try_get(7)?,
+                    steps: r.try_get::<_, i64>(8)? as u64,
+                    tool_calls: r.try_get::<_, i64>(9)? as u64,
+                })
+            })
             .collect()
     }
 

@@ -27,9 +27,9 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, param
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::{
-    COLUMNS, Fence, InvocationRow, LeaseTerms, Orphan, Park, ResumeOutcome, StartOutcome,
-    StatusRow, StoreError, UidGrant, from_json, grant, judge_resume, judge_transition, migrate,
-    now_ms, parse_status, to_json,
+    COLUMNS, Fence, InvocationRow, LeaseTerms, ListQuery, Orphan, Park, ResumeOutcome,
+    SessionSummary, StartOutcome, StatusRow, StoreError, UidGrant, from_json, grant, judge_resume,
+    judge_transition, list_sql, migrate, now_ms, parse_status, to_json,
 };
 use crate::byoh::protocol::Status;
 use crate::chat::message::{ChatMessage, ModelEndpoint};
@@ -605,6 +605,52 @@ impl Sqlite {
     pub async fn messages(&self, id: &str, from: usize) -> Result<Vec<ChatMessage>, StoreError> {
         let id = id.to_owned();
         self.read(move |c| read_messages(c, &id, from)).await
+    }
+
+    pub async fn list_sessions(&self, q: &ListQuery) -> Result<Vec<SessionSummary>, StoreError> {
+        let q = q.clone();
+        self.read(move |c| {
+            let sql = list_sql(
+                &q,
+                |n| format!("?{n}"),
+                |col, p| format!("instr({col}, {p}) > 0"),
+            );
+            let mut args: Vec<rusqlite::types::Value> = Vec::new();
+            args.extend(q.status.map(|s| s.as_str().to_owned().into()));
+            args.extend(q.search.clone().map(Into::into));
+            if let Some((ms, id)) = &q.before {
+                args.push((*ms).into());
+                args.push(id.clone().into());
+            }
+            args.push(i64::from(q.limit).into());
+            let mut stmt = c.prepare_cached(&sql)?;
+            let rows = stmt.query_map(rusqlite::params_from_iter(args), |r| {
+                Ok((
+                    (r.get::<_, String>(0)?, r.get::<_, String>(1)?),
+                    (r.get::<_, String>(2)?, r.get::<_, Option<String>>(3)?),
+                    (r.get(4)?, r.get(5)?, r.get(6)?, r.get::<_, bool>(7)?),
+                    (r.get::<_, i64>(8)?, r.get::<_, i64>(9)?),
+                ))
+            })?;
+            let mut out = Vec::new();
+            for row in rows {
+                let ((invocation_id, session_id), (status, error), times, counts) = row?;
+                out.push(SessionSummary {
+                    invocation_id,
+                    session_id,
+                    status: parse_status(&status)?,
+                    error,
+                    created_ms: times.0,
+                    updated_ms: times.1,
+                    finished_ms: times.2,
+                    swept: times.3,
+                    steps: counts.0 as u64,
+                    tool_calls: counts.1 as u64,
+                });
+            }
+            Ok(out)
+        })
+        .await
     }
 
     pub async fn set_view(&self, id: &str, view: String, fence: &Fence) -> Result<(), StoreError> {

@@ -97,6 +97,7 @@ both_engines!(
     sweeping_keeps_a_tombstone,
     a_context_view_is_kept_fenced_and_swept,
     appends_racing_renewals_and_a_cancel_stay_whole,
+    sessions_are_listed_a_page_at_a_time,
 );
 
 fn terms(owner: &str, ttl_ms: i64) -> LeaseTerms {
@@ -1211,4 +1212,90 @@ async fn postgres_reads_answer_while_every_write_connection_waits() {
         let transcript = f.store.messages(&format!("i{n}"), 0).await.unwrap();
         assert_eq!(transcript.len(), 2, "i{n}");
     }
+}
+
+async fn sessions_are_listed_a_page_at_a_time(f: Fixture) {
+    let t = terms("a", 60_000);
+    let a = start(&f.store, "a", &t).await;
+    start(&f.store, "b", &t).await;
+    let c = start(&f.store, "c", &t).await;
+    let call = ToolCall::new("x1", "bash", "{}".into());
+    f.store
+        .append(
+            "a",
+            vec![
+                ChatMessage::assistant(String::new(), vec![call]),
+                ChatMessage::tool("x1", "ok"),
+            ],
+            &a,
+        )
+        .await
+        .unwrap();
+    f.store
+        .transition(
+            "c",
+            OPEN,
+            Status::Failed,
+            Some("boom".into()),
+            vec![],
+            Some(&c),
+        )
+        .await
+        .unwrap();
+    let list = |q: ListQuery| {
+        let store = f.store.clone();
+        async move { store.list_sessions(&q).await.unwrap() }
+    };
+    let ids = |rows: &[SessionSummary]| -> Vec<String> {
+        rows.iter().map(|r| r.invocation_id.clone()).collect()
+    };
+    let all = list(ListQuery {
+        limit: 10,
+        ..ListQuery::default()
+    })
+    .await;
+    let mut sorted = all.clone();
+    sorted.sort_by(|x, y| (y.created_ms, &y.invocation_id).cmp(&(x.created_ms, &x.invocation_id)));
+    assert_eq!(ids(&all), ids(&sorted));
+    let mut got: Vec<String> = ids(&all);
+    got.sort();
+    assert_eq!(got, vec!["a", "b", "c"]);
+    // Two pages, the second after the first's last row, make the whole list.
+    let first = list(ListQuery {
+        limit: 2,
+        ..ListQuery::default()
+    })
+    .await;
+    let last = first.last().unwrap();
+    let second = list(ListQuery {
+        limit: 2,
+        before: Some((last.created_ms, last.invocation_id.clone())),
+        ..ListQuery::default()
+    })
+    .await;
+    assert_eq!([ids(&first), ids(&second)].concat(), ids(&all));
+    let a_row = all.iter().find(|r| r.invocation_id == "a").unwrap();
+    assert_eq!((a_row.steps, a_row.tool_calls, a_row.swept), (1, 1, false));
+    let failed = list(ListQuery {
+        status: Some(Status::Failed),
+        limit: 10,
+        ..ListQuery::default()
+    })
+    .await;
+    assert_eq!(
+        failed
+            .iter()
+            .map(|r| (r.invocation_id.as_str(), r.error.as_deref()))
+            .collect::<Vec<_>>(),
+        vec![("c", Some("boom"))]
+    );
+    let found = |text: &str| {
+        list(ListQuery {
+            search: Some(text.to_owned()),
+            limit: 10,
+            ..ListQuery::default()
+        })
+    };
+    assert_eq!(ids(&found("s-b").await), vec!["b"]);
+    assert_eq!(ids(&found("%").await), Vec::<String>::new());
 }
