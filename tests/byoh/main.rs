@@ -37,3 +37,4 @@ mod templates;
 mod tls;
 mod turns;
 mod viewer;
+mod viewer_browser;
