@@ -348,3 +348,66 @@ async fn events_say_what_the_rows_are_now() {
     let (_, rows) = first_event(&s, "status=running", &c).await;
     assert_eq!(rows, json!([]));
 }
+
+#[tokio::test]
+async fn the_workspace_shows_its_files_and_nothing_a_symlink_points_at() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeModel::start("fake-model", Some("k")).await;
+    let command = "mkdir -p src && printf '<b>hi</b>' > src/a.txt && ln -s /etc/passwd leak \
+                   && ln -s / up";
+    fake.push([
+        Reply::call("c1", "bash", json!({ "command": command })),
+        Reply::text("done"),
+    ]);
+    // The workspace on the host's directory (not on a disk of its own, which only the
+    // session's namespace mounts).
+    let opts = Options::default().env("PODHOST_SESSION_DISK_FS", "off");
+    let s = Serve::start_with(dir.path(), opts);
+    s.submit(start(
+        "s-1",
+        "i-1",
+        "make files",
+        &fake.base_url(),
+        Some("k"),
+    ))
+    .await;
+    s.wait_status("i-1", "completed", T).await;
+    let c = cookie(&s).await;
+    let (status, _, tree) = get(&s, "/ui/files?id=i-1", Some(&c)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        tree.contains(
+            "<summary>src/</summary><ul class=\"tree\"><li><a \
+             href=\"/ui/files?id=i-1&amp;path=%2Fworkspace%2Fsrc%2Fa.txt\">a.txt</a> \
+             <span class=\"sub\">9 B</span></li></ul>"
+        ),
+        "{tree}"
+    );
+    for link in ["leak", "up"] {
+        assert!(!tree.contains(&format!(">{link}<")), "{tree}");
+    }
+    let file = |path: &str| {
+        let route = format!("/ui/files?id=i-1&path={path}");
+        let (s, c) = (&s, c.clone());
+        async move { get(s, &route, Some(&c)).await }
+    };
+    let (_, _, text) = file("/workspace/src/a.txt").await;
+    assert!(
+        text.contains("<pre class=\"file\">&lt;b&gt;hi&lt;/b&gt;</pre>"),
+        "{text}"
+    );
+    for outside in [
+        "/workspace/leak",
+        "/workspace/up/etc/passwd",
+        "/etc/passwd",
+        "../../etc/passwd",
+    ] {
+        let (status, _, text) = file(outside).await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(!text.contains("root:"), "{outside}: {text}");
+        assert!(!text.contains("<pre class=\"file\">"), "{outside}: {text}");
+    }
+    // Pages need the cookie here too.
+    let (status, _, _) = get(&s, "/ui/files?id=i-1", None).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+}

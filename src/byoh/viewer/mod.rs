@@ -2,7 +2,8 @@
 //! session's conversation, drawn on the server from the store, with a little plain JavaScript
 //! for the live parts (server-sent events) and the one mutation, cancel.
 //!
-//! Routes: `GET /ui/` (the list), `GET /ui/session?id=…` (one session), `GET /ui/events`
+//! Routes: `GET /ui/` (the list), `GET /ui/session?id=…` (one session), `GET /ui/files?id=…`
+//! (its workspace's files; `&path=…`, one file), `GET /ui/events`
 //! (server-sent events for either), `GET`/`POST /ui/signin`, `POST /ui/cancel`, and
 //! `GET /ui/assets/{viewer.css,viewer.js}` (embedded in the binary).
 //!
@@ -20,6 +21,7 @@
 //! Non-goals: changing anything but cancelling a turn; accounts.
 
 mod auth;
+mod files;
 mod html;
 mod live;
 mod pages;
@@ -69,6 +71,7 @@ pub fn routes<S: Clone + Send + Sync + 'static>(
     let signed = Router::new()
         .route("/ui/", forgeries.wrap(get(list)))
         .route("/ui/session", forgeries.wrap(get(one)))
+        .route("/ui/files", forgeries.wrap(get(workspace)))
         .route("/ui/events", forgeries.wrap(get(live::events)))
         .route("/ui/cancel", forgeries.wrap(post(cancel)))
         .route_layer(middleware::from_fn_with_state(viewer.clone(), signed_in));
@@ -107,7 +110,7 @@ async fn signed_in(State(v): State<Viewer>, req: Request, next: Next) -> Respons
     if v.keys.signed_in(req.headers()) {
         return next.run(req).await;
     }
-    let page = matches!(req.uri().path(), "/ui/" | "/ui/session");
+    let page = matches!(req.uri().path(), "/ui/" | "/ui/session" | "/ui/files");
     if page && req.method() == axum::http::Method::GET {
         return auth::to_sign_in();
     }
@@ -269,6 +272,35 @@ async fn one(State(v): State<Viewer>, q: Result<Query<One>, QueryRejection>) -> 
         ),
         Err(e) => failure(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
+}
+
+#[derive(Deserialize)]
+struct FilesQuery {
+    id: String,
+    path: Option<String>,
+}
+
+async fn workspace(
+    State(v): State<Viewer>,
+    q: Result<Query<FilesQuery>, QueryRejection>,
+) -> Response {
+    let Ok(Query(FilesQuery { id, path })) = q else {
+        return failure(
+            StatusCode::BAD_REQUEST,
+            "the id query parameter is required",
+        );
+    };
+    let row = match v.engine.inner.store.status(&id).await {
+        Ok(Some(row)) => row,
+        Ok(None) => return failure(StatusCode::NOT_FOUND, &format!("no invocation {id:?}")),
+        Err(e) => return failure(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    };
+    let data = &v.engine.inner.config.data_dir;
+    let path = path.filter(|p| !p.is_empty());
+    html(
+        StatusCode::OK,
+        files::page_of(data, &id, &row.session_id, path).await,
+    )
 }
 
 #[derive(Deserialize)]

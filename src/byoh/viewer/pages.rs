@@ -245,7 +245,8 @@ fn facts(out: &mut String, row: &InvocationRow, csrf: &str) {
         "<h1>Session {session}</h1><dl class=\"facts\" id=\"session\" \
          data-live=\"/ui/events?{live}\"><dt>Invocation</dt><dd>{id}</dd>\
          <dt>Status</dt><dd data-f=\"status\" class=\"status st-{status}\">{status}</dd>\
-         <dt>Failure</dt><dd data-f=\"error\" class=\"err\">{error}</dd></dl>",
+         <dt>Failure</dt><dd data-f=\"error\" class=\"err\">{error}</dd></dl>\
+         <p><a href=\"/ui/files?{live}\">Workspace files</a></p>",
         session = esc(&row.session_id),
         live = query(&[("id", &row.invocation_id)]),
         id = esc(&row.invocation_id),

@@ -1,0 +1,156 @@
+//! A session's workspace in the viewer: its files as a tree (`GET /ui/files?id=…`) and one
+//! file's text (`…&path=…`), read-only.
+//!
+//! Invariants: every path goes through the tools' byte API ([`files::read_bytes`],
+//! [`files::list_files`]) and so through the workspace's path rules: a path outside the
+//! workspace is refused, a listing never follows a symlink, and a read refuses a symlink, so a
+//! link out of the workspace shows nothing of what it points at. At most [`MAX_FILES`] entries
+//! are listed and [`MAX_BYTES`] read. What a file holds is shown as escaped text.
+//!
+//! Non-goals: writing; reading a session whose workspace is on a disk of its own (mounted in
+//! the session's namespace only): the page says so. The reads run on a blocking thread of
+//! podhost, not on a thread confined like a tool call's.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::path::Path;
+
+use tokio_util::sync::CancellationToken;
+
+use super::html::{esc, page, query};
+use crate::byoh::sandbox::{session_disk_image, workspace_dir};
+use crate::floor::workspace::Workspace;
+use crate::tools::ToolOutcome;
+use crate::tools::files::{self, FileRead, ListedFile, Listing};
+
+/// Files a tree lists at most.
+pub const MAX_FILES: u64 = 2000;
+/// Bytes of a file shown at most.
+pub const MAX_BYTES: u64 = 1 << 20;
+
+/// What the page shows: a listing, a file, or why neither.
+enum Found {
+    Tree(Vec<ListedFile>, bool),
+    Text(String),
+    Note(String),
+}
+
+fn refusal(outcome: ToolOutcome) -> Found {
+    match outcome {
+        ToolOutcome::Failed { message, .. } => Found::Note(message),
+        _ => Found::Note("the workspace could not be read".into()),
+    }
+}
+
+/// Reads the listing (no `path`) or the file `path` of `session`'s workspace.
+fn read(data: &Path, session: &str, path: Option<&str>) -> Found {
+    if session_disk_image(data, session).exists() {
+        return Found::Note(
+            "this session's workspace is on a disk of its own, mounted for its commands only; \
+             podhost cannot show it here"
+                .into(),
+        );
+    }
+    let dir = workspace_dir(data, session);
+    let Ok(ws) = Workspace::new(&dir, Some(Path::new("/workspace"))) else {
+        return Found::Note("this session has no workspace on this host".into());
+    };
+    match path {
+        None => match files::list_files(&ws, "/workspace", MAX_FILES, &CancellationToken::new()) {
+            Listing::Listed { entries, truncated } => Found::Tree(entries, truncated),
+            Listing::Missing => Found::Note("the workspace is empty".into()),
+            Listing::Failed(o) => refusal(o),
+        },
+        Some(p) => match files::read_bytes(&ws, p, MAX_BYTES) {
+            FileRead::Bytes(b) if b.contains(&0) => {
+                Found::Note(format!("{p} is binary ({} bytes)", b.len()))
+            }
+            FileRead::Bytes(b) => Found::Text(String::from_utf8_lossy(&b).into_owned()),
+            FileRead::Missing => Found::Note(format!("nothing is at {p}")),
+            FileRead::Failed(o) => refusal(o),
+        },
+    }
+}
+
+/// A directory of the tree: its files (name, size) and its subdirectories.
+#[derive(Default)]
+struct Dir {
+    files: Vec<(String, String, u64)>,
+    dirs: BTreeMap<String, Dir>,
+}
+
+fn tree(entries: &[ListedFile]) -> Dir {
+    let mut root = Dir::default();
+    for e in entries {
+        let mut parts: Vec<&str> = e.path.split('/').collect();
+        let name = parts.pop().unwrap_or_default();
+        let mut dir = &mut root;
+        for p in parts {
+            dir = dir.dirs.entry(p.to_owned()).or_default();
+        }
+        dir.files.push((name.to_owned(), e.path.clone(), e.size));
+    }
+    root
+}
+
+fn draw(out: &mut String, dir: &Dir, id: &str) {
+    out.push_str("<ul class=\"tree\">");
+    for (name, sub) in &dir.dirs {
+        let _ = write!(out, "<li><details open><summary>{}/</summary>", esc(name));
+        draw(out, sub, id);
+        out.push_str("</details></li>");
+    }
+    for (name, path, size) in &dir.files {
+        let _ = write!(
+            out,
+            "<li><a href=\"/ui/files?{}\">{}</a> <span class=\"sub\">{size} B</span></li>",
+            query(&[("id", id), ("path", &format!("/workspace/{path}"))]),
+            esc(name)
+        );
+    }
+    out.push_str("</ul>");
+}
+
+/// The page of `session`'s (invocation `id`'s) workspace, or of its file `path`.
+pub async fn page_of(data: &Path, id: &str, session: &str, path: Option<String>) -> String {
+    let (data, session_owned, shown) = (data.to_owned(), session.to_owned(), path.clone());
+    let found = tokio::task::spawn_blocking(move || read(&data, &session_owned, shown.as_deref()))
+        .await
+        .unwrap_or_else(|_| Found::Note("the read stopped".into()));
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "<h1>Workspace of {}</h1><p><a href=\"/ui/session?{}\">Back to the session</a>",
+        esc(session),
+        query(&[("id", id)])
+    );
+    if path.is_some() {
+        let _ = write!(
+            out,
+            " · <a href=\"/ui/files?{}\">All files</a>",
+            query(&[("id", id)])
+        );
+    }
+    out.push_str("</p>");
+    if let Some(p) = &path {
+        let _ = write!(out, "<h2>{}</h2>", esc(p));
+    }
+    match found {
+        Found::Tree(entries, truncated) => {
+            draw(&mut out, &tree(&entries), id);
+            if truncated {
+                let _ = write!(
+                    out,
+                    "<p class=\"sub\">Only the first {MAX_FILES} files.</p>"
+                );
+            }
+        }
+        Found::Text(text) => {
+            let _ = write!(out, "<pre class=\"file\">{}</pre>", esc(&text));
+        }
+        Found::Note(note) => {
+            let _ = write!(out, "<p class=\"empty\">{}</p>", esc(&note));
+        }
+    }
+    page(&format!("Workspace of {session}"), &out)
+}
