@@ -184,6 +184,17 @@ async fn untrusted_text_is_escaped_under_a_policy_without_inline_code() {
     // The task, the command's output and the answer: each shown, as text.
     assert_eq!(page.matches(escaped).count(), 3, "{page}");
     assert!(page.contains("call: bash"), "{page}");
+    // The timeline: two model calls and the command, as bars of the server's SVG.
+    assert_eq!(
+        (
+            page.matches("<svg class=\"timeline\"").count(),
+            page.matches("<g class=\"model\"><title>model call ")
+                .count(),
+            page.matches("<g class=\"tool\"><title>bash: ").count()
+        ),
+        (1, 2, 1),
+        "{page}"
+    );
     assert!(
         page.contains("<p class=\"exit\">exit code 0</p><h4>stdout</h4>"),
         "{page}"

@@ -3,9 +3,9 @@
 //!
 //! Owns: invocations (one per session: ids, status, error, the connection without its key,
 //! pending questions, the last applied resume, where the current submission's output starts),
-//! each session's transcript (one row per message, written after every step), the lease of each
-//! running turn (owner replica, epoch, expiry), the per-session uid pool (a free list), and the
-//! schema versions ([`migrate`]).
+//! each session's transcript (one row per message, written after every step, with when it was
+//! stored), the lease of each running turn (owner replica, epoch, expiry), the per-session uid
+//! pool (a free list), and the schema versions ([`migrate`]).
 //!
 //! Invariants, kept by both engines (the decisions are made once, here, on a row read inside the
 //! write's transaction; the engines only differ in SQL):
@@ -623,6 +623,12 @@ impl Store {
     /// The transcript from message `from` on.
     pub async fn messages(&self, id: &str, from: usize) -> Result<Vec<ChatMessage>, StoreError> {
         dispatch!(self.messages(id, from))
+    }
+
+    /// When each message of the transcript was stored (ms since the epoch), in order; `None`
+    /// for a message stored before the store kept it.
+    pub async fn message_times(&self, id: &str) -> Result<Vec<Option<i64>>, StoreError> {
+        dispatch!(self.message_times(id))
     }
 
     /// A page of the sessions, newest first (see [`ListQuery`]); indexed, so a page costs the

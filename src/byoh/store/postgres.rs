@@ -615,6 +615,18 @@ impl Postgres {
             .collect()
     }
 
+    pub async fn message_times(&self, id: &str) -> Result<Vec<Option<i64>>, StoreError> {
+        let c = self.reader().await?;
+        c.rows(
+            "SELECT at_ms FROM messages WHERE invocation_id = $1 ORDER BY seq",
+            &[&id],
+        )
+        .await?
+        .iter()
+        .map(|r| Ok(r.try_get(0)?))
+        .collect()
+    }
+
     pub async fn list_sessions(&self, q: &ListQuery) -> Result<Vec<SessionSummary>, StoreError> {
         let c = self.reader().await?;
         let sql = list_sql(

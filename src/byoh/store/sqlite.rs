@@ -185,10 +185,12 @@ fn append(c: &Connection, id: &str, messages: &[ChatMessage]) -> Result<usize, S
         [id],
         |r| r.get(0),
     )?;
-    let mut stmt =
-        c.prepare_cached("INSERT INTO messages (invocation_id, seq, body) VALUES (?1, ?2, ?3)")?;
+    let mut stmt = c.prepare_cached(
+        "INSERT INTO messages (invocation_id, seq, body, at_ms) VALUES (?1, ?2, ?3, ?4)",
+    )?;
+    let now = now_ms();
     for m in messages {
-        stmt.execute(params![id, next, to_json(m)?])?;
+        stmt.execute(params![id, next, to_json(m)?, now])?;
         next += 1;
     }
     Ok(next as usize)
@@ -605,6 +607,18 @@ impl Sqlite {
     pub async fn messages(&self, id: &str, from: usize) -> Result<Vec<ChatMessage>, StoreError> {
         let id = id.to_owned();
         self.read(move |c| read_messages(c, &id, from)).await
+    }
+
+    pub async fn message_times(&self, id: &str) -> Result<Vec<Option<i64>>, StoreError> {
+        let id = id.to_owned();
+        self.read(move |c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT at_ms FROM messages WHERE invocation_id = ?1 ORDER BY seq",
+            )?;
+            let times = stmt.query_map([&id], |r| r.get(0))?;
+            Ok(times.collect::<rusqlite::Result<_>>()?)
+        })
+        .await
     }
 
     pub async fn list_sessions(&self, q: &ListQuery) -> Result<Vec<SessionSummary>, StoreError> {

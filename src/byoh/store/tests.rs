@@ -1276,6 +1276,20 @@ async fn sessions_are_listed_a_page_at_a_time(f: Fixture) {
     assert_eq!([ids(&first), ids(&second)].concat(), ids(&all));
     let a_row = all.iter().find(|r| r.invocation_id == "a").unwrap();
     assert_eq!((a_row.steps, a_row.tool_calls, a_row.swept), (1, 1, false));
+    // Each message keeps when it was stored, in order.
+    let times: Vec<i64> = f
+        .store
+        .message_times("a")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(Option::unwrap)
+        .collect();
+    assert_eq!(times.len(), 3);
+    assert!(
+        times.windows(2).all(|w| w[0] <= w[1]) && times[0] >= a_row.created_ms - 1000,
+        "{times:?}"
+    );
     let failed = list(ListQuery {
         status: Some(Status::Failed),
         limit: 10,

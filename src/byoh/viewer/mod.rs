@@ -25,6 +25,7 @@ mod files;
 mod html;
 mod live;
 mod pages;
+mod timeline;
 
 use axum::Router;
 use axum::body::Body;
@@ -263,13 +264,17 @@ async fn one(State(v): State<Viewer>, q: Result<Query<One>, QueryRejection>) -> 
         } else {
             store.messages(&id, 0).await?
         };
-        Ok::<_, super::store::StoreError>((messages, store.view(&id).await?))
+        let times = store.message_times(&id).await?;
+        Ok::<_, super::store::StoreError>((messages, times, store.view(&id).await?))
     };
     match read.await {
-        Ok((messages, view)) => html(
-            StatusCode::OK,
-            pages::session(&row, &messages, &view, v.keys.csrf()),
-        ),
+        Ok((messages, times, view)) => {
+            let drawn = timeline::svg(&timeline::bars(&messages, &times));
+            html(
+                StatusCode::OK,
+                pages::session(&row, &messages, &view, &drawn, v.keys.csrf()),
+            )
+        }
         Err(e) => failure(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
 }

@@ -264,15 +264,22 @@ fn facts(out: &mut String, row: &InvocationRow, csrf: &str) {
     }
 }
 
-/// One session: its facts and the conversation as the model saw it, compaction marked.
+/// One session: its facts, the timeline of its steps (`timeline`: SVG drawn by `timeline`,
+/// escaped there), and the conversation as the model saw it, compaction marked.
 pub fn session(
     row: &InvocationRow,
     messages: &[ChatMessage],
     view: &ContextView,
+    timeline: &str,
     csrf: &str,
 ) -> String {
     let mut out = String::with_capacity(8192);
     facts(&mut out, row, csrf);
+    if !timeline.is_empty() {
+        out.push_str("<h2>Timeline</h2><div class=\"scroll\">");
+        out.push_str(timeline);
+        out.push_str("</div>");
+    }
     out.push_str("<h2>Conversation</h2>");
     if row.swept {
         out.push_str(
