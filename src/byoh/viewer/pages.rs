@@ -300,3 +300,51 @@ pub fn session(
     }
     page(&format!("Session {}", row.session_id), &out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::message::{ModelEndpoint, ToolCall};
+
+    #[test]
+    fn questions_answers_and_the_compaction_are_marked() {
+        let endpoint = ModelEndpoint {
+            base_url: url::Url::parse("http://m/v1").unwrap(),
+            model: String::new(),
+            generation_settings: serde_json::Map::new(),
+        };
+        let row = InvocationRow::new("i", "s", endpoint);
+        let messages = vec![
+            ChatMessage::user("old task"),
+            ChatMessage::assistant(
+                String::new(),
+                vec![ToolCall::new(
+                    "q1",
+                    "ask_user",
+                    "{\"question\":\"Name?\"}".into(),
+                )],
+            ),
+            ChatMessage::tool("q1", "Ada"),
+        ];
+        let view = ContextView {
+            summary: Some("<b>the summary</b>".into()),
+            from: 1,
+            ..ContextView::default()
+        };
+        let page = session(&row, &messages, &view, "", "t0k");
+        let at = |needle: &str| {
+            page.find(needle)
+                .unwrap_or_else(|| panic!("no {needle:?} in {page}"))
+        };
+        assert!(at("<h3>user</h3>") < at("Compacted here"));
+        assert!(at("Compacted here") < at("<h4>question: ask_user"));
+        assert!(at("<h4>question: ask_user") < at("<h3>answer to question q1 (resume)</h3>"));
+        assert!(
+            page.contains("<pre>&lt;b&gt;the summary&lt;/b&gt;</pre>"),
+            "{page}"
+        );
+        assert!(page.contains("data-csrf=\"t0k\""), "{page}");
+        // No timeline section without bars.
+        assert!(!page.contains("<h2>Timeline</h2>"), "{page}");
+    }
+}
