@@ -3,7 +3,8 @@
 //! installs all three). A wrong credential is refused, sign-in leads to the list, a session's
 //! page shows a command's output, hostile transcript text stays text (no alert, no element, no
 //! request to the canary it names), and a running session's row turns `completed` without a
-//! reload. Screenshots are kept in `target/tmp/viewer-browser/`.
+//! reload; at a phone's width nothing but the table (in its own scrolling box) is wider than
+//! the screen. Screenshots are kept in `target/tmp/viewer-browser/`.
 //!
 //! Where the browser cannot run, the test says so on stderr and passes only outside CI; with
 //! `CI=true` it fails.
@@ -143,7 +144,7 @@ async fn the_viewer_works_in_a_real_browser() {
         0,
         "the hostile text made the browser connect"
     );
-    for shot in ["viewer-list.png", "viewer-session.png"] {
+    for shot in ["viewer-list.png", "viewer-session.png", "viewer-phone.png"] {
         assert!(shots.join(shot).metadata().unwrap().len() > 1000, "{shot}");
     }
 }
