@@ -631,8 +631,9 @@ impl Store {
         dispatch!(self.message_times(id))
     }
 
-    /// A page of the sessions, newest first (see [`ListQuery`]); indexed, so a page costs the
-    /// same whatever the number of sessions stored.
+    /// A page of the sessions, newest first (see [`ListQuery`]): the scan starts at the cursor
+    /// on an index in the list's order, so the first page and a deep one cost alike; a search
+    /// by a part of an id reads every row's ids.
     pub async fn list_sessions(&self, q: &ListQuery) -> Result<Vec<SessionSummary>, StoreError> {
         dispatch!(self.list_sessions(q))
     }

@@ -2,8 +2,8 @@
 //! server from the store.
 //!
 //! Invariants: every text from a session or a request goes through [`esc`]/[`query`]; a page
-//! reads the store only (any replica draws the same page); a list page is one indexed query of
-//! [`PAGE`] rows, whatever the number of sessions.
+//! reads the store only (any replica draws the same page); a list page is one query of at most
+//! [`PAGE`] rows, starting at its cursor (see [`crate::byoh::store::Store::list_sessions`]).
 //!
 //! Non-goals: authentication (see `auth`), live updates (see `live`).
 
