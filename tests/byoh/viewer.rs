@@ -195,10 +195,15 @@ async fn untrusted_text_is_escaped_under_a_policy_without_inline_code() {
         (1, 2, 1),
         "{page}"
     );
+    // The command's exit code and how long it took (from when its call and its result were
+    // stored), then its output.
+    let exit = page.split("<p class=\"exit\">").nth(1).unwrap_or_default();
+    let exit = exit.split("</p>").next().unwrap();
     assert!(
-        page.contains("<p class=\"exit\">exit code 0</p><h4>stdout</h4>"),
-        "{page}"
+        exit.starts_with("exit code 0, took ") && exit.ends_with(" s"),
+        "{exit}"
     );
+    assert!(page.contains(" s</p><h4>stdout</h4>"), "{page}");
     // The assets are served from the binary, with their types.
     let (status, headers, js) = get(&s, "/ui/assets/viewer.js", None).await;
     assert_eq!(

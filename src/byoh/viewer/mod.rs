@@ -272,7 +272,7 @@ async fn one(State(v): State<Viewer>, q: Result<Query<One>, QueryRejection>) -> 
             let drawn = timeline::svg(&timeline::bars(&messages, &times));
             html(
                 StatusCode::OK,
-                pages::session(&row, &messages, &view, &drawn, v.keys.csrf()),
+                pages::session(&row, &messages, &times, &view, &drawn, v.keys.csrf()),
             )
         }
         Err(e) => failure(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),

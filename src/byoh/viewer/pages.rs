@@ -164,7 +164,7 @@ fn pre(out: &mut String, text: &str) {
 
 /// A command's outcome (`{exitCode, stdout, stderr, timedOut?, truncated?}`) as its exit code
 /// and its two outputs; `false` when `text` is not one.
-fn command(out: &mut String, text: &str) -> bool {
+fn command(out: &mut String, text: &str, took: Option<i64>) -> bool {
     let Ok(serde_json::Value::Object(o)) = serde_json::from_str(text) else {
         return false;
     };
@@ -174,7 +174,9 @@ fn command(out: &mut String, text: &str) -> bool {
     let flag = |k: &str| o.get(k).and_then(serde_json::Value::as_bool) == Some(true);
     let _ = write!(
         out,
-        "<p class=\"exit\">exit code {code}{}{}</p>",
+        "<p class=\"exit\">exit code {code}{}{}{}</p>",
+        took.map(|ms| format!(", took {}", duration(ms)))
+            .unwrap_or_default(),
         if flag("timedOut") { ", timed out" } else { "" },
         if flag("truncated") {
             ", output truncated"
@@ -192,8 +194,18 @@ fn command(out: &mut String, text: &str) -> bool {
     true
 }
 
-/// One message of the conversation; `names` maps call ids to their tool's name.
-fn message(out: &mut String, m: &ChatMessage, names: &mut HashMap<String, String>) {
+/// Call id → the tool's name and when the answer that made the call was stored.
+type Calls = HashMap<String, (String, Option<i64>)>;
+
+/// How long the call a tool message answers took: from when the answer that made it was
+/// stored to when this result was (`None` when either time is unknown).
+fn call_took(m: &ChatMessage, at: Option<i64>, calls: &Calls) -> Option<i64> {
+    let (_, start) = calls.get(m.tool_call_id.as_deref()?)?;
+    Some(at? - (*start)?)
+}
+
+/// One message of the conversation, stored at `at`; `calls` holds the calls made so far.
+fn message(out: &mut String, m: &ChatMessage, at: Option<i64>, calls: &mut Calls) {
     let role = match m.role {
         Role::System => "system",
         Role::User => "user",
@@ -201,7 +213,7 @@ fn message(out: &mut String, m: &ChatMessage, names: &mut HashMap<String, String
         Role::Tool => "tool",
     };
     let label = match (&m.role, m.tool_call_id.as_deref()) {
-        (Role::Tool, Some(id)) => match names.get(id).map(String::as_str) {
+        (Role::Tool, Some(id)) => match calls.get(id).map(|(n, _)| n.as_str()) {
             Some("ask_user") => format!("answer to question {id} (resume)"),
             Some(name) => format!("result of {name} {id}"),
             None => format!("result of {id}"),
@@ -214,12 +226,12 @@ fn message(out: &mut String, m: &ChatMessage, names: &mut HashMap<String, String
         esc(&label)
     );
     if let Some(text) = m.content.as_deref().filter(|t| !t.is_empty())
-        && !(m.role == Role::Tool && command(out, text))
+        && !(m.role == Role::Tool && command(out, text, call_took(m, at, calls)))
     {
         pre(out, text);
     }
     for call in m.tool_calls.iter().flatten() {
-        names.insert(call.id.clone(), call.function.name.clone());
+        calls.insert(call.id.clone(), (call.function.name.clone(), at));
         let kind = if call.function.name == "ask_user" {
             "question"
         } else {
@@ -264,11 +276,12 @@ fn facts(out: &mut String, row: &InvocationRow, csrf: &str) {
     }
 }
 
-/// One session: its facts, the timeline of its steps (`timeline`: SVG drawn by `timeline`,
+/// One session (its messages stored at `times`): its facts, the timeline of its steps (`timeline`: SVG drawn by `timeline`,
 /// escaped there), and the conversation as the model saw it, compaction marked.
 pub fn session(
     row: &InvocationRow,
     messages: &[ChatMessage],
+    times: &[Option<i64>],
     view: &ContextView,
     timeline: &str,
     csrf: &str,
@@ -286,7 +299,7 @@ pub fn session(
             "<p class=\"empty\">The transcript was removed after the retention period.</p>",
         );
     }
-    let mut names = HashMap::new();
+    let mut calls = Calls::new();
     for (i, m) in messages.iter().enumerate() {
         if view.summary.is_some() && i == view.from {
             out.push_str(
@@ -296,7 +309,7 @@ pub fn session(
             pre(&mut out, view.summary.as_deref().unwrap_or(""));
             out.push_str("</details>");
         }
-        message(&mut out, m, &mut names);
+        message(&mut out, m, times.get(i).copied().flatten(), &mut calls);
     }
     page(&format!("Session {}", row.session_id), &out)
 }
@@ -331,7 +344,7 @@ mod tests {
             from: 1,
             ..ContextView::default()
         };
-        let page = session(&row, &messages, &view, "", "t0k");
+        let page = session(&row, &messages, &[], &view, "", "t0k");
         let at = |needle: &str| {
             page.find(needle)
                 .unwrap_or_else(|| panic!("no {needle:?} in {page}"))
