@@ -130,8 +130,10 @@ fn failed(code: &str, message: String) -> FileRead {
     FileRead::Failed(ToolOutcome::failed(code, message))
 }
 
-/// [`Toolbox::read_bytes`] on the calling thread: the path rules without the thread's
-/// confinement (for a reader of a workspace no command of which is running, such as a viewer).
+/// [`Toolbox::read_bytes`] on the calling thread: the path rules only, so a caller outside a
+/// toolbox (the viewer) runs it on a confined thread of its own
+/// ([`ToolboxBuilder::confined_reader`](super::ToolboxBuilder::confined_reader)): a path
+/// swapped for a symlink between the check and the open is then refused by the thread's rules.
 pub(crate) fn read_bytes(ws: &Workspace, path: &str, max_bytes: u64) -> FileRead {
     let resolved = match ws.resolve(path, Access::Read) {
         Ok(r) => r,

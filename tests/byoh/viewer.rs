@@ -427,3 +427,72 @@ async fn the_workspace_shows_its_files_and_nothing_a_symlink_points_at() {
     let (status, _, _) = get(&s, "/ui/files?id=i-1", None).await;
     assert_eq!(status, StatusCode::SEE_OTHER);
 }
+
+/// A command racing the viewer's read — swapping the file for a symlink to `/etc/passwd`, or
+/// a directory in the middle of the path for a symlink to `/etc` — never gets the viewer to
+/// show what is outside, and the server keeps serving.
+#[tokio::test]
+async fn a_path_swapped_for_a_symlink_while_it_is_read_shows_nothing_outside() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeModel::start("fake-model", Some("k")).await;
+    let command = "mkdir -p d && printf inside > d/passwd && printf inside > passwd";
+    fake.push([
+        Reply::call("c1", "bash", json!({ "command": command })),
+        Reply::text("done"),
+    ]);
+    let opts = Options::default().env("PODHOST_SESSION_DISK_FS", "off");
+    let s = Serve::start_with(dir.path(), opts);
+    s.submit(start(
+        "s-1",
+        "i-1",
+        "make files",
+        &fake.base_url(),
+        Some("k"),
+    ))
+    .await;
+    s.wait_status("i-1", "completed", T).await;
+    let c = cookie(&s).await;
+    let ws = s.workspace("s-1");
+    let stop = Arc::new(AtomicBool::new(false));
+    let swapper = {
+        let (ws, stop) = (ws.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let (file, dir) = (ws.join("passwd"), ws.join("d"));
+            let (link, real) = (ws.join("passwd.link"), ws.join("d.real"));
+            while !stop.load(Ordering::Relaxed) {
+                // The file becomes a symlink out, then a file again, each by one rename.
+                let _ = std::os::unix::fs::symlink("/etc/passwd", &link);
+                let _ = std::fs::rename(&link, &file);
+                let _ = std::fs::write(&link, "inside");
+                let _ = std::fs::rename(&link, &file);
+                // The directory in the middle becomes a symlink to /etc, then itself again.
+                let _ = std::fs::rename(&dir, &real);
+                let _ = std::os::unix::fs::symlink("/etc", &dir);
+                std::thread::yield_now();
+                let _ = std::fs::remove_file(&dir);
+                let _ = std::fs::rename(&real, &dir);
+            }
+        })
+    };
+    let (mut shown, mut last) = (0, String::new());
+    for _ in 0..300 {
+        for path in ["/workspace/passwd", "/workspace/d/passwd"] {
+            let (status, _, text) =
+                get(&s, &format!("/ui/files?id=i-1&path={path}"), Some(&c)).await;
+            assert_eq!(status, StatusCode::OK, "{path}: {text}");
+            assert!(!text.contains("root:"), "{path}: {text}");
+            shown += usize::from(text.contains("<pre class=\"file\">inside</pre>"));
+            last = text;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    swapper.join().unwrap();
+    // The files inside were shown between the swaps, and the server still serves.
+    assert!(shown > 0, "{last}");
+    let (status, _, text) = get(&s, "/ui/files?id=i-1&path=/workspace/d/passwd", Some(&c)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(text.contains("<pre class=\"file\">inside</pre>"), "{text}");
+}

@@ -4,12 +4,14 @@
 //! Invariants: every path goes through the tools' byte API ([`files::read_bytes`],
 //! [`files::list_files`]) and so through the workspace's path rules: a path outside the
 //! workspace is refused, a listing never follows a symlink, and a read refuses a symlink, so a
-//! link out of the workspace shows nothing of what it points at. At most [`MAX_FILES`] entries
+//! link out of the workspace shows nothing of what it points at. The reads run where a file
+//! tool's do ([`ToolboxBuilder::confined_reader`]): on a fresh thread confined to the workspace,
+//! so a command that swaps a path, or a directory in it, for a symlink while the viewer reads
+//! cannot lead the read outside. At most [`MAX_FILES`] entries
 //! are listed and [`MAX_BYTES`] read. What a file holds is shown as escaped text.
 //!
 //! Non-goals: writing; reading a session whose workspace is on a disk of its own (mounted in
-//! the session's namespace only): the page says so. The reads run on a blocking thread of
-//! podhost, not on a thread confined like a tool call's.
+//! the session's namespace only): the page says so.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -20,8 +22,8 @@ use tokio_util::sync::CancellationToken;
 use super::html::{esc, page, query};
 use crate::byoh::sandbox::{session_disk_image, workspace_dir};
 use crate::floor::workspace::Workspace;
-use crate::tools::ToolOutcome;
 use crate::tools::files::{self, FileRead, ListedFile, Listing};
+use crate::tools::{ToolOutcome, ToolboxBuilder};
 
 /// Files a tree lists at most.
 pub const MAX_FILES: u64 = 2000;
@@ -42,8 +44,9 @@ fn refusal(outcome: ToolOutcome) -> Found {
     }
 }
 
-/// Reads the listing (no `path`) or the file `path` of `session`'s workspace.
-fn read(data: &Path, session: &str, path: Option<&str>) -> Found {
+/// Reads the listing (no `path`) or the file `path` of `session`'s workspace, on a thread
+/// confined to the workspace as a file tool's is.
+async fn read(tools: &ToolboxBuilder, data: &Path, session: &str, path: Option<String>) -> Found {
     if session_disk_image(data, session).exists() {
         return Found::Note(
             "this session's workspace is on a disk of its own, mounted for its commands only; \
@@ -55,13 +58,22 @@ fn read(data: &Path, session: &str, path: Option<&str>) -> Found {
     let Ok(ws) = Workspace::new(&dir, Some(Path::new("/workspace"))) else {
         return Found::Note("this session has no workspace on this host".into());
     };
+    let reader = ws.clone();
+    let found = tools
+        .confined_reader(&ws, "view", move || read_in(&reader, path.as_deref()))
+        .await;
+    found.unwrap_or_else(|e| Found::Note(format!("the workspace could not be read: {e}")))
+}
+
+/// [`read`] on its confined thread.
+fn read_in(ws: &Workspace, path: Option<&str>) -> Found {
     match path {
-        None => match files::list_files(&ws, "/workspace", MAX_FILES, &CancellationToken::new()) {
+        None => match files::list_files(ws, "/workspace", MAX_FILES, &CancellationToken::new()) {
             Listing::Listed { entries, truncated } => Found::Tree(entries, truncated),
             Listing::Missing => Found::Note("the workspace is empty".into()),
             Listing::Failed(o) => refusal(o),
         },
-        Some(p) => match files::read_bytes(&ws, p, MAX_BYTES) {
+        Some(p) => match files::read_bytes(ws, p, MAX_BYTES) {
             FileRead::Bytes(b) if b.contains(&0) => {
                 Found::Note(format!("{p} is binary ({} bytes)", b.len()))
             }
@@ -112,11 +124,14 @@ fn draw(out: &mut String, dir: &Dir, id: &str) {
 }
 
 /// The page of `session`'s (invocation `id`'s) workspace, or of its file `path`.
-pub async fn page_of(data: &Path, id: &str, session: &str, path: Option<String>) -> String {
-    let (data, session_owned, shown) = (data.to_owned(), session.to_owned(), path.clone());
-    let found = tokio::task::spawn_blocking(move || read(&data, &session_owned, shown.as_deref()))
-        .await
-        .unwrap_or_else(|_| Found::Note("the read stopped".into()));
+pub async fn page_of(
+    tools: &ToolboxBuilder,
+    data: &Path,
+    id: &str,
+    session: &str,
+    path: Option<String>,
+) -> String {
+    let found = read(tools, data, session, path.clone()).await;
     let mut out = String::new();
     let _ = write!(
         out,

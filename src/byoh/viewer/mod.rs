@@ -304,7 +304,14 @@ async fn workspace(
     let path = path.filter(|p| !p.is_empty());
     html(
         StatusCode::OK,
-        files::page_of(data, &id, &row.session_id, path).await,
+        files::page_of(
+            &v.engine.inner.config.tools,
+            data,
+            &id,
+            &row.session_id,
+            path,
+        )
+        .await,
     )
 }
 
