@@ -41,7 +41,7 @@ use tracing::{info, warn};
 
 use crate::chat::client::{ModelClient, RetryPolicy};
 use crate::exec::ExecSettings;
-use crate::exec::confine::Guard;
+use crate::exec::confine::{Confinement, Guard};
 use crate::exec::template::{Level, Template};
 use crate::floor::codes::exit;
 use crate::floor::http::HttpLimits;
@@ -293,7 +293,8 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
     // Before anything is made: a store or template podhost cannot use leaves no data directory
     // behind.
     let spec = store_spec(&args)?;
-    let template_dir = check_template(&args)?;
+    let tools = tools(&args, supervisor()?);
+    let template_dir = check_template(&args, tools.confinement())?;
     std::fs::create_dir_all(&args.data).map_err(|source| ServeError::Io {
         what: format!(
             "could not create the data directory {}",
@@ -301,11 +302,9 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
         ),
         source,
     })?;
-    let supervisor = crate::exec::find_supervisor().map_err(|source| ServeError::Io {
-        what: "could not find podhost's own executable".into(),
-        source,
-    })?;
-    let template = template_dir.map(|dir| template_level(&args, dir));
+    let template = template_dir
+        .map(|(dir, chosen)| template_level(&args, dir, chosen, tools.confinement()))
+        .transpose()?;
     let (store, spec, guards) = open_store(&args, spec, &tls).await?;
     let store_engine = store.engine();
     let client = ModelClient::new(
@@ -327,7 +326,7 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
             lease: args.lease,
             max_steps: args.max_steps,
             limits: args.limits.clone(),
-            tools: tools(&args, supervisor),
+            tools,
             template,
         },
     );
@@ -360,11 +359,21 @@ async fn serve_inner(args: ServeConfig) -> Result<i32, ServeError> {
     Ok(exit::OK)
 }
 
+/// podhost's own executable, which also serves as the commands' supervisor.
+fn supervisor() -> Result<PathBuf, ServeError> {
+    crate::exec::find_supervisor().map_err(|source| ServeError::Io {
+        what: "could not find podhost's own executable".into(),
+        source,
+    })
+}
+
 /// The template directory, resolved, when one is set: a directory podhost can read, outside the
-/// data directory (and not holding it), on a host that gives sessions no disk of their own
-/// (a session's disk is mounted over its workspace inside its namespace, where the copy made
-/// on the host would not be seen). Pure but for reading the file system.
-fn check_template(args: &ServeConfig) -> Result<Option<PathBuf>, ServeError> {
+/// data directory (and not holding it); with its level when [`choose_level`] decides it. Pure
+/// but for reading the file system.
+fn check_template(
+    args: &ServeConfig,
+    confinement: &Confinement,
+) -> Result<Option<(PathBuf, Option<Level>)>, ServeError> {
     let Some(dir) = &args.template else {
         return Ok(None);
     };
@@ -398,37 +407,114 @@ fn check_template(args: &ServeConfig) -> Result<Option<PathBuf>, ServeError> {
             args.data.display()
         )));
     }
-    if crate::exec::confine::reported().disk_quota == "filesystem" {
-        return Err(bad(
-            "cannot be combined with a file system per session, which is mounted over the \
-             workspace; set PODHOST_SESSION_DISK_FS=off (the quota is then measured) or \
-             PODHOST_SESSION_DISK_MB=0"
-                .into(),
-        ));
-    }
-    Ok(Some(real))
+    Ok(Some((real, choose_level(args, confinement)?)))
 }
 
-/// The template with its level: the one forced, else [`Level::Reflink`] when a file of it
+/// The template's level where start-up decides it before the data directory exists: the one
+/// forced, else [`Level::Overlay`] where sessions' views can mount one; `None`: found by
+/// cloning into the data directory ([`template_level`]). A session's own file system is mounted
+/// over its workspace in its view, where a copy made on the host is not seen: with one, only
+/// an overlay (whose upper layer is on that file system) will do.
+fn choose_level(
+    args: &ServeConfig,
+    confinement: &Confinement,
+) -> Result<Option<Level>, ServeError> {
+    let setting = &args.template_setting;
+    let overlay = confinement.overlay();
+    let disk_fs = crate::exec::confine::reported().disk_quota == "filesystem";
+    let refuse = |why: String| ServeError::Config(format!("{setting}: {why}"));
+    match (args.template_level, overlay) {
+        (Some(Level::Overlay) | None, Ok(())) => Ok(Some(Level::Overlay)),
+        (Some(Level::Overlay), Err(why)) => Err(refuse(format!(
+            "the overlay level was asked for, but sessions' views cannot mount one here: {why}"
+        ))),
+        (level, overlay) if disk_fs => {
+            let why = match (level, overlay) {
+                (Some(l), _) => format!("the {} level", l.name()),
+                (None, Err(why)) => format!("no overlay ({why})"),
+                (None, Ok(())) => "no overlay".to_owned(),
+            };
+            Err(refuse(format!(
+                "cannot be copied into a file system per session, which is mounted over the \
+                 workspace, with {why}; set PODHOST_SESSION_DISK_FS=off (the quota is then \
+                 measured) or PODHOST_SESSION_DISK_MB=0"
+            )))
+        }
+        (level, _) => Ok(level),
+    }
+}
+
+/// The overlay level, when chosen, tried once with its upper layer in the data directory
+/// (where a session's is, without a file system per session): a data directory on NFS, say,
+/// cannot hold one. Where it cannot, a forced overlay stops `serve`; a found one falls back to
+/// what cloning into the data directory finds (`None`).
+fn overlay_in_data(
+    args: &ServeConfig,
+    confinement: &Confinement,
+    chosen: Option<Level>,
+) -> Result<Option<Level>, ServeError> {
+    let disk_fs = crate::exec::confine::reported().disk_quota == "filesystem";
+    let Some(iso) = confinement
+        .isolation()
+        .filter(|_| chosen == Some(Level::Overlay) && !disk_fs)
+    else {
+        return Ok(chosen);
+    };
+    match crate::exec::probe::probe_overlay_in(&iso.helper, &args.data) {
+        Ok(()) => Ok(chosen),
+        Err(why) if args.template_level == Some(Level::Overlay) => {
+            Err(ServeError::Config(format!(
+                "{}: the overlay level was asked for, but the data directory {} cannot hold a \
+             session's upper layer: {why}",
+                args.template_setting,
+                args.data.display()
+            )))
+        }
+        Err(why) => {
+            warn!(
+                data = %args.data.display(),
+                error = %why,
+                "the data directory cannot hold an overlay's upper layer: templates are copied"
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// The template with its level: the one chosen before ([`choose_level`]) if the data
+/// directory can hold it ([`overlay_in_data`]), else [`Level::Reflink`] when a file of it
 /// clones into the data directory, else [`Level::Copy`]; logged.
-fn template_level(args: &ServeConfig, dir: PathBuf) -> Template {
-    let level = args
-        .template_level
-        .unwrap_or_else(|| crate::exec::template::detect(&dir, &args.data));
+fn template_level(
+    args: &ServeConfig,
+    dir: PathBuf,
+    chosen: Option<Level>,
+    confinement: &Confinement,
+) -> Result<Template, ServeError> {
+    let chosen = overlay_in_data(args, confinement, chosen)?;
+    let level = chosen.unwrap_or_else(|| crate::exec::template::detect(&dir, &args.data));
+    let no_overlay = confinement.overlay().err().unwrap_or_default();
     match level {
+        Level::Overlay => info!(
+            template = %dir.display(),
+            level = level.name(),
+            "new sessions' workspaces are copy-on-write overlays of the template"
+        ),
         Level::Reflink => info!(
             template = %dir.display(),
             level = level.name(),
+            no_overlay,
             "new sessions' workspaces start as clones of the template's files"
         ),
         Level::Copy => warn!(
             template = %dir.display(),
             level = level.name(),
-            "the data directory cannot clone files (reflink, on btrfs or xfs): each new \
-             session's workspace starts with a full copy of the template"
+            no_overlay,
+            "sessions cannot mount an overlay here and the data directory cannot clone files \
+             (reflink, on btrfs or xfs): each new session's workspace starts with a full copy \
+             of the template"
         ),
     }
-    Template { dir, level }
+    Ok(Template { dir, level })
 }
 
 /// Warns when the uid pool cannot give every running turn its own uid.

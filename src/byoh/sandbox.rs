@@ -36,7 +36,8 @@ use super::engine::Inner;
 use super::store::{Park, StoreError, UidGrant};
 use crate::chat::session::SessionError;
 use crate::exec::confine::users;
-use crate::exec::template::Template;
+use crate::exec::sandbox::OverlaySpec;
+use crate::exec::template::{Level, Template};
 use crate::floor::backoff::{Backoff, sleep_or_cancel};
 use crate::floor::workspace::Workspace;
 use crate::tools::{CallContext, ToolName, ToolOutcome, Toolbox};
@@ -58,6 +59,14 @@ pub fn workspace_dir(data_dir: &Path, session_id: &str) -> PathBuf {
 /// The private tmp directory of a session's commands (`TMPDIR`), outside its workspace.
 pub fn session_tmp_dir(data_dir: &Path, session_id: &str) -> PathBuf {
     data_dir.join("tmp").join(session_dir_name(session_id))
+}
+
+/// The kernel's work directory of a session's workspace overlay (see `exec::overlay`): beside
+/// its tmp, on the workspace's file system, hidden from sessions as the data directory is.
+pub fn overlay_work_dir(data_dir: &Path, session_id: &str) -> PathBuf {
+    data_dir
+        .join("tmp")
+        .join(format!("{}.overlay", session_dir_name(session_id)))
 }
 
 /// Where sessions' disk images live (see `exec::disk`), beside their workspaces.
@@ -171,7 +180,9 @@ async fn make(inner: &Inner, session_id: &str) -> Result<Toolbox, SandboxFault> 
             source,
         })
     };
-    if let Some(template) = &inner.config.template
+    let template = inner.config.template.as_ref();
+    let overlay = template.filter(|t| t.level == Level::Overlay);
+    if let Some(template) = template.filter(|_| overlay.is_none())
         && !dir.exists()
     {
         let (template, data, dir) = (template.clone(), data.clone(), dir.clone());
@@ -187,6 +198,10 @@ async fn make(inner: &Inner, session_id: &str) -> Result<Toolbox, SandboxFault> 
     // Its own tmp (TMPDIR), next to the workspace and as hidden from other sessions as it is.
     let tmp = session_tmp_dir(data, session_id);
     create("session's tmp", &tmp)?;
+    let work = overlay_work_dir(data, session_id);
+    if overlay.is_some() {
+        create("workspace overlay's work directory", &work)?;
+    }
     let uid = match inner.config.tools.uid_pool() {
         Some(range) => {
             let data = data.clone();
@@ -210,7 +225,14 @@ async fn make(inner: &Inner, session_id: &str) -> Result<Toolbox, SandboxFault> 
         }
         None => None,
     };
-    Ok(inner.config.tools.build_as(ws, Some(&tmp), uid)?)
+    let overlay = overlay.map(|t| OverlaySpec {
+        template: &t.dir,
+        work: &work,
+    });
+    Ok(inner
+        .config
+        .tools
+        .build_over(ws, Some(&tmp), uid, overlay)?)
 }
 
 /// Makes the new workspace `dir` a copy of `template`: copied beside it (under the data
@@ -339,7 +361,8 @@ async fn probe(inner: &Inner) -> Result<(), SandboxFault> {
     ran
 }
 
-/// Removes a session's workspace, tmp and disk image; those already gone are fine.
+/// Removes a session's workspace, tmp, overlay work directory and disk image; those already
+/// gone are fine.
 pub(super) fn remove_session_files(data: &Path, session: &str) -> Result<(), SandboxFault> {
     let gone = |r: std::io::Result<()>, p: &Path| match r {
         Ok(()) => Ok(()),
@@ -352,6 +375,8 @@ pub(super) fn remove_session_files(data: &Path, session: &str) -> Result<(), San
     for dir in [workspace_dir(data, session), session_tmp_dir(data, session)] {
         gone(std::fs::remove_dir_all(&dir), &dir)?;
     }
+    let work = overlay_work_dir(data, session);
+    gone(crate::exec::overlay::remove_work_dir(&work), &work)?;
     let image = session_disk_image(data, session);
     gone(std::fs::remove_file(&image), &image)
 }

@@ -80,14 +80,16 @@ pub struct ServeArgs {
     /// Oumi retries); 0 for no floor.
     #[arg(long, env = "PODHOST_MIN_FREE_MB", default_value_t = 256)]
     pub min_free_mb: u64,
-    /// A directory whose files every new session's workspace starts with: copied in when the
-    /// session's workspace is made (cloned per file where the data directory's file system
-    /// can, btrfs or xfs), never changed by sessions. Outside the data directory.
+    /// A directory whose files every new session's workspace starts with: an overlay of it in
+    /// the session's view where the kernel allows one, else copied in when the session's
+    /// workspace is made (cloned per file where the data directory's file system can, btrfs or
+    /// xfs); never changed by sessions. Outside the data directory.
     #[arg(long, env = "PODHOST_WORKSPACE_TEMPLATE")]
     pub workspace_template: Option<PathBuf>,
-    /// How the template is copied, instead of what start-up finds: reflink or copy.
+    /// How the template reaches a workspace, instead of what start-up finds: overlay, reflink
+    /// or copy.
     #[arg(long, env = "PODHOST_WORKSPACE_TEMPLATE_LEVEL", hide = true,
-          value_parser = ["reflink", "copy"])]
+          value_parser = ["overlay", "reflink", "copy"])]
     pub workspace_template_level: Option<String>,
     /// Start even though the data directory holds session workspaces while its database is
     /// missing or empty (every earlier invocation is then unknown: 404).

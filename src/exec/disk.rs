@@ -8,7 +8,8 @@
 //!    O (the holder's outer process): makes the image if it is missing, locks it, checks it
 //!    H (the session's pid 1, in its mount namespace): a loop device on the locked image, the
 //!      file system mounted detached (fsmount), its `ws/` and `tmp/` bound onto the session's
-//!      workspace and temporary directory in the view
+//!      workspace and temporary directory in the view (`ws/` the upper layer of the workspace's
+//!      overlay of a template instead, with `ovl-work/` beside it, see `exec::overlay`)
 //! ```
 //!
 //! The file tools, which run in podhost's own threads, join the session's mount namespace for
@@ -209,7 +210,8 @@ fn check(image: &Path) -> Res<()> {
 /// on the locked image, its file system mounted detached, and a detached tree of each of
 /// [`DIRS`] (made and given to the owner when needed), to bind where the view binds the
 /// session's directories.
-pub fn mount(disk: &SessionDisk, image: &OwnedFd) -> Res<Vec<(PathBuf, OwnedFd)>> {
+/// Returns the mounted file system too, for [`overlay_dirs`].
+pub fn mount(disk: &SessionDisk, image: &OwnedFd) -> Res<(OwnedFd, Vec<(PathBuf, OwnedFd)>)> {
     let (device, path) = sys::loop_attach(image)?;
     let fs = sys::fsmount_ext4(&path, &[c"discard", c"noinit_itable"])?;
     // The mount holds the device now; with autoclear it goes when the mount does.
@@ -234,7 +236,40 @@ pub fn mount(disk: &SessionDisk, image: &OwnedFd) -> Res<Vec<(PathBuf, OwnedFd)>
             sys::open_tree_at(&step("capture"), &fs, &c)?,
         ));
     }
-    Ok(trees)
+    Ok((fs, trees))
+}
+
+/// The directory of an image that holds the kernel's work directory when the workspace is an
+/// overlay (see `exec::overlay`): bound nowhere, so the session never sees it.
+pub const OVERLAY_WORK: &str = "ovl-work";
+
+/// The upper layer (the image's workspace, made by [`mount`]) and work directory (made here,
+/// podhost's alone) of a workspace overlay on the mounted image `fs`, as handles.
+pub fn overlay_dirs(fs: &OwnedFd) -> Res<(OwnedFd, OwnedFd)> {
+    let root = PathBuf::from(format!("/proc/self/fd/{}", fs.as_raw_fd()));
+    let work = root.join(OVERLAY_WORK);
+    match std::fs::create_dir(&work) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => {
+            return Err(io_step(
+                "the session's disk: make its overlay work directory".into(),
+                &e,
+            ));
+        }
+    }
+    std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o700)).map_err(|e| {
+        io_step(
+            "the session's disk: mode of its overlay work directory".into(),
+            &e,
+        )
+    })?;
+    let open =
+        |p: &Path, what: &str| sys::cpath(p).and_then(|c| crate::exec::overlay::open_dir(what, &c));
+    Ok((
+        open(&root.join(DIRS[0]), "open the disk's workspace")?,
+        open(&work, "open the disk's overlay work directory")?,
+    ))
 }
 
 /// The file a session's disk image lives in: `dir` (podhost's, hidden from sessions) joined

@@ -58,7 +58,8 @@
 //! A session's processes are limited by its cgroup ([`cgroup`]), and a BYOH session's files by
 //! its disk quota ([`quota`]). What the host lets a session have (the namespace level, a network
 //! namespace, a disk of its own) is found once by trying ([`probe`]). A new workspace may start
-//! as a copy of a template ([`template`]). [`sys`] holds the raw system calls all of this needs.
+//! as a copy of a template ([`template`]),
+//! or as a copy-on-write view of it ([`overlay`]). [`sys`] holds the raw system calls all of this needs.
 //!
 //! The files import one way: a session's holder forks supervisors ([`session`] →
 //! [`supervise`]), a supervisor confines its command ([`supervise`] → [`confine`]), and the
@@ -75,6 +76,7 @@ pub mod init;
 pub(crate) mod limits;
 pub mod net;
 pub mod oneshot;
+pub(crate) mod overlay;
 pub mod probe;
 pub(crate) mod procs;
 pub mod protocol;

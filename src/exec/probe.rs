@@ -15,7 +15,7 @@
 //! is refused (Kubernetes' masked `/proc` paths), so no PID namespace (`userns-noproc`); none.
 
 use std::io::Read;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::process::{ExitCode, Stdio};
 use std::sync::OnceLock;
@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::{Deserialize, Serialize};
 
+use crate::exec::protocol::CommandUser;
 use crate::exec::sys::{self, StepError};
 
 /// `argv[1]` that makes the supervisor binary print the probe.
@@ -76,6 +77,14 @@ pub struct Probe {
     pub network: bool,
     /// A session's disk can be made and mounted (see `exec::disk`), or why not.
     pub disk: Result<(), String>,
+    /// A workspace can be an overlay of a template (see `exec::overlay`) at that level, or why
+    /// not.
+    #[serde(default = "not_probed")]
+    pub overlay: Result<(), String>,
+}
+
+fn not_probed() -> Result<(), String> {
+    Err("not probed".to_owned())
 }
 
 /// `argv[2]` that asks for the namespaces level alone ([`run_namespaces`]): what local use needs.
@@ -84,21 +93,58 @@ pub const NAMESPACES_ONLY: &str = "namespaces";
 /// The probe's `main`: prints one JSON line.
 pub fn main() -> ExitCode {
     sys::close_from(3);
-    let only_namespaces = std::env::args_os()
-        .nth(2)
-        .is_some_and(|a| a == NAMESPACES_ONLY);
-    let probe = if only_namespaces {
-        run_namespaces()
-    } else {
-        run()
+    let mut args = std::env::args_os().skip(2);
+    let line = match args.next() {
+        Some(a) if a == NAMESPACES_ONLY => serde_json::to_string(&run_namespaces()),
+        Some(a) if a == OVERLAY_IN => {
+            let dir = args
+                .next()
+                .map(std::path::PathBuf::from)
+                .unwrap_or_default();
+            serde_json::to_string(&overlay_in(&dir))
+        }
+        _ => serde_json::to_string(&run()),
     };
-    match serde_json::to_string(&probe) {
+    match line {
         Ok(line) => {
             println!("{line}");
             ExitCode::SUCCESS
         }
         Err(_) => ExitCode::FAILURE,
     }
+}
+
+/// `argv[2]` that asks whether an overlay mounts with its upper layer in the directory
+/// `argv[3]` ([`probe_overlay_in`]).
+pub const OVERLAY_IN: &str = "overlay-in";
+
+/// Whether a session's view can mount an overlay whose upper layer and work directory are in
+/// `dir` (some file systems, NFS among them, cannot hold an upper layer), tried once in the
+/// helper `helper` at the namespaces level this host allows; or why not.
+pub fn probe_overlay_in(helper: &Path, dir: &Path) -> Result<(), String> {
+    let out = std::process::Command::new(helper)
+        .arg(PROBE_ARG)
+        .arg(OVERLAY_IN)
+        .arg(dir)
+        .env_clear()
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output();
+    match out {
+        Ok(out) if out.status.success() => serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| Err(format!("the probe's answer: {e}"))),
+        Ok(out) => Err(format!("the probe ended with {}", out.status)),
+        Err(e) => Err(format!("could not run {}: {e}", helper.display())),
+    }
+}
+
+/// The helper's side of [`probe_overlay_in`].
+fn overlay_in(dir: &Path) -> Result<(), String> {
+    let level = run_namespaces().namespaces;
+    if !level.any() {
+        return Err("no namespaces".to_owned());
+    }
+    attempt_overlay(dir, level.user_namespace(), level.pid_namespace())
 }
 
 /// The level this host allows, asked once per process of the helper binary `helper`
@@ -152,6 +198,7 @@ pub fn assume_root_namespaces() -> bool {
         refused: Vec::new(),
         network: false,
         disk: Err("not probed".to_owned()),
+        overlay: not_probed(),
     };
     let set = NAMESPACES_PROBE.set(assumed).is_ok();
     if set {
@@ -182,7 +229,8 @@ fn run_probe(helper: &Path, args: &[&str]) -> Probe {
         namespaces: Namespaces::None,
         refused: vec![why.clone()],
         network: false,
-        disk: Err(why),
+        disk: Err(why.clone()),
+        overlay: Err(why),
     };
     let out = std::process::Command::new(helper)
         .arg(PROBE_ARG)
@@ -236,11 +284,13 @@ pub fn run() -> Probe {
         } else {
             Err("podhost is not root".to_owned())
         };
+        let overlay = attempt_overlay(&std::env::temp_dir(), userns, pid);
         return Probe {
             namespaces,
             refused,
             network,
             disk,
+            overlay,
         };
     }
     Probe {
@@ -248,6 +298,7 @@ pub fn run() -> Probe {
         refused,
         network: false,
         disk: Err("no namespaces".to_owned()),
+        overlay: Err("no namespaces".to_owned()),
     }
 }
 
@@ -265,6 +316,7 @@ pub fn run_namespaces() -> Probe {
                     refused,
                     network: false,
                     disk: not_tried(),
+                    overlay: not_tried(),
                 };
             }
             Err(e) => refused.push(format!("{what}: {e}")),
@@ -275,6 +327,7 @@ pub fn run_namespaces() -> Probe {
         refused,
         network: false,
         disk: not_tried(),
+        overlay: not_tried(),
     }
 }
 
@@ -292,6 +345,69 @@ fn attempt_disk() -> Result<(), String> {
         .and_then(|()| in_child(0, "fork", "the probe died", || mount_image(&image)));
     let _ = std::fs::remove_dir_all(&dir);
     tried
+}
+
+/// Mounts an overlay of two temporary directories in `base`, as a session holder would, in
+/// throw-away namespaces of the level found (as root, with the lower layer idmapped, as the
+/// holder maps a template's owner); the first step that fails, in words.
+fn attempt_overlay(base: &Path, userns: bool, pid: bool) -> Result<(), String> {
+    let dir = base.join(format!(".podhost-probe-overlay-{}", std::process::id()));
+    std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let made = ["lower", "upper", "work"]
+        .iter()
+        .try_for_each(|d| std::fs::create_dir(dir.join(d)))
+        .map_err(|e| format!("{}: {e}", dir.display()));
+    let tried = made.and_then(|()| {
+        let (uid, gid) = (
+            nix::unistd::geteuid().as_raw(),
+            nix::unistd::getegid().as_raw(),
+        );
+        let idmap = if userns {
+            None
+        } else {
+            let from = CommandUser { uid, gid };
+            let to = CommandUser {
+                uid: 65534,
+                gid: 65534,
+            };
+            Some(crate::exec::overlay::idmap(from, to).map_err(|e| e.to_string())?)
+        };
+        in_child(0, "fork", "the probe died", || {
+            if userns {
+                enter_user_namespace(uid, gid).map_err(|e| e.to_string())?;
+            }
+            let mut flags = libc::CLONE_NEWNS;
+            if pid {
+                flags |= libc::CLONE_NEWPID;
+            }
+            in_child(
+                flags,
+                "clone(CLONE_NEWNS)",
+                "the namespaced child died",
+                || mount_overlay(&dir, idmap.as_ref(), userns),
+            )
+        })
+    });
+    let _ = crate::exec::overlay::remove_work_dir(&dir.join("work"));
+    let _ = std::fs::remove_dir_all(&dir);
+    tried
+}
+
+fn mount_overlay(dir: &Path, idmap: Option<&OwnedFd>, userns: bool) -> Result<(), StepError> {
+    use crate::exec::overlay;
+    sys::mount(
+        "make / private",
+        None,
+        c"/",
+        None,
+        libc::MS_REC | libc::MS_PRIVATE,
+        None,
+    )?;
+    let c = |d: &str| sys::cpath(&dir.join(d));
+    let lower = overlay::lower_tree(&c("lower")?, idmap)?;
+    let upper = overlay::open_dir("open the upper layer", &c("upper")?)?;
+    let work = overlay::open_dir("open the work directory", &c("work")?)?;
+    overlay::mount(&lower, &upper, &work, userns).map(drop)
 }
 
 fn mount_image(image: &Path) -> Result<(), StepError> {
@@ -358,20 +474,25 @@ fn attempt(userns: bool, pid: bool, net: bool) -> Result<(), String> {
     })
 }
 
+/// Makes a user namespace that maps `uid` and `gid` to themselves, as a holder does.
+fn enter_user_namespace(uid: u32, gid: u32) -> Result<(), StepError> {
+    sys::unshare("unshare(CLONE_NEWUSER)", libc::CLONE_NEWUSER)?;
+    let write = |file: &str, text: String| {
+        std::fs::write(Path::new("/proc/self").join(file), text).map_err(|e| {
+            StepError::new(
+                format!("write /proc/self/{file}"),
+                e.raw_os_error().unwrap_or(libc::EIO),
+            )
+        })
+    };
+    write("uid_map", format!("{uid} {uid} 1\n"))?;
+    write("setgroups", "deny".to_owned())?;
+    write("gid_map", format!("{gid} {gid} 1\n"))
+}
+
 fn in_namespaces(userns: bool, pid: bool, net: bool, uid: u32, gid: u32) -> Result<(), String> {
     if userns {
-        sys::unshare("unshare(CLONE_NEWUSER)", libc::CLONE_NEWUSER).map_err(|e| e.to_string())?;
-        let write = |file: &str, text: String| {
-            std::fs::write(Path::new("/proc/self").join(file), text).map_err(|e| {
-                StepError::new(
-                    format!("write /proc/self/{file}"),
-                    e.raw_os_error().unwrap_or(libc::EIO),
-                )
-            })
-        };
-        write("uid_map", format!("{uid} {uid} 1\n")).map_err(|e| e.to_string())?;
-        write("setgroups", "deny".to_owned()).map_err(|e| e.to_string())?;
-        write("gid_map", format!("{gid} {gid} 1\n")).map_err(|e| e.to_string())?;
+        enter_user_namespace(uid, gid).map_err(|e| e.to_string())?;
     }
     let mut flags = libc::CLONE_NEWNS | libc::CLONE_NEWIPC;
     if pid {

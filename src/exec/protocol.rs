@@ -69,7 +69,31 @@ pub struct SessionRequest {
     /// The session's workspace and temporary directory on a disk image of their own, sized to
     /// its quota (see `exec::disk`); `None`: the host's directories, bound back.
     pub disk: Option<SessionDisk>,
+    /// The workspace as a copy-on-write view of a template (see `exec::overlay`); `None`: the
+    /// workspace as it is.
+    #[serde(default)]
+    pub overlay: Option<SessionOverlay>,
     pub view: View,
+}
+
+/// A workspace the holder mounts as an overlay of a template (see `exec::overlay`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionOverlay {
+    /// The template: the read-only lower layer.
+    #[serde(with = "bytes_path")]
+    pub lower: PathBuf,
+    /// The workspace: where the overlay is seen, and (without a disk of the session's own) its
+    /// upper layer.
+    #[serde(with = "bytes_path")]
+    pub target: PathBuf,
+    /// The kernel's work directory beside the upper layer, on its file system (without a disk;
+    /// with one, its `work` directory is used).
+    #[serde(with = "bytes_path")]
+    pub work: PathBuf,
+    /// The template's owner, shown as the session's command user (an idmapped lower layer) when
+    /// they differ and podhost is root; `None`: shown as it is.
+    pub map_owner: Option<(CommandUser, CommandUser)>,
 }
 
 /// What a holder is asked to mount (see `exec::disk`): sent in the session request.

@@ -23,7 +23,7 @@ use super::confine::{Confinement, Isolation, WorkspaceRules, users};
 use super::disk;
 use super::net::{Exit, FORWARD_PORT, Network};
 use super::probe::Namespaces;
-use super::protocol::{CommandUser, SessionDisk, SessionNetwork, SessionRequest};
+use super::protocol::{CommandUser, SessionDisk, SessionNetwork, SessionOverlay, SessionRequest};
 use super::quota::DiskQuota;
 use super::session::SessionSlot;
 use super::{ExecConfig, Executor};
@@ -39,6 +39,17 @@ pub struct SandboxSpec<'a> {
     /// The session's uid from the pool, which the store hands out (so that no uid serves two
     /// sessions at once, on any replica); required where the policy has a pool.
     pub uid: Option<u32>,
+    /// The workspace as a copy-on-write view of a template (see `exec::overlay`): made in the
+    /// session's view, so only where the host gives sessions namespaces.
+    pub overlay: Option<OverlaySpec<'a>>,
+}
+
+/// The template a workspace is an overlay of, and the kernel's work directory for it: an empty
+/// directory, hidden from sessions, on the workspace's file system.
+#[derive(Clone, Copy, Debug)]
+pub struct OverlaySpec<'a> {
+    pub template: &'a Path,
+    pub work: &'a Path,
 }
 
 /// Why a workspace's sandbox could not be made: a fault of the host, never of a tool.
@@ -52,6 +63,8 @@ pub enum SandboxError {
     Cgroup(String),
     #[error("could not make the session's disk: {0}")]
     Disk(String),
+    #[error("could not make the workspace an overlay of the template: {0}")]
+    Overlay(String),
 }
 
 /// One workspace's executor and the rules its file tools follow.
@@ -98,6 +111,7 @@ impl Sandbox {
                     cgroup_procs: Vec::new(),
                     network: None,
                     disk: None,
+                    overlay: None,
                     view,
                 };
                 executor = executor.with_session(SessionSlot::new(helper, request, None));
@@ -151,9 +165,18 @@ impl Sandbox {
                     cgroup_procs: procs,
                     network,
                     disk,
+                    overlay: spec
+                        .overlay
+                        .map(|o| session_overlay(o, spec, disk_owner(&iso, &confinement)))
+                        .transpose()?,
                     view,
                 };
                 Some(SessionSlot::new(iso.helper.clone(), request, exit))
+            }
+            None if spec.overlay.is_some() => {
+                return Err(SandboxError::Overlay(
+                    "sessions get no mount namespace on this host".to_owned(),
+                ));
             }
             // Without a holder, each command's supervisor joins the groups itself.
             None => {
@@ -197,6 +220,29 @@ fn network(
         forward_port: Some(FORWARD_PORT),
     };
     (Some(network), Some(exit))
+}
+
+/// The overlay of `spec`'s workspace: on a root host, the template's owner is shown as `owner`
+/// (the command user, who then owns its files as it would own a copy's).
+fn session_overlay(
+    overlay: OverlaySpec<'_>,
+    spec: SandboxSpec<'_>,
+    owner: CommandUser,
+) -> Result<SessionOverlay, SandboxError> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(overlay.template)
+        .map_err(|e| SandboxError::Overlay(format!("{}: {e}", overlay.template.display())))?;
+    let from = CommandUser {
+        uid: meta.uid(),
+        gid: meta.gid(),
+    };
+    let map_owner = (nix::unistd::geteuid().is_root() && from != owner).then_some((from, owner));
+    Ok(SessionOverlay {
+        lower: overlay.template.to_path_buf(),
+        target: spec.workspace.root().to_path_buf(),
+        work: overlay.work.to_path_buf(),
+        map_owner,
+    })
 }
 
 /// Who owns a session's disk's directories: its command user (a pool uid, or the one user of

@@ -215,6 +215,9 @@ fn close_stray_fds() {
     }
 }
 
+/// What the request buffer holds before it grows: more than a usual request (2–4 KB).
+const REQUEST_BUFFER: usize = 16 * 1024;
+
 struct Supervisor {
     me: Pid,
     signals: SigSet,
@@ -225,7 +228,9 @@ struct Supervisor {
 
 impl Supervisor {
     fn read_request(&mut self) -> Result<Request, String> {
-        let mut buf = Vec::new();
+        // Room for a usual request at once: from empty, `read_to_end` probes with 32 bytes and
+        // doubles, eight reads for a request of a few kilobytes.
+        let mut buf = Vec::with_capacity(REQUEST_BUFFER);
         (&self.ctl)
             .take(MAX_REQUEST_BYTES + 1)
             .read_to_end(&mut buf)

@@ -1,9 +1,11 @@
-//! A workspace template: a directory whose files every new session's workspace starts with,
-//! copied in once when the workspace is made.
+//! A workspace template: a directory whose files every new session's workspace starts with:
+//! seen through an overlay mount in the session's view (see `exec::overlay`), or copied in once
+//! when the workspace is made.
 //!
-//! Owns: how a template is copied (its [`Level`]: a copy-on-write clone of each file, `FICLONE`,
-//! where the file system shares extents — btrfs, xfs —, else a plain copy), chosen once at start
-//! by cloning one file of the template into the data directory; and the copy itself.
+//! Owns: how a template reaches a workspace (its [`Level`]: an overlay where sessions have a
+//! view and the kernel mounts one, else a copy-on-write clone of each file, `FICLONE`, where the
+//! file system shares extents — btrfs, xfs —, else a plain copy), the clone level found once at
+//! start by cloning one file of the template into the data directory; and the copy itself.
 //!
 //! Invariants:
 //! * The template is only read: nothing is written, touched or followed in it.
@@ -32,9 +34,12 @@ use nix::sys::time::TimeSpec;
 /// are dropped (a session's files never raise privileges).
 const KEPT_MODE: u32 = 0o1777;
 
-/// How a template is copied into a new workspace.
+/// How a template reaches a new workspace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Level {
+    /// Nothing copied: the workspace is an overlay of the template in the session's view, the
+    /// session's own directory its upper layer (see `exec::overlay`).
+    Overlay,
     /// Each regular file cloned (`FICLONE`): its blocks shared until either side writes.
     Reflink,
     /// Each regular file copied byte by byte.
@@ -45,14 +50,16 @@ impl Level {
     /// The level's name, as `/healthz` and the logs say it.
     pub fn name(self) -> &'static str {
         match self {
+            Level::Overlay => "overlay",
             Level::Reflink => "reflink",
             Level::Copy => "copy",
         }
     }
 
-    /// The level named `name` (`reflink`, `copy`).
+    /// The level named `name` (`overlay`, `reflink`, `copy`).
     pub fn parse(name: &str) -> Option<Level> {
         match name {
+            "overlay" => Some(Level::Overlay),
             "reflink" => Some(Level::Reflink),
             "copy" => Some(Level::Copy),
             _ => None,
@@ -110,7 +117,8 @@ fn first_file(dir: &Path) -> Option<PathBuf> {
     None
 }
 
-/// Copies `template` into `dst`, a directory that must not exist yet, at `level`.
+/// Copies `template` into `dst`, a directory that must not exist yet, at `level` (an overlay's
+/// template is copied as [`Level::Copy`] would).
 pub fn copy_tree(template: &Template, dst: &Path) -> io::Result<()> {
     copy_dir(&template.dir, dst, template.level)
 }
@@ -156,7 +164,7 @@ fn copy_file(src: &Path, dst: &Path, level: Level) -> io::Result<()> {
         .open(dst)?;
     match level {
         Level::Reflink => clone(&from, &to)?,
-        Level::Copy => {
+        Level::Copy | Level::Overlay => {
             io::copy(&mut &from, &mut &to)?;
         }
     }
@@ -298,9 +306,9 @@ mod tests {
 
     #[test]
     fn levels_parse_their_names() {
-        for l in [Level::Copy, Level::Reflink] {
+        for l in [Level::Copy, Level::Reflink, Level::Overlay] {
             assert_eq!(Level::parse(l.name()), Some(l));
         }
-        assert_eq!(Level::parse("overlay"), None);
+        assert_eq!(Level::parse("union"), None);
     }
 }

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use super::{ToolError, ToolName, ToolOutcome, bash, codes, edit, glob, grep, parse, read, write};
 use crate::exec::confine::{Confinement, WorkspaceRules};
 use crate::exec::env::Egress;
-use crate::exec::sandbox::{Sandbox, SandboxError, SandboxSpec};
+use crate::exec::sandbox::{OverlaySpec, Sandbox, SandboxError, SandboxSpec};
 use crate::exec::{BaseEnv, CommandEnv, ExecConfig, ExecSettings, Executor, find_shell};
 use crate::floor::locks::FileLocks;
 use crate::floor::workspace::Workspace;
@@ -158,6 +158,18 @@ impl ToolboxBuilder {
         private_tmp: Option<&Path>,
         uid: Option<u32>,
     ) -> Result<Toolbox, SandboxError> {
+        self.build_over(workspace, private_tmp, uid, None)
+    }
+
+    /// [`build_as`](Self::build_as), the workspace an overlay of a template when `overlay`
+    /// says so (see `exec::overlay`).
+    pub fn build_over(
+        &self,
+        workspace: Workspace,
+        private_tmp: Option<&Path>,
+        uid: Option<u32>,
+        overlay: Option<OverlaySpec<'_>>,
+    ) -> Result<Toolbox, SandboxError> {
         let base = self.base_env.clone().unwrap_or_else(|| BaseEnv {
             home: workspace.root().to_path_buf(),
             ..BaseEnv::default()
@@ -172,6 +184,7 @@ impl ToolboxBuilder {
             workspace: &workspace,
             private_tmp,
             uid,
+            overlay,
         };
         let Sandbox { executor, rules } = Sandbox::for_workspace(config, &self.confinement, spec)?;
         Ok(Toolbox::with_rules(

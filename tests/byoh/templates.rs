@@ -1,7 +1,7 @@
 //! A workspace template (`PODHOST_WORKSPACE_TEMPLATE`): every new session's workspace starts
 //! with its files, each session changes only its own copy, the template is never changed, and a
-//! link in it that leads outside reads nothing there. Each copy level this host gives runs the
-//! same checks.
+//! link in it that leads outside reads nothing there. Each level this host gives (overlay,
+//! reflink, copy) runs the same checks, seen through the session's own tools.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 
 use pretty_assertions::assert_eq;
 use reqwest::StatusCode;
-use serde_json::json;
+use serde_json::{Value, json};
 
-use crate::harness::{Options, Serve, T, spawn, start};
+use crate::harness::{Options, Serve, T, resume, spawn, start};
 use crate::openai_fake::{FakeModel, Reply};
 
 const SESSIONS: usize = 20;
@@ -78,12 +78,12 @@ fn template(dir: &Path) -> PathBuf {
 
 /// Session `n` (its task is its number): writes `bash-n` with bash and `write-n` with the write
 /// tool, reads the link with bash and with the read tool; session 0 also deletes `shared.txt`.
+/// Then it changes a template file (`src/run.sh`), lists its workspace and says whether it owns
+/// the template's files (bash), finds every file (glob) and reads the changed file back.
 fn model(fake: &FakeModel) {
     fake.respond_with(|body| {
         let messages = body["messages"].as_array().unwrap();
-        if messages.iter().any(|m| m["role"] == "tool") {
-            return Reply::text("done");
-        }
+        let answered = messages.iter().filter(|m| m["role"] == "tool").count();
         let n: usize = messages
             .iter()
             .find(|m| m["role"] == "user")
@@ -91,43 +91,54 @@ fn model(fake: &FakeModel) {
             .and_then(|t| t.trim().parse().ok())
             .unwrap();
         let delete = if n == 0 { "rm shared.txt; " } else { "" };
-        Reply::calls(&[
-            (
-                "c1",
-                "bash",
-                json!({"command": format!("{delete}echo {n} > bash-{n}; cat out > seen 2>&1; true")}),
-            ),
-            ("c2", "write", json!({"path": format!("write-{n}"), "content": format!("{n}\n")})),
-            ("c3", "read", json!({"path": "out"})),
-        ])
+        match answered {
+            0 => Reply::calls(&[
+                (
+                    "c1",
+                    "bash",
+                    json!({"command": format!("{delete}echo {n} > bash-{n}; cat out > seen 2>&1; true")}),
+                ),
+                ("c2", "write", json!({"path": format!("write-{n}"), "content": format!("{n}\n")})),
+                ("c3", "read", json!({"path": "out"})),
+            ]),
+            3 => Reply::calls(&[
+                (
+                    "c4",
+                    "bash",
+                    json!({"command": format!(
+                        "echo changed-{n} >> src/run.sh; LC_ALL=C ls -A | tr '\\n' ' '; echo; \
+                         test -O README && test -O src && echo mine"
+                    )}),
+                ),
+                ("c5", "glob", json!({"pattern": "**/*"})),
+                ("c6", "read", json!({"path": "src/run.sh"})),
+            ]),
+            _ => Reply::text("done"),
+        }
     });
 }
 
-/// The tool results session `n`'s model was sent.
-fn tool_results(fake: &FakeModel, n: usize) -> Vec<String> {
-    fake.requests()
+/// The answer to `call` in `messages` (a collected output), parsed when it is JSON.
+fn answer(messages: &Value, call: &str) -> Value {
+    let text = messages
+        .as_array()
+        .unwrap()
         .iter()
-        .filter_map(|r| {
-            let messages = r.body["messages"].as_array()?;
-            let user = messages.iter().find(|m| m["role"] == "user")?;
-            (user["content"].as_str()?.trim() == n.to_string()).then_some(messages.clone())
-        })
-        .flatten()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| m["content"].to_string())
-        .collect()
+        .find(|m| m["tool_call_id"] == call)
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_else(|| panic!("no answer to {call}: {messages}"));
+    serde_json::from_str(text).unwrap_or(Value::String(text.to_owned()))
 }
 
-/// Runs the sessions on a server with `env`; answers the level `/healthz` reports.
-async fn twenty_sessions(env: &[(&str, &str)]) -> String {
+/// Runs the sessions on a server with `env`; answers the level `/healthz` reports, and how the
+/// disk quota is held.
+async fn twenty_sessions(env: &[(&str, &str)]) -> (String, Value) {
     let dir = tempfile::tempdir().unwrap();
     let t = template(dir.path());
     let before = tree(&t);
     let fake = FakeModel::start("fake-model", None).await;
     model(&fake);
-    let mut opts = Options::default()
-        .env("PODHOST_WORKSPACE_TEMPLATE", t.to_str().unwrap())
-        .env("PODHOST_SESSION_DISK_FS", "off");
+    let mut opts = Options::default().env("PODHOST_WORKSPACE_TEMPLATE", t.to_str().unwrap());
     for (k, v) in env {
         opts = opts.env(k, v);
     }
@@ -151,69 +162,150 @@ async fn twenty_sessions(env: &[(&str, &str)]) -> String {
         s.wait_status(&format!("i{n}"), "completed", T * 4).await;
     }
     for n in 0..SESSIONS {
-        let ws = s.workspace(&format!("s{n}"));
-        let mut names: Vec<String> = std::fs::read_dir(&ws)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        let mut want = vec!["README", "out", "seen", "src"]
-            .into_iter()
-            .map(str::to_owned)
-            .chain([format!("bash-{n}"), format!("write-{n}")])
-            .collect::<Vec<_>>();
-        if n != 0 {
-            want.push("shared.txt".to_owned());
+        let (_, out) = s.collect(&format!("i{n}")).await;
+        seen_by_the_session(&out["messages"], n, &level);
+        if level != "overlay" {
+            copied_on_the_host(&s, n);
+        } else {
+            // Nothing was copied: the host's directory holds what the session wrote alone.
+            assert!(!s.workspace(&format!("s{n}")).join("README").exists());
         }
-        want.sort();
-        assert_eq!(names, want, "session {n}");
-        assert_eq!(
-            s.read_file(&format!("s{n}"), &format!("bash-{n}")),
-            Some(format!("{n}\n"))
-        );
-        assert_eq!(
-            s.read_file(&format!("s{n}"), &format!("write-{n}")),
-            Some(format!("{n}\n"))
-        );
-        assert_eq!(
-            s.read_file(&format!("s{n}"), "README").as_deref(),
-            Some("from the template\n")
-        );
-        // The copy is the session's, like its workspace: a uid of the pool on a root host.
-        let owner = std::fs::metadata(&ws).unwrap().uid();
-        assert_eq!(owners(&ws), [owner].into(), "session {n}");
-        if nix::unistd::geteuid().is_root() {
-            assert_ne!(owner, 0, "session {n}");
-        }
-        // The link stayed a link, and neither bash nor the read tool got through it.
-        assert!(
-            std::fs::symlink_metadata(ws.join("out"))
-                .unwrap()
-                .is_symlink()
-        );
-        let seen = s.read_file(&format!("s{n}"), "seen").unwrap();
-        assert!(!seen.contains(SECRET), "bash read through the link: {seen}");
-        let results = tool_results(&fake, n);
-        assert_eq!(results.len(), 3, "{results:?}");
-        assert!(!results.iter().any(|r| r.contains(SECRET)), "{results:?}");
     }
     assert_eq!(tree(&t), before, "the template changed");
-    level
+    (level, health["confinement"]["disk_quota"].clone())
 }
 
+/// What session `n`'s tools saw: its own files and changes, the template's files as its own,
+/// nothing of another session's, nothing through the link.
+fn seen_by_the_session(m: &Value, n: usize, level: &str) {
+    let mut names = vec!["README", "out", "seen", "src"]
+        .into_iter()
+        .map(str::to_owned)
+        .chain([format!("bash-{n}"), format!("write-{n}")])
+        .collect::<Vec<_>>();
+    if n != 0 {
+        names.push("shared.txt".to_owned());
+    }
+    names.sort();
+    assert_eq!(
+        answer(m, "c4"),
+        json!({"exitCode": 0, "stdout": format!("{} \nmine\n", names.join(" ")), "stderr": ""}),
+        "session {n} at {level}"
+    );
+    let mut files: Vec<String> = names
+        .iter()
+        .filter(|f| *f != "out" && *f != "src")
+        .cloned()
+        .chain(["src/run.sh".to_owned()])
+        .collect();
+    files.sort();
+    let globbed = answer(m, "c5");
+    let mut found: Vec<String> = globbed
+        .as_str()
+        .unwrap_or_else(|| panic!("{globbed}"))
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    found.sort();
+    assert_eq!(found, files, "session {n} at {level}");
+    let changed = answer(m, "c6").to_string();
+    assert!(
+        changed.contains(&format!("changed-{n}")) && changed.contains("echo run"),
+        "session {n} at {level}: {changed}"
+    );
+    let link = answer(m, "c3").to_string();
+    assert!(!link.contains(SECRET), "{link}");
+}
+
+/// Session `n`'s copy on the host (copy and reflink levels): its files, owned by the session.
+fn copied_on_the_host(s: &Serve, n: usize) {
+    let ws = s.workspace(&format!("s{n}"));
+    assert_eq!(
+        s.read_file(&format!("s{n}"), &format!("bash-{n}")),
+        Some(format!("{n}\n"))
+    );
+    assert_eq!(
+        s.read_file(&format!("s{n}"), "README").as_deref(),
+        Some("from the template\n")
+    );
+    // The copy is the session's, like its workspace: a uid of the pool on a root host.
+    let owner = std::fs::metadata(&ws).unwrap().uid();
+    assert_eq!(owners(&ws), [owner].into(), "session {n}");
+    if nix::unistd::geteuid().is_root() {
+        assert_ne!(owner, 0, "session {n}");
+    }
+    // The link stayed a link, and bash did not get through it.
+    assert!(
+        std::fs::symlink_metadata(ws.join("out"))
+            .unwrap()
+            .is_symlink()
+    );
+    let seen = s.read_file(&format!("s{n}"), "seen").unwrap();
+    assert!(!seen.contains(SECRET), "bash read through the link: {seen}");
+}
+
+/// The levels to run: the one start-up finds with the host's defaults (a file system per
+/// session on a root host), then each forced, without a file system per session (copy and
+/// reflink cannot go into one). A level this host lacks is said, and its refusal checked.
 #[tokio::test]
 async fn sessions_from_one_template_each_see_only_their_own_changes_at_every_level() {
-    let found = twenty_sessions(&[]).await;
+    let (found, quota) = twenty_sessions(&[]).await;
+    let off = ("PODHOST_SESSION_DISK_FS", "off");
+    let (found_off, _) = twenty_sessions(&[off]).await;
+    if found_off == "overlay" {
+        // Also over a file system per session, where the host gives one.
+        assert_eq!(found, "overlay", "disk quota {quota}");
+    }
+    eprintln!("with the host's defaults: the {found} level, disk quota {quota}");
     let mut forced = vec!["copy"];
-    if found == "reflink" {
+    match found_off.as_str() {
+        "overlay" => forced.push("overlay"),
+        other => {
+            eprintln!("sessions cannot mount an overlay here ({other} found): its refusal is run");
+            forced_overlay_is_refused().await;
+        }
+    }
+    if reflink_here() {
         forced.push("reflink");
     } else {
         eprintln!("the data directory cannot clone files here: the reflink level is not run");
     }
     for level in forced {
-        let env = [("PODHOST_WORKSPACE_TEMPLATE_LEVEL", level)];
-        assert_eq!(twenty_sessions(&env).await, level);
+        let env = [("PODHOST_WORKSPACE_TEMPLATE_LEVEL", level), off];
+        assert_eq!(twenty_sessions(&env).await.0, level);
     }
+    if found == "overlay" {
+        let env = [("PODHOST_WORKSPACE_TEMPLATE_LEVEL", "overlay")];
+        assert_eq!(twenty_sessions(&env).await.0, "overlay");
+    }
+}
+
+/// Whether a file clones (`cp --reflink=always`) in a temporary directory here.
+fn reflink_here() -> bool {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a"), "a").unwrap();
+    std::process::Command::new("cp")
+        .arg("--reflink=always")
+        .arg(dir.path().join("a"))
+        .arg(dir.path().join("b"))
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Where the kernel mounts no overlay in a session's view, asking for one stops `serve`.
+async fn forced_overlay_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = template(dir.path());
+    let opts = Options::default()
+        .env("PODHOST_WORKSPACE_TEMPLATE", t.to_str().unwrap())
+        .env("PODHOST_WORKSPACE_TEMPLATE_LEVEL", "overlay")
+        .env("PODHOST_TOKEN", "t0k3n");
+    let err = spawn(&dir.path().join("data"), &opts).err().unwrap();
+    assert!(err.starts_with("exit code Some(2)"), "{err}");
+    assert!(
+        err.contains("the overlay level was asked for, but sessions' views cannot mount one here"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -261,7 +353,7 @@ async fn without_a_template_healthz_says_nothing_of_one() {
 }
 
 #[tokio::test]
-async fn a_template_with_a_file_system_per_session_is_refused_where_the_host_gives_one() {
+async fn a_copied_template_with_a_file_system_per_session_is_refused_where_the_host_gives_one() {
     let dir = tempfile::tempdir().unwrap();
     let plain = Serve::start(&dir.path().join("plain"));
     let (_, health) = plain.call("GET", "/healthz", None).await;
@@ -269,6 +361,7 @@ async fn a_template_with_a_file_system_per_session_is_refused_where_the_host_giv
     let data = dir.path().join("data");
     let opts = Options::default()
         .env("PODHOST_WORKSPACE_TEMPLATE", t.to_str().unwrap())
+        .env("PODHOST_WORKSPACE_TEMPLATE_LEVEL", "copy")
         .env("PODHOST_TOKEN", "t0k3n");
     let started = spawn(&data, &opts);
     if health["confinement"]["disk_quota"] != "filesystem" {
@@ -281,8 +374,263 @@ async fn a_template_with_a_file_system_per_session_is_refused_where_the_host_giv
     let err = started.err().unwrap();
     assert!(err.starts_with("exit code Some(2)"), "{err}");
     assert!(
-        err.contains("cannot be combined with a file system per session"),
+        err.contains(
+            "PODHOST_WORKSPACE_TEMPLATE: cannot be copied into a file system per session, which \
+             is mounted over the workspace, with the copy level; set PODHOST_SESSION_DISK_FS=off \
+             (the quota is then measured) or PODHOST_SESSION_DISK_MB=0"
+        ),
         "{err}"
     );
     assert!(!data.exists());
+}
+
+/// A template bigger than a session's disk quota: the session starts and reads all of it, and
+/// only what it writes counts, on the session's own file system (where the host gives one)
+/// and with a measured quota.
+#[tokio::test]
+async fn the_quota_counts_what_a_session_writes_not_the_template() {
+    for disk_fs in ["on", "off"] {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path().join("big");
+        std::fs::create_dir(&t).unwrap();
+        std::fs::write(t.join("big.bin"), vec![7u8; 20 << 20]).unwrap();
+        let fake = FakeModel::start("fake-model", None).await;
+        fake.respond_with(|body| {
+            let answered = body["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|m| m["role"] == "tool")
+                .count();
+            match answered {
+                0 => Reply::calls(&[
+                    ("c1", "bash", json!({"command": "wc -c < big.bin"})),
+                    (
+                        "c2",
+                        "bash",
+                        json!({"command": "head -c 4M /dev/zero > small && wc -c < small"}),
+                    ),
+                    (
+                        "c3",
+                        "bash",
+                        json!({"command": "head -c 12M /dev/zero > more"}),
+                    ),
+                ]),
+                _ => Reply::text("done"),
+            }
+        });
+        let opts = Options::default()
+            .env("PODHOST_WORKSPACE_TEMPLATE", t.to_str().unwrap())
+            .env("PODHOST_SESSION_DISK_MB", "8")
+            .env("PODHOST_SESSION_DISK_FS", disk_fs)
+            .env("PODHOST_MIN_FREE_MB", "1");
+        let s = Serve::start_with(dir.path(), opts);
+        let (_, health) = s.call("GET", "/healthz", None).await;
+        let level = health["workspace_template"]["level"].clone();
+        let quota = health["confinement"]["disk_quota"].clone();
+        if level != "overlay" {
+            eprintln!(
+                "no overlay here ({level}, disk quota {quota}): a copy of the template counts \
+                 against the quota, which this test is not about; not run"
+            );
+            continue;
+        }
+        s.submit(start("q", "q1", "go", &fake.base_url(), None))
+            .await;
+        s.wait_status("q1", "completed", T * 4).await;
+        let (_, out) = s.collect("q1").await;
+        let m = &out["messages"];
+        assert_eq!(
+            answer(m, "c1"),
+            json!({"exitCode": 0, "stdout": "20971520\n", "stderr": ""}),
+            "disk quota {quota}"
+        );
+        assert_eq!(
+            answer(m, "c2"),
+            json!({"exitCode": 0, "stdout": "4194304\n", "stderr": ""}),
+            "disk quota {quota}"
+        );
+        let past = answer(m, "c3");
+        assert_ne!(past["exitCode"], json!(0), "disk quota {quota}: {past}");
+    }
+}
+
+/// Session `change` deletes a template file and changes another, then (after its holder is
+/// gone: a new turn, answering its question) and session `look`, started after it, list and
+/// read their workspaces: `change` sees its own changes again, `look` the template as it is.
+/// Returns the level.
+async fn changes_outlive_the_holder(env: &[(&str, &str)]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let t = template(dir.path());
+    let before = tree(&t);
+    let fake = FakeModel::start("fake-model", None).await;
+    fake.respond_with(|body| {
+        let messages = body["messages"].as_array().unwrap();
+        let answered = messages.iter().filter(|m| m["role"] == "tool").count();
+        let look = messages
+            .iter()
+            .any(|m| m["role"] == "user" && m["content"] == "look");
+        let see = || {
+            Reply::calls(&[
+                (
+                    "c3",
+                    "bash",
+                    json!({"command": "LC_ALL=C ls -A | tr '\\n' ' '; cat README"}),
+                ),
+                ("c4", "read", json!({"path": "shared.txt"})),
+                ("c5", "glob", json!({"pattern": "**/*"})),
+            ])
+        };
+        match (look, answered) {
+            (true, 0) | (false, 2) => see(),
+            (false, 0) => Reply::call(
+                "c1",
+                "bash",
+                json!({"command": "rm shared.txt src/run.sh && echo changed > README"}),
+            ),
+            (false, 1) => Reply::call("c2", "ask_user", json!({"question": "go on?"})),
+            _ => Reply::text("done"),
+        }
+    });
+    let mut opts = Options::default().env("PODHOST_WORKSPACE_TEMPLATE", t.to_str().unwrap());
+    for (k, v) in env {
+        opts = opts.env(k, v);
+    }
+    let s = Serve::start_with(dir.path(), opts);
+    let (_, health) = s.call("GET", "/healthz", None).await;
+    let level = health["workspace_template"]["level"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let url = fake.base_url();
+    s.submit(start("change", "i1", "change", &url, None)).await;
+    s.wait_status("i1", "input_required", T * 2).await;
+    s.submit(resume("change", "i1", &[("c2", "yes")], &url, "k"))
+        .await;
+    s.wait_status("i1", "completed", T * 2).await;
+    s.submit(start("look", "i3", "look", &url, None)).await;
+    s.wait_status("i3", "completed", T * 2).await;
+    let (_, changed) = s.collect("i1").await;
+    let (_, looked) = s.collect("i3").await;
+    let m = &changed["messages"];
+    assert_eq!(
+        answer(m, "c3"),
+        json!({"exitCode": 0, "stdout": "README out src changed\n", "stderr": ""}),
+        "{level}"
+    );
+    assert_eq!(answer(m, "c5"), json!("README"), "{level}");
+    assert_eq!(
+        answer(m, "c4")["kind"],
+        json!("failed"),
+        "{level}: {}",
+        answer(m, "c4")
+    );
+    let m = &looked["messages"];
+    assert_eq!(
+        answer(m, "c3"),
+        json!({"exitCode": 0, "stdout": "README out shared.txt src from the template\n", "stderr": ""}),
+        "{level}"
+    );
+    assert_eq!(answer(m, "c4"), json!("1\tshared"), "{level}");
+    let mut found: Vec<String> = answer(m, "c5")
+        .as_str()
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    found.sort();
+    assert_eq!(found, ["README", "shared.txt", "src/run.sh"], "{level}");
+    assert_eq!(tree(&t), before, "the template changed");
+    level
+}
+
+#[tokio::test]
+async fn a_sessions_deletions_and_changes_outlive_its_holder_and_stay_its_own() {
+    let found = changes_outlive_the_holder(&[]).await;
+    eprintln!("with the host's defaults: the {found} level");
+    let env = [
+        ("PODHOST_WORKSPACE_TEMPLATE_LEVEL", "copy"),
+        ("PODHOST_SESSION_DISK_FS", "off"),
+    ];
+    assert_eq!(changes_outlive_the_holder(&env).await, "copy");
+}
+
+/// An overlay mounted on the host for a test, detached when dropped.
+struct HostOverlay(PathBuf);
+
+impl Drop for HostOverlay {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("--lazy")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// A data directory the kernel refuses as an overlay's upper layer (itself on an overlay, as
+/// one on NFS would be): a found overlay level falls back to a copy, and sessions still start
+/// from the template; a forced one stops `serve` and says why.
+#[tokio::test]
+async fn a_data_directory_that_cannot_hold_an_upper_layer_falls_back_to_a_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = template(dir.path());
+    let base = dir.path().join("base");
+    for d in ["l", "u", "w", "merged"] {
+        std::fs::create_dir_all(base.join(d)).unwrap();
+    }
+    let options = format!(
+        "lowerdir={0}/l,upperdir={0}/u,workdir={0}/w",
+        base.display()
+    );
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o", &options])
+        .arg(base.join("merged"))
+        .output()
+        .unwrap();
+    if !mounted.status.success() {
+        eprintln!(
+            "cannot mount an overlay on the host here ({}): the fallback is not run",
+            String::from_utf8_lossy(&mounted.stderr).trim()
+        );
+        return;
+    }
+    let _overlay = HostOverlay(base.join("merged"));
+    let opts = || {
+        Options::default()
+            .env("PODHOST_WORKSPACE_TEMPLATE", t.to_str().unwrap())
+            .env("PODHOST_SESSION_DISK_FS", "off")
+    };
+    let data = base.join("merged/data");
+    let forced = opts()
+        .env("PODHOST_WORKSPACE_TEMPLATE_LEVEL", "overlay")
+        .env("PODHOST_TOKEN", "t0k3n");
+    let err = spawn(&data, &forced).err().unwrap();
+    assert!(err.starts_with("exit code Some(2)"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "PODHOST_WORKSPACE_TEMPLATE: the overlay level was asked for, but the data directory \
+             {} cannot hold a session's upper layer: ",
+            data.display()
+        )),
+        "{err}"
+    );
+    let s = Serve::start_with(&base.join("merged"), opts());
+    let (_, health) = s.call("GET", "/healthz", None).await;
+    assert_eq!(health["workspace_template"]["level"], json!("copy"));
+    let fake = FakeModel::start("fake-model", None).await;
+    fake.respond_with(|body| {
+        let messages = body["messages"].as_array().unwrap();
+        match messages.iter().any(|m| m["role"] == "tool") {
+            false => Reply::call("c1", "bash", json!({"command": "cat README"})),
+            true => Reply::text("done"),
+        }
+    });
+    s.submit(start("s", "i", "go", &fake.base_url(), None))
+        .await;
+    s.wait_status("i", "completed", T * 2).await;
+    let (_, out) = s.collect("i").await;
+    assert_eq!(
+        answer(&out["messages"], "c1"),
+        json!({"exitCode": 0, "stdout": "from the template\n", "stderr": ""})
+    );
 }

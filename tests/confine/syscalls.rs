@@ -325,6 +325,7 @@ fn userns_noproc_toolbox(host: &Host) -> Toolbox {
                 cgroup_procs: Vec::new(),
                 network: None,
                 disk: None,
+                overlay: None,
                 view,
             },
             None,

@@ -164,6 +164,7 @@ fn the_readme_holds_the_three_kubernetes_examples() {
                     "Secret",
                     "ConfigMap",
                     "PersistentVolumeClaim",
+                    "PersistentVolumeClaim",
                     "Deployment",
                     "Service"
                 ])

@@ -42,6 +42,9 @@ pub struct Isolation {
     pub disk_fs: bool,
     /// Commands stay root because the configuration asked.
     pub root_asked: bool,
+    /// A workspace can be an overlay of a template in a session's view (see `exec::overlay`),
+    /// or why not.
+    pub overlay: Result<(), String>,
 }
 
 impl Isolation {
@@ -53,14 +56,21 @@ impl Isolation {
             .clone()
             .or_else(|| crate::exec::find_supervisor().ok())
             .unwrap_or_default();
-        let (namespaces, mut refused, mut network) = if settings.namespaces {
+        let (namespaces, mut refused, mut network, overlay) = if settings.namespaces {
             let probe = crate::exec::probe::probe_host(&helper);
-            (probe.namespaces, probe.refused, probe.network)
+            (
+                probe.namespaces,
+                probe.refused,
+                probe.network,
+                probe.overlay,
+            )
         } else {
+            let off = "namespaces are turned off (PODHOST_NAMESPACES=off)";
             (
                 Namespaces::None,
-                vec!["namespaces are turned off (PODHOST_NAMESPACES=off)".to_owned()],
+                vec![off.to_owned()],
                 false,
+                Err(off.to_owned()),
             )
         };
         // A disk of its own needs a view podhost can join (as root) and a host that mounts one.
@@ -99,6 +109,7 @@ impl Isolation {
             disk_quota: settings.disk_quota,
             disk_fs,
             root_asked: settings.root_asked,
+            overlay,
         }
     }
 }

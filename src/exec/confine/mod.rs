@@ -418,6 +418,25 @@ impl Confinement {
     }
 
     /// Whether commands run in a session's namespaces.
+    /// Whether a session's workspace can be an overlay of a template (see `exec::overlay`):
+    /// sessions get a view of their own, in which the kernel mounts one, and podhost's file
+    /// tools can join it (as root: a thread of a process with other threads cannot join the
+    /// user namespace that owns a session's view when podhost is not root); else why not.
+    pub fn overlay(&self) -> Result<(), String> {
+        match &self.isolation {
+            Some(iso) if iso.namespaces == crate::exec::probe::Namespaces::Root => {
+                iso.overlay.clone()
+            }
+            Some(iso) if iso.namespaces.any() => Err(
+                "podhost is not root: its file tools cannot join a session's mount namespace, \
+                 which a user namespace owns"
+                    .to_owned(),
+            ),
+            Some(iso) => iso.overlay.clone(),
+            None => Err("sessions are not isolated".to_owned()),
+        }
+    }
+
     pub fn uses_namespaces(&self) -> bool {
         self.isolation.as_ref().is_some_and(|i| i.namespaces.any())
     }
@@ -632,6 +651,48 @@ pub fn canonical_lenient(path: &Path) -> PathBuf {
 mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
+
+    /// A session's workspace is an overlay only where podhost is root: at a user namespace's
+    /// level its file tools could not join the view, whatever the kernel mounts.
+    #[test]
+    fn only_a_root_host_gives_overlay_workspaces() {
+        let at = |namespaces: crate::exec::probe::Namespaces| {
+            let iso = Isolation {
+                namespaces,
+                refused: Vec::new(),
+                network: false,
+                allow_networks: Vec::new().into(),
+                helper: PathBuf::new(),
+                uid_pool: None,
+                cgroups: Err("none".to_owned()),
+                disk_quota: None,
+                disk_fs: false,
+                root_asked: false,
+                overlay: Ok(()),
+            };
+            Confinement {
+                isolation: Some(Arc::new(iso)),
+                ..Confinement::default()
+            }
+            .overlay()
+        };
+        use crate::exec::probe::Namespaces;
+        assert_eq!(at(Namespaces::Root), Ok(()));
+        for level in [Namespaces::Userns, Namespaces::UsernsNoproc] {
+            assert_eq!(
+                at(level),
+                Err(
+                    "podhost is not root: its file tools cannot join a session's mount \
+                     namespace, which a user namespace owns"
+                        .to_owned()
+                )
+            );
+        }
+        assert_eq!(
+            Confinement::default().overlay(),
+            Err("sessions are not isolated".to_owned())
+        );
+    }
 
     #[test]
     fn the_level_follows_the_settings() {

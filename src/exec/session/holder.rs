@@ -19,7 +19,8 @@
 //!   SIGKILLs H. O is exec'ed, hence dumpable again (podhost is not), which the user namespace's
 //!   id maps need.
 //! * **H** (pid 1 of the session) builds the view (`view`) — mounting the session's disk in it,
-//!   when it has one (`exec::disk`) — and its network (`exec::net`), answers `ok` with its mount
+//!   when it has one (`exec::disk`), and its workspace's overlay of a template (`exec::overlay`,
+//!   whose id map O makes) — and its network (`exec::net`), answers `ok` with its mount
 //!   namespace (and the network's listening socket) attached, or `error …`, on the socket,
 //!   ignores SIGCHLD (the kernel reaps its children and every orphan of the session),
 //!   and forks one supervisor per message. It dies with O (parent-death SIGKILL), and with it
@@ -148,6 +149,16 @@ fn start(req: &SessionRequest, sock: i32) -> Result<(libc::pid_t, OwnedFd), Step
     let mut prepared = view::prepare(&req.view, req.pid_namespace, req.userns.is_some())?;
     if let Some(disk) = &req.disk {
         prepared.disk = Some((disk.clone(), crate::exec::disk::prepare(disk)?));
+    }
+    if let Some(overlay) = &req.overlay {
+        // Here, in the host's PID namespace and before any user namespace of the session's.
+        let idmap = match overlay.map_owner {
+            Some((from, to)) if req.userns.is_none() => {
+                Some(crate::exec::overlay::idmap(from, to)?)
+            }
+            _ => None,
+        };
+        prepared.overlay = Some((overlay.clone(), idmap, req.userns.is_some()));
     }
     let (life_r, life_w) =
         sys::pipe().map_err(|e| StepError::new("pipe", e.raw_os_error().unwrap_or(libc::EIO)))?;

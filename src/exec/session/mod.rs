@@ -271,6 +271,7 @@ impl SessionSlot {
             && !r.pid_namespace
             && r.network.is_none()
             && r.disk.is_none()
+            && r.overlay.is_none()
             && r.cgroup_procs.is_empty()
             && self.exit.is_none())
         .then_some(r)
@@ -307,10 +308,10 @@ impl SessionSlot {
         Ok(started)
     }
 
-    /// Whether the session's files live in its mount namespace alone (a disk of its own), so
-    /// that the file tools must join it.
+    /// Whether the session's files live in its mount namespace alone (a disk of its own, or
+    /// a workspace that is an overlay of a template), so that the file tools must join it.
     pub fn files_inside(&self) -> bool {
-        self.request.disk.is_some()
+        self.request.disk.is_some() || self.request.overlay.is_some()
     }
 
     /// The image of the session's own disk, when it has one.

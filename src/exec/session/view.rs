@@ -7,7 +7,9 @@
 //! 1. `/` and everything beneath it `MS_REC|MS_PRIVATE`: nothing mounted here propagates to
 //!    the host, and nothing the host mounts later shows here.
 //! 2. The re-binds are captured first (`open_tree(OPEN_TREE_CLONE)`): detached copies of the
-//!    writable and read-only places, taken before anything covers them.
+//!    writable and read-only places, taken before anything covers them. The session's own
+//!    files take the place of the host's among them: its disk's directories (`exec::disk`), and
+//!    the workspace's overlay of a template (`exec::overlay`), both mounted detached.
 //! 3. `mount_setattr("/", AT_RECURSIVE, RDONLY|NOSUID|NODEV)`: per-mount flags only, never the
 //!    superblock — a plain `mount -o remount,ro /` would make the *host's* file system
 //!    read-only. So `chmod`, `chown`, `utime` and every write outside the re-binds fail with
@@ -37,7 +39,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 pub use super::sockets::SocketWatch;
-use crate::exec::protocol::{SessionDisk, View};
+use crate::exec::protocol::{SessionDisk, SessionOverlay, View};
 use crate::exec::sys::{
     self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY, Res,
     StepError, cpath,
@@ -91,6 +93,10 @@ pub struct Prepared {
     /// The session's disk and its image, opened and locked (see `exec::disk`): its directories
     /// are bound instead of the host's.
     pub disk: Option<(SessionDisk, OwnedFd)>,
+    /// The workspace as an overlay of a template (see `exec::overlay`), with the user namespace
+    /// of its idmapped lower layer (made by the holder's outer process) when it has one, and
+    /// whether the view is built in a user namespace.
+    pub overlay: Option<(SessionOverlay, Option<OwnedFd>, bool)>,
 }
 
 fn depth(p: &Path) -> usize {
@@ -199,6 +205,7 @@ pub fn prepare(view: &View, proc: bool, bind_devices: bool) -> Res<Prepared> {
         host_dev: view.host_dev,
         sockets,
         disk: None,
+        overlay: None,
     })
 }
 
@@ -224,21 +231,8 @@ impl Prepared {
                 true,
             )?);
         }
-        if let Some((disk, image)) = &self.disk {
-            // While the host's /dev is still there to make the loop device from.
-            for (target, tree) in crate::exec::disk::mount(disk, image)? {
-                let target = cpath(&target)?;
-                match self.sources.iter().position(|s| *s == target) {
-                    Some(k) => trees[k] = tree,
-                    None => {
-                        return Err(StepError::new(
-                            format!("bind the session's disk at {}", target.to_string_lossy()),
-                            libc::ENOENT,
-                        ));
-                    }
-                }
-            }
-        }
+        // While the host's /dev is still there to make a loop device from.
+        self.own_files(&mut trees)?;
         // The host's /dev, kept: taken before the root's `nodev` reaches it.
         let host_dev = match self.host_dev {
             true => Some(sys::open_tree("capture /dev", c"/dev", true)?),
@@ -329,6 +323,46 @@ impl Prepared {
             }
         }
         sys::chdir("chdir /", c"/")
+    }
+
+    /// Puts the session's own files in place of the host's directories among the captured
+    /// `trees`: its disk's directories (see `exec::disk`), then the workspace's overlay (see
+    /// `exec::overlay`), whose upper layer is the disk's workspace when there is a disk.
+    fn own_files(&self, trees: &mut [OwnedFd]) -> Res<()> {
+        let mut replace = |target: &Path, tree: OwnedFd| {
+            let target = cpath(target)?;
+            match self.sources.iter().position(|s| *s == target) {
+                Some(k) => {
+                    trees[k] = tree;
+                    Ok(())
+                }
+                None => Err(StepError::new(
+                    format!("bind the session's files at {}", target.to_string_lossy()),
+                    libc::ENOENT,
+                )),
+            }
+        };
+        let mut disk_fs = None;
+        if let Some((disk, image)) = &self.disk {
+            let (fs, mounted) = crate::exec::disk::mount(disk, image)?;
+            for (target, tree) in mounted {
+                replace(&target, tree)?;
+            }
+            disk_fs = Some(fs);
+        }
+        let Some((overlay, idmap, userns)) = &self.overlay else {
+            return Ok(());
+        };
+        let (upper, work) = match &disk_fs {
+            Some(fs) => crate::exec::disk::overlay_dirs(fs)?,
+            None => (
+                crate::exec::overlay::open_dir("open the upper layer", &cpath(&overlay.target)?)?,
+                crate::exec::overlay::open_dir("open the work directory", &cpath(&overlay.work)?)?,
+            ),
+        };
+        let lower = crate::exec::overlay::lower_tree(&cpath(&overlay.lower)?, idmap.as_ref())?;
+        let merged = crate::exec::overlay::mount(&lower, &upper, &work, *userns)?;
+        replace(&overlay.target, merged)
     }
 
     fn build_dev(&self, dev_trees: &[OwnedFd]) -> Res<()> {
