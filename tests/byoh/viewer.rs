@@ -496,3 +496,64 @@ async fn a_path_swapped_for_a_symlink_while_it_is_read_shows_nothing_outside() {
     assert_eq!(status, StatusCode::OK);
     assert!(text.contains("<pre class=\"file\">inside</pre>"), "{text}");
 }
+
+/// The list, its events and a session's page show the model's tokens in and out, summed over
+/// every model call of the invocation; a model that sends no usage shows "—", not zero.
+#[tokio::test]
+async fn tokens_in_and_out_are_the_sums_of_the_models_usage() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeModel::start("fake-model", Some("k")).await;
+    fake.push([
+        Reply::call("c1", "bash", json!({ "command": "true" })),
+        Reply::text("done"),
+    ]);
+    let s = Serve::start(dir.path());
+    s.submit(start("s-1", "i-1", "count", &fake.base_url(), Some("k")))
+        .await;
+    s.wait_status("i-1", "completed", T).await;
+    // The fake reports each request's tokens as its prompt tokens, and one completion token.
+    let calls = fake.requests();
+    let sent: u64 = calls.iter().map(|r| r.tokens).sum();
+    assert_eq!(calls.len(), 2);
+    let bare = FakeModel::start("fake-model", Some("k")).await;
+    bare.push([Reply::Raw(json!({
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "done"},
+                     "finish_reason": "stop"}]
+    }))]);
+    s.submit(start("s-2", "i-2", "count", &bare.base_url(), Some("k")))
+        .await;
+    s.wait_status("i-2", "completed", T).await;
+    let c = cookie(&s).await;
+    let (_, _, list) = get(&s, "/ui/", Some(&c)).await;
+    let cells = |tokens_in: &str, tokens_out: &str| {
+        format!(
+            "<td data-f=\"tokens_in\">{tokens_in}</td><td data-f=\"tokens_out\">{tokens_out}</td>"
+        )
+    };
+    assert!(
+        list.contains("<th>Tokens in</th><th>Tokens out</th>"),
+        "{list}"
+    );
+    assert!(list.contains(&cells(&sent.to_string(), "2")), "{list}");
+    assert!(list.contains(&cells("—", "—")), "{list}");
+    let (_, _, page) = get(&s, "/ui/session?id=i-1", Some(&c)).await;
+    let shown = format!("<dt>Tokens in / out</dt><dd>{sent} / 2</dd>");
+    assert!(page.contains(&shown), "{page}");
+    let (_, _, page) = get(&s, "/ui/session?id=i-2", Some(&c)).await;
+    assert!(
+        page.contains("<dt>Tokens in / out</dt><dd>— / —</dd>"),
+        "{page}"
+    );
+    let (_, rows) = first_event(&s, "", &c).await;
+    let counts = |id: &str| {
+        let row = rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == id)
+            .unwrap();
+        (row["tokens_in"].clone(), row["tokens_out"].clone())
+    };
+    assert_eq!(counts("i-1"), (json!(sent.to_string()), json!("2")));
+    assert_eq!(counts("i-2"), (json!("—"), json!("—")));
+}

@@ -231,6 +231,42 @@ pub struct InvocationRow {
     /// How long the lease had left when the row was read (ms, by the store's clock; zero or
     /// less: expired); `None` when no lease was ever taken.
     pub lease_left_ms: Option<i64>,
+    /// The model's tokens, summed over the invocation's model calls.
+    pub tokens: Tokens,
+}
+
+/// The model's tokens of an invocation: the prompt tokens (in) and completion tokens (out)
+/// each model answer reported in its `usage`, summed over every model call; `None` where no
+/// call reported that count.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tokens {
+    pub input: Option<u64>,
+    pub output: Option<u64>,
+}
+
+impl Tokens {
+    /// Whether no count is known.
+    pub fn is_none(&self) -> bool {
+        self.input.is_none() && self.output.is_none()
+    }
+
+    /// Reads the two columns (`tokens_in`, `tokens_out`); a negative count is corrupt.
+    fn from_columns(input: Option<i64>, output: Option<i64>) -> Result<Tokens, StoreError> {
+        let count = |c: Option<i64>| {
+            c.map(|n| u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("{n} tokens"))))
+                .transpose()
+        };
+        Ok(Tokens {
+            input: count(input)?,
+            output: count(output)?,
+        })
+    }
+
+    /// The counts as the columns' parameters.
+    fn to_columns(self) -> (Option<i64>, Option<i64>) {
+        let count = |c: Option<u64>| c.map(|n| i64::try_from(n).unwrap_or(i64::MAX));
+        (count(self.input), count(self.output))
+    }
 }
 
 impl InvocationRow {
@@ -259,6 +295,7 @@ impl InvocationRow {
             owner: None,
             epoch: 0,
             lease_left_ms: None,
+            tokens: Tokens::default(),
         }
     }
 
@@ -311,6 +348,8 @@ pub struct SessionSummary {
     pub tool_calls: u64,
     /// The transcript was removed after the retention period.
     pub swept: bool,
+    /// The model's tokens, summed over the invocation's model calls.
+    pub tokens: Tokens,
 }
 
 /// The SQL of a [`ListQuery`] page, with the engine's placeholders (`?N` or `$N`) and its
@@ -329,7 +368,8 @@ fn list_sql(q: &ListQuery, ph: fn(usize) -> String, contains: fn(&str, &str) -> 
     };
     let mut sql = format!(
         "SELECT i.invocation_id, i.session_id, i.status, i.error, i.created_ms, i.updated_ms, \
-         i.finished_ms, i.swept, {}, {} FROM invocations i WHERE 1 = 1",
+         i.finished_ms, i.swept, {}, {}, i.tokens_in, i.tokens_out FROM invocations i \
+         WHERE 1 = 1",
         count("assistant"),
         count("tool")
     );
@@ -620,6 +660,21 @@ impl Store {
         dispatch!(self.append(id, messages, fence))
     }
 
+    /// Adds the tokens one model call reported to the invocation's sums, while `fence` holds
+    /// the open turn's lease. A count the call did not report leaves its sum as it was.
+    pub async fn add_tokens(
+        &self,
+        id: &str,
+        tokens: Tokens,
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        if tokens.is_none() {
+            return Ok(());
+        }
+        let _timer = crate::floor::metrics::store_write();
+        dispatch!(self.add_tokens(id, tokens.to_columns(), fence))
+    }
+
     /// The transcript from message `from` on.
     pub async fn messages(&self, id: &str, from: usize) -> Result<Vec<ChatMessage>, StoreError> {
         dispatch!(self.messages(id, from))
@@ -848,6 +903,8 @@ fn parse_status(s: &str) -> Result<Status, StoreError> {
     Status::parse(s).ok_or_else(|| StoreError::Corrupt(format!("status {s:?}")))
 }
 
-/// The columns every row read selects, in [`InvocationRow`]'s order, then the lease's expiry.
+/// The columns every row read selects, in [`InvocationRow`]'s order, then the lease's expiry,
+/// then the tokens.
 const COLUMNS: &str = "invocation_id, session_id, status, error, connection, needs_key, \
-    output_start, pending, last_resume, finished_ms, swept, owner, epoch, lease_until_ms";
+    output_start, pending, last_resume, finished_ms, swept, owner, epoch, lease_until_ms, \
+    tokens_in, tokens_out";

@@ -28,8 +28,8 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::{
     COLUMNS, Fence, InvocationRow, LeaseTerms, ListQuery, Orphan, Park, ResumeOutcome,
-    SessionSummary, StartOutcome, StatusRow, StoreError, UidGrant, from_json, grant, judge_resume,
-    judge_transition, list_sql, migrate, now_ms, parse_status, to_json,
+    SessionSummary, StartOutcome, StatusRow, StoreError, Tokens, UidGrant, from_json, grant,
+    judge_resume, judge_transition, list_sql, migrate, now_ms, parse_status, to_json,
 };
 use crate::byoh::protocol::Status;
 use crate::chat::message::{ChatMessage, ModelEndpoint};
@@ -141,6 +141,7 @@ fn read_row(r: &Row<'_>, now: i64) -> rusqlite::Result<Result<InvocationRow, Sto
     let pending: String = r.get(7)?;
     let last_resume: String = r.get(8)?;
     let lease_until: Option<i64> = r.get(13)?;
+    let (tokens_in, tokens_out) = (r.get(14)?, r.get(15)?);
     let row = (|| -> Result<InvocationRow, StoreError> {
         Ok(InvocationRow {
             invocation_id: r.get(0)?,
@@ -157,6 +158,7 @@ fn read_row(r: &Row<'_>, now: i64) -> rusqlite::Result<Result<InvocationRow, Sto
             owner: r.get(11)?,
             epoch: r.get(12)?,
             lease_left_ms: lease_until.map(|u| u - now),
+            tokens: Tokens::from_columns(tokens_in, tokens_out)?,
         })
     })();
     Ok(row)
@@ -604,6 +606,40 @@ impl Sqlite {
         .await
     }
 
+    pub async fn add_tokens(
+        &self,
+        id: &str,
+        (tokens_in, tokens_out): (Option<i64>, Option<i64>),
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        let id = id.to_owned();
+        let fence = fence.clone();
+        self.write(move |c| {
+            // `sum + n` is NULL when either is: then the sum as it was, else `n` (the first).
+            let held = exec(
+                c,
+                "UPDATE invocations SET updated_ms = ?2, \
+                 tokens_in = COALESCE(tokens_in + ?5, tokens_in, ?5), \
+                 tokens_out = COALESCE(tokens_out + ?6, tokens_out, ?6) \
+                 WHERE invocation_id = ?1 AND owner = ?3 AND epoch = ?4 \
+                 AND status IN ('queued', 'running')",
+                params![
+                    id,
+                    now_ms(),
+                    &*fence.owner,
+                    fence.epoch,
+                    tokens_in,
+                    tokens_out
+                ],
+            )?;
+            if held == 0 {
+                return Err(StoreError::Fenced(id));
+            }
+            Ok(())
+        })
+        .await
+    }
+
     pub async fn messages(&self, id: &str, from: usize) -> Result<Vec<ChatMessage>, StoreError> {
         let id = id.to_owned();
         self.read(move |c| read_messages(c, &id, from)).await
@@ -644,11 +680,12 @@ impl Sqlite {
                     (r.get::<_, String>(2)?, r.get::<_, Option<String>>(3)?),
                     (r.get(4)?, r.get(5)?, r.get(6)?, r.get::<_, bool>(7)?),
                     (r.get::<_, i64>(8)?, r.get::<_, i64>(9)?),
+                    (r.get(10)?, r.get(11)?),
                 ))
             })?;
             let mut out = Vec::new();
             for row in rows {
-                let ((invocation_id, session_id), (status, error), times, counts) = row?;
+                let ((invocation_id, session_id), (status, error), times, counts, tokens) = row?;
                 out.push(SessionSummary {
                     invocation_id,
                     session_id,
@@ -660,6 +697,7 @@ impl Sqlite {
                     swept: times.3,
                     steps: counts.0 as u64,
                     tool_calls: counts.1 as u64,
+                    tokens: Tokens::from_columns(tokens.0, tokens.1)?,
                 });
             }
             Ok(out)

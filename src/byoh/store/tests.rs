@@ -98,6 +98,7 @@ both_engines!(
     a_context_view_is_kept_fenced_and_swept,
     appends_racing_renewals_and_a_cancel_stay_whole,
     sessions_are_listed_a_page_at_a_time,
+    tokens_are_summed_under_the_fence,
 );
 
 fn terms(owner: &str, ttl_ms: i64) -> LeaseTerms {
@@ -1312,4 +1313,65 @@ async fn sessions_are_listed_a_page_at_a_time(f: Fixture) {
     };
     assert_eq!(ids(&found("s-b").await), vec!["b"]);
     assert_eq!(ids(&found("%").await), Vec::<String>::new());
+}
+
+async fn tokens_are_summed_under_the_fence(f: Fixture) {
+    let t = terms("a", 60_000);
+    let a = start(&f.store, "a", &t).await;
+    start(&f.store, "b", &t).await;
+    let tokens = |id: &'static str| {
+        let store = f.store.clone();
+        async move { store.get(id).await.unwrap().unwrap().tokens }
+    };
+    // No model call reported any yet: no count, not zero.
+    assert_eq!(tokens("a").await, Tokens::default());
+    let counts = |input, output| Tokens { input, output };
+    f.store
+        .add_tokens("a", counts(Some(10), Some(2)), &a)
+        .await
+        .unwrap();
+    // A call that reports one count adds to that sum alone.
+    f.store
+        .add_tokens("a", counts(Some(5), None), &a)
+        .await
+        .unwrap();
+    f.store
+        .add_tokens("a", counts(None, None), &a)
+        .await
+        .unwrap();
+    assert_eq!(tokens("a").await, counts(Some(15), Some(2)));
+    let mut listed: Vec<(String, Tokens)> = f
+        .store
+        .list_sessions(&ListQuery {
+            limit: 10,
+            ..ListQuery::default()
+        })
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.invocation_id, r.tokens))
+        .collect();
+    listed.sort_by(|x, y| x.0.cmp(&y.0));
+    assert_eq!(
+        listed,
+        vec![
+            ("a".to_owned(), counts(Some(15), Some(2))),
+            ("b".to_owned(), Tokens::default())
+        ]
+    );
+    // A replica whose claim was taken over adds nothing.
+    let stale = Fence {
+        owner: "b-replica".into(),
+        epoch: a.epoch,
+    };
+    let err = f
+        .store
+        .add_tokens("a", counts(Some(1), Some(1)), &stale)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Fenced(ref id) if id == "a"),
+        "{err}"
+    );
+    assert_eq!(tokens("a").await, counts(Some(15), Some(2)));
 }

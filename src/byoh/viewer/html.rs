@@ -93,6 +93,11 @@ pub fn duration(ms: i64) -> String {
     format!("{} h {} min", s / 3600, s / 60 % 60)
 }
 
+/// A count the model may not have reported: its digits, or `—` when unknown.
+pub fn count(n: Option<u64>) -> String {
+    n.map_or_else(|| "—".to_owned(), |n| n.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,5 +121,9 @@ mod tests {
         assert_eq!(duration(1234), "1.2 s");
         assert_eq!(duration(125_000), "2 min 5 s");
         assert_eq!(duration(7_380_000), "2 h 3 min");
+        assert_eq!(
+            (count(Some(1234)), count(None)),
+            ("1234".into(), "—".into())
+        );
     }
 }

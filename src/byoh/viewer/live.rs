@@ -21,7 +21,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::Viewer;
-use super::html::duration;
+use super::html::{count, duration};
 use super::pages::{ListParams, took};
 use crate::byoh::store::now_ms;
 
@@ -62,7 +62,8 @@ fn ticks(v: Viewer, follow: Follow) -> impl Stream<Item = Result<Event, Infallib
     })
 }
 
-/// The rows as they are now: `[{"id", "status", "error", "duration", "steps", "tool_calls"}]`.
+/// The rows as they are now: `[{"id", "status", "error", "duration", "steps", "tool_calls",
+/// "tokens_in", "tokens_out"}]`.
 async fn read(v: &Viewer, follow: &Follow) -> Option<Value> {
     let store = &v.engine.inner.store;
     if let Some(id) = &follow.id {
@@ -85,6 +86,8 @@ async fn read(v: &Viewer, follow: &Follow) -> Option<Value> {
                     "duration": duration(took(s, now)),
                     "steps": s.steps.to_string(),
                     "tool_calls": s.tool_calls.to_string(),
+                    "tokens_in": count(s.tokens.input),
+                    "tokens_out": count(s.tokens.output),
                 })
             })
             .collect(),

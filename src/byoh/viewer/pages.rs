@@ -12,7 +12,7 @@ use std::fmt::Write;
 
 use serde::Deserialize;
 
-use super::html::{duration, esc, page, query, time};
+use super::html::{count, duration, esc, page, query, time};
 use crate::byoh::protocol::Status;
 use crate::byoh::store::{InvocationRow, ListQuery, SessionSummary, now_ms};
 use crate::chat::context::ContextView;
@@ -78,6 +78,7 @@ fn row(out: &mut String, s: &SessionSummary, now: i64) {
          <td data-f=\"status\" class=\"status st-{status}\">{status}</td>\
          <td>{started}</td><td data-f=\"duration\">{took}</td>\
          <td data-f=\"steps\">{steps}</td><td data-f=\"tool_calls\">{calls}</td>\
+         <td data-f=\"tokens_in\">{tokens_in}</td><td data-f=\"tokens_out\">{tokens_out}</td>\
          <td data-f=\"error\" class=\"err\">{error}</td></tr>",
         id = esc(&s.invocation_id),
         link = query(&[("id", &s.invocation_id)]),
@@ -86,6 +87,8 @@ fn row(out: &mut String, s: &SessionSummary, now: i64) {
         took = duration(took(s, now)),
         steps = s.steps,
         calls = s.tool_calls,
+        tokens_in = count(s.tokens.input),
+        tokens_out = count(s.tokens.output),
         error = esc(s.error.as_deref().unwrap_or("")),
     );
 }
@@ -123,7 +126,8 @@ pub fn sessions(p: &ListParams, rows: &[SessionSummary]) -> String {
         out,
         "<div class=\"scroll\"><table id=\"sessions\" data-live=\"/ui/events?{}\"><thead><tr>\
          <th>Invocation / session</th><th>Status</th><th>Started (UTC)</th><th>Duration</th>\
-         <th>Steps</th><th>Tool calls</th><th>Failure</th></tr></thead><tbody>",
+         <th>Steps</th><th>Tool calls</th><th>Tokens in</th><th>Tokens out</th>\
+         <th>Failure</th></tr></thead><tbody>",
         query(&[
             ("status", p.status.as_deref().unwrap_or("")),
             ("q", p.q.as_deref().unwrap_or("")),
@@ -257,11 +261,14 @@ fn facts(out: &mut String, row: &InvocationRow, csrf: &str) {
         "<h1>Session {session}</h1><dl class=\"facts\" id=\"session\" \
          data-live=\"/ui/events?{live}\"><dt>Invocation</dt><dd>{id}</dd>\
          <dt>Status</dt><dd data-f=\"status\" class=\"status st-{status}\">{status}</dd>\
+         <dt>Tokens in / out</dt><dd>{tokens_in} / {tokens_out}</dd>\
          <dt>Failure</dt><dd data-f=\"error\" class=\"err\">{error}</dd></dl>\
          <p><a href=\"/ui/files?{live}\">Workspace files</a></p>",
         session = esc(&row.session_id),
         live = query(&[("id", &row.invocation_id)]),
         id = esc(&row.invocation_id),
+        tokens_in = count(row.tokens.input),
+        tokens_out = count(row.tokens.output),
         error = esc(row.error.as_deref().unwrap_or("")),
     );
     if !row.status.is_terminal() {
