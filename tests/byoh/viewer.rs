@@ -557,3 +557,64 @@ async fn tokens_in_and_out_are_the_sums_of_the_models_usage() {
     assert_eq!(counts("i-1"), (json!(sent.to_string()), json!("2")));
     assert_eq!(counts("i-2"), (json!("—"), json!("—")));
 }
+
+/// A session submitted after the list's first page loaded is in that page's events, with all a
+/// script needs to draw its row (the page is marked to grow); a filter it does not match
+/// leaves it out, and a later page does not grow.
+#[tokio::test]
+async fn a_session_submitted_after_the_page_loaded_is_in_its_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeModel::start("fake-model", Some("k")).await;
+    fake.push([Reply::Hang(Box::new(Reply::text("done")))]);
+    let s = Serve::start(dir.path());
+    let c = cookie(&s).await;
+    let live = |page: &str| {
+        let from = page
+            .split("data-live=\"/ui/events?")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no live table: {page}"));
+        from.split('"').next().unwrap().replace("&amp;", "&")
+    };
+    let (_, _, first) = get(&s, "/ui/", Some(&c)).await;
+    assert!(
+        first.contains("<p class=\"empty\">No sessions.</p>"),
+        "{first}"
+    );
+    assert!(first.contains("<table id=\"sessions\" data-live=\"/ui/events?status=&amp;q=&amp;before_ms=&amp;before_id=\" data-grow>"), "{first}");
+    let (_, _, filtered) = get(&s, "/ui/?status=running&q=s-new", Some(&c)).await;
+    let (_, _, other) = get(&s, "/ui/?q=s-other", Some(&c)).await;
+    let (_, _, later) = get(&s, "/ui/?before_ms=1&before_id=i", Some(&c)).await;
+    assert!(!later.contains("data-grow"), "{later}");
+    s.submit(start("s-new", "i-new", "wait", &fake.base_url(), Some("k")))
+        .await;
+    s.wait_status("i-new", "running", T).await;
+    let (_, rows) = first_event(&s, &live(&first), &c).await;
+    let row = &rows[0];
+    assert_eq!(
+        (
+            rows.as_array().unwrap().len(),
+            &row["id"],
+            &row["session"],
+            &row["status"],
+            &row["tokens_in"]
+        ),
+        (
+            1,
+            &json!("i-new"),
+            &json!("s-new"),
+            &json!("running"),
+            &json!("—")
+        )
+    );
+    // The start time as the page draws it: `YYYY-MM-DD HH:MM:SS`.
+    let started = row["started"].as_str().unwrap();
+    assert!(
+        started.len() == 19 && started.as_bytes()[10] == b' ',
+        "{started}"
+    );
+    let (_, rows) = first_event(&s, &live(&filtered), &c).await;
+    assert_eq!(rows.as_array().unwrap().len(), 1, "{rows}");
+    let (_, rows) = first_event(&s, &live(&other), &c).await;
+    assert_eq!(rows, json!([]));
+    fake.release();
+}

@@ -2,8 +2,8 @@
 //! `chromedriver` by Selenium's WebDriver client (`tests/support/viewer_browser.py`; `.ci/run`
 //! installs all three). A wrong credential is refused, sign-in leads to the list, a session's
 //! page shows a command's output, hostile transcript text stays text (no alert, no element, no
-//! request to the canary it names), and a running session's row turns `completed` without a
-//! reload; at a phone's width nothing but the table (in its own scrolling box) is wider than
+//! request to the canary it names), a running session's row turns `completed` and a session
+//! submitted after the list loaded appears on it, both without a reload; at a phone's width nothing but the table (in its own scrolling box) is wider than
 //! the screen. Screenshots are kept in `target/tmp/viewer-browser/`.
 //!
 //! Where the browser cannot run, the test says so on stderr and passes only outside CI; with
@@ -111,7 +111,7 @@ async fn the_viewer_works_in_a_real_browser() {
     let mut child = tokio::process::Command::new("python3")
         .arg(script)
         .args(["--url", &s.url, "--token", TOKEN, "--done", "i-done"])
-        .args(["--running", "i-run", "--marker", marker])
+        .args(["--running", "i-run", "--new", "i-new", "--marker", marker])
         .args(["--chromium", CHROMIUM, "--chromedriver", CHROMEDRIVER])
         .arg("--shots")
         .arg(&shots)
@@ -127,6 +127,9 @@ async fn the_viewer_works_in_a_real_browser() {
         .unwrap()
         .unwrap();
     assert_eq!(line.as_deref(), Some("watching"), "{}", s.log_tail());
+    fake.push([Reply::text("new")]);
+    s.submit(start("s-new", "i-new", "new", &fake.base_url(), Some("k")))
+        .await;
     fake.release();
     stdin.write_all(b"released\n").await.unwrap();
     let line = tokio::time::timeout(BROWSER, lines.next_line())

@@ -2,10 +2,12 @@
 """Drives the session viewer of a running `podhost serve` in a real browser (Debian's chromium,
 headless, through chromedriver and Selenium's WebDriver client), as tests/byoh/viewer_browser.rs
 asks: a wrong credential refused, sign-in, the list, a session with a command's output, hostile
-text rendered inert, and a running session's row turning `completed` without a reload.
+text rendered inert, a running session's row turning `completed` and a session submitted
+after the list loaded appearing on it, both without a reload.
 
 Talks to its caller on stdin/stdout, one line at a time: prints `watching` once the running
-session's row is on screen, waits for a line (the caller released the turn), and prints `ok`
+session's row is on screen, waits for a line (the caller released the turn and submitted the
+new session), and prints `ok`
 at the end. Any failed check exits 1 with the reason on stderr. Screenshots go to --shots.
 """
 
@@ -93,6 +95,12 @@ def watch(driver, args):
     print("watching", flush=True)
     sys.stdin.readline()
     WebDriverWait(driver, WAIT).until(lambda d: status_of(d, args.running) == "completed")
+    # The session submitted after the page loaded appears, newest, at the top, with its link.
+    WebDriverWait(driver, WAIT).until(lambda d: status_of(d, args.new) == "completed")
+    first = driver.find_element(By.CSS_SELECTOR, "#sessions tbody tr")
+    check(first.get_attribute("data-id") == args.new, "the new session is not the first row")
+    link = first.find_element(By.TAG_NAME, "a").get_attribute("href")
+    check(link.endswith("/ui/session?id=" + args.new), f"the new row links to {link}")
     mark = driver.execute_script("return window.podhostMark;")
     check(mark == "kept", "the page reloaded to show the new status")
     driver.save_screenshot(os.path.join(args.shots, "viewer-list.png"))
@@ -107,7 +115,9 @@ def watch(driver, args):
 
 def main():
     p = argparse.ArgumentParser()
-    for name in ("url", "token", "done", "running", "marker", "shots", "chromium", "chromedriver"):
+    names = ("url", "token", "done", "running", "new", "marker", "shots", "chromium",
+             "chromedriver")
+    for name in names:
         p.add_argument("--" + name, required=True)
     args = p.parse_args()
     os.makedirs(args.shots, exist_ok=True)

@@ -6,8 +6,13 @@
 //! data of an event is JSON (the script writes it into the page as text, never as markup); a
 //! tick whose read fails sends nothing and the next one tries again.
 //!
-//! Non-goals: adding rows that were not on the page (a reload shows them); pushing on change
-//! (the store has no change feed on SQLite, so the stream polls it).
+//! A list's first page also gains the rows its query finds that it did not show: a session
+//! submitted after the page loaded appears on it (if the page's filter matches it), at its
+//! place in the list, without a reload.
+//!
+//! Non-goals: adding rows to a later page (its rows are older than its cursor; a reload shows
+//! what changed), removing rows that left the page's filter; pushing on change (the store has
+//! no change feed on SQLite, so the stream polls it).
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -21,7 +26,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::Viewer;
-use super::html::{count, duration};
+use super::html::{count, duration, time};
 use super::pages::{ListParams, took};
 use crate::byoh::store::now_ms;
 
@@ -62,8 +67,9 @@ fn ticks(v: Viewer, follow: Follow) -> impl Stream<Item = Result<Event, Infallib
     })
 }
 
-/// The rows as they are now: `[{"id", "status", "error", "duration", "steps", "tool_calls",
-/// "tokens_in", "tokens_out"}]`.
+/// The rows as they are now: `[{"id", "status", "error"}]` for one session; for a list page,
+/// `[{"id", "session", "started", "status", "error", "duration", "steps", "tool_calls",
+/// "tokens_in", "tokens_out"}]`, newest first: all a script needs to draw a row it lacks.
 async fn read(v: &Viewer, follow: &Follow) -> Option<Value> {
     let store = &v.engine.inner.store;
     if let Some(id) = &follow.id {
@@ -81,6 +87,8 @@ async fn read(v: &Viewer, follow: &Follow) -> Option<Value> {
             .map(|s| {
                 json!({
                     "id": s.invocation_id,
+                    "session": s.session_id,
+                    "started": time(s.created_ms),
                     "status": s.status.as_str(),
                     "error": s.error.clone().unwrap_or_default(),
                     "duration": duration(took(s, now)),

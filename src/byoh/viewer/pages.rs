@@ -68,7 +68,8 @@ pub fn took(s: &SessionSummary, now: i64) -> i64 {
     end - s.created_ms
 }
 
-/// One row of the list; `data-f` names the cells the live updates change.
+/// One row of the list; `data-f` names the cells the live updates fill (the script draws a
+/// row it adds with the same cells, in this order).
 fn row(out: &mut String, s: &SessionSummary, now: i64) {
     let status = s.status.as_str();
     let _ = write!(
@@ -76,7 +77,7 @@ fn row(out: &mut String, s: &SessionSummary, now: i64) {
         "<tr data-id=\"{id}\"><td><a href=\"/ui/session?{link}\">{id}</a>\
          <div class=\"sub\">{session}</div></td>\
          <td data-f=\"status\" class=\"status st-{status}\">{status}</td>\
-         <td>{started}</td><td data-f=\"duration\">{took}</td>\
+         <td data-f=\"started\">{started}</td><td data-f=\"duration\">{took}</td>\
          <td data-f=\"steps\">{steps}</td><td data-f=\"tool_calls\">{calls}</td>\
          <td data-f=\"tokens_in\">{tokens_in}</td><td data-f=\"tokens_out\">{tokens_out}</td>\
          <td data-f=\"error\" class=\"err\">{error}</td></tr>",
@@ -116,7 +117,9 @@ fn filter(out: &mut String, p: &ListParams) {
     );
 }
 
-/// The list of sessions: the filter, a page of rows, and the link to the next page.
+/// The list of sessions: the filter, a page of rows, and the link to the next page. The first
+/// page (no cursor) is marked `data-grow`: its script adds the rows its events bring that it
+/// does not show yet (sessions submitted after it loaded), where they stand in the list.
 pub fn sessions(p: &ListParams, rows: &[SessionSummary]) -> String {
     let now = now_ms();
     let mut out = String::with_capacity(4096 + rows.len() * 512);
@@ -124,7 +127,7 @@ pub fn sessions(p: &ListParams, rows: &[SessionSummary]) -> String {
     filter(&mut out, p);
     let _ = write!(
         out,
-        "<div class=\"scroll\"><table id=\"sessions\" data-live=\"/ui/events?{}\"><thead><tr>\
+        "<div class=\"scroll\"><table id=\"sessions\" data-live=\"/ui/events?{}\"{}><thead><tr>\
          <th>Invocation / session</th><th>Status</th><th>Started (UTC)</th><th>Duration</th>\
          <th>Steps</th><th>Tool calls</th><th>Tokens in</th><th>Tokens out</th>\
          <th>Failure</th></tr></thead><tbody>",
@@ -133,7 +136,12 @@ pub fn sessions(p: &ListParams, rows: &[SessionSummary]) -> String {
             ("q", p.q.as_deref().unwrap_or("")),
             ("before_ms", p.before_ms.as_deref().unwrap_or("")),
             ("before_id", p.before_id.as_deref().unwrap_or("")),
-        ])
+        ]),
+        if p.query().before.is_none() {
+            " data-grow"
+        } else {
+            ""
+        }
     );
     for s in rows {
         row(&mut out, s, now);

@@ -1,7 +1,8 @@
 // The viewer's one script (served from /ui/assets/, so the page's Content-Security-Policy
 // needs no 'unsafe-inline'): sign-in and cancel post JSON, and pages with `data-live` follow
-// their rows through server-sent events. Text from the server is only ever set as
-// textContent, never as markup.
+// their rows through server-sent events (a list's first page, `data-grow`, also adds the rows
+// it lacks: sessions submitted after it loaded). Text from the server is only ever set as
+// textContent, never as markup, and rows are built with createElement.
 "use strict";
 
 function postJson(url, body) {
@@ -63,12 +64,56 @@ function rowOf(root, id) {
   return null;
 }
 
+// The cells of a list row after its first (the link and the session id), in the table's
+// order, each with its class: the same cells the server draws.
+const CELLS = [
+  ["status", "status"], ["started", ""], ["duration", ""], ["steps", ""],
+  ["tool_calls", ""], ["tokens_in", ""], ["tokens_out", ""], ["error", "err"],
+];
+
+// A new, empty row for session `row` (the live update fills its cells).
+function newRow(row) {
+  const tr = document.createElement("tr");
+  tr.dataset.id = row.id;
+  const first = document.createElement("td");
+  const link = document.createElement("a");
+  link.href = "/ui/session?" + new URLSearchParams({ id: row.id });
+  link.textContent = row.id;
+  const session = document.createElement("div");
+  session.className = "sub";
+  session.textContent = row.session;
+  first.append(link, session);
+  tr.append(first);
+  for (const [field, cls] of CELLS) {
+    const td = document.createElement("td");
+    td.dataset.f = field;
+    if (cls) td.className = cls;
+    tr.append(td);
+  }
+  return tr;
+}
+
+// The element of row `id`; on a growing list (its first page), a row it lacks is added
+// after `prev` (the row before it in the event, newest first), or at the top.
+function rowOrNew(root, row, prev) {
+  const el = rowOf(root, row.id);
+  if (el || root.dataset.grow === undefined) return el;
+  const tr = newRow(row);
+  if (prev) prev.after(tr);
+  else root.tBodies[0].prepend(tr);
+  const empty = document.querySelector("p.empty");
+  if (empty) empty.remove();
+  return tr;
+}
+
 function follow(root) {
   const source = new EventSource(root.dataset.live);
   source.addEventListener("rows", (ev) => {
+    let prev = null;
     for (const row of JSON.parse(ev.data)) {
-      const el = rowOf(root, row.id);
+      const el = rowOrNew(root, row, prev);
       if (!el) continue;
+      prev = el;
       for (const [field, value] of Object.entries(row)) {
         const cell = el.querySelector('[data-f="' + field + '"]');
         if (!cell || cell.textContent === value) continue;
