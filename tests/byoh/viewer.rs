@@ -618,3 +618,51 @@ async fn a_session_submitted_after_the_page_loaded_is_in_its_events() {
     assert_eq!(rows, json!([]));
     fake.release();
 }
+
+/// A session started from a workspace template at the overlay level keeps only its changes
+/// (its upper layer) on the host: its page shows them and says the template's files are not
+/// shown, never passing the changes off as the whole workspace. Where sessions' views cannot
+/// mount an overlay (podhost is not root), the template is copied: the page shows it whole and
+/// says nothing of a template.
+#[tokio::test]
+async fn a_template_sessions_files_say_when_the_templates_are_not_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("template");
+    std::fs::create_dir_all(&t).unwrap();
+    std::fs::write(t.join("README"), "from the template").unwrap();
+    let fake = FakeModel::start("fake-model", Some("k")).await;
+    fake.push([
+        Reply::call("c1", "bash", json!({ "command": "printf mine > mine.txt" })),
+        Reply::text("done"),
+    ]);
+    let opts = Options::default()
+        .env("PODHOST_WORKSPACE_TEMPLATE", t.to_str().unwrap())
+        .env("PODHOST_SESSION_DISK_FS", "off");
+    let s = Serve::start_with(dir.path(), opts);
+    let (_, health) = s.call("GET", "/healthz", None).await;
+    let level = health["workspace_template"]["level"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    s.submit(start("s-1", "i-1", "change", &fake.base_url(), Some("k")))
+        .await;
+    s.wait_status("i-1", "completed", T).await;
+    let c = cookie(&s).await;
+    let (status, _, tree) = get(&s, "/ui/files?id=i-1", Some(&c)).await;
+    assert_eq!(status, StatusCode::OK, "{tree}");
+    let file = |name: &str| format!("path=%2Fworkspace%2F{name}\">{name}</a>");
+    assert!(tree.contains(&file("mine.txt")), "{tree}");
+    let note = "<p class=\"sub\" id=\"template-note\">This session&#39;s workspace is a \
+                copy-on-write overlay of the workspace template";
+    if level == "overlay" {
+        assert!(tree.contains(note), "{tree}");
+        assert!(!tree.contains(&file("README")), "{tree}");
+        let (_, _, page) = get(&s, "/ui/files?id=i-1&path=/workspace/README", Some(&c)).await;
+        assert!(page.contains(note), "{page}");
+        assert!(page.contains("nothing is at /workspace/README"), "{page}");
+    } else {
+        eprintln!("sessions cannot mount an overlay here ({level}): a copied template is checked");
+        assert!(!tree.contains("template-note"), "{tree}");
+        assert!(tree.contains(&file("README")), "{tree}");
+    }
+}

@@ -10,8 +10,17 @@
 //! cannot lead the read outside. At most [`MAX_FILES`] entries
 //! are listed and [`MAX_BYTES`] read. What a file holds is shown as escaped text.
 //!
+//! A session started from a workspace template at the overlay level keeps on the host only
+//! its overlay's upper layer: its changes. The page shows those and says that the template's
+//! files are not shown ([`TEMPLATE_NOTE`]), rather than passing the changes off as the whole
+//! workspace.
+//!
 //! Non-goals: writing; reading a session whose workspace is on a disk of its own (mounted in
-//! the session's namespace only): the page says so.
+//! the session's namespace only): the page says so. The merged view of a template session
+//! (template under its changes): a read confined like a file tool's runs without
+//! capabilities, so it cannot read the overlay's `trusted.` attributes (which directory is
+//! opaque, which was renamed) and would show files the session deleted; and the template's
+//! files belong to its owner, not to the session's uid the read takes.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -20,7 +29,7 @@ use std::path::Path;
 use tokio_util::sync::CancellationToken;
 
 use super::html::{esc, page, query};
-use crate::byoh::sandbox::{session_disk_image, workspace_dir};
+use crate::byoh::sandbox::{overlay_work_dir, session_disk_image, workspace_dir};
 use crate::floor::workspace::Workspace;
 use crate::tools::files::{self, FileRead, ListedFile, Listing};
 use crate::tools::{ToolOutcome, ToolboxBuilder};
@@ -29,6 +38,12 @@ use crate::tools::{ToolOutcome, ToolboxBuilder};
 pub const MAX_FILES: u64 = 2000;
 /// Bytes of a file shown at most.
 pub const MAX_BYTES: u64 = 1 << 20;
+
+/// What the page of a session whose workspace is an overlay of the template says first.
+pub const TEMPLATE_NOTE: &str = "This session's workspace is a copy-on-write overlay of the \
+    workspace template, mounted for its commands only. Shown here are its changes alone: the \
+    files it wrote or changed. The template's files it left as they were are not shown, and \
+    those it deleted are not marked.";
 
 /// What the page shows: a listing, a file, or why neither.
 enum Found {
@@ -132,6 +147,8 @@ pub async fn page_of(
     path: Option<String>,
 ) -> String {
     let found = read(tools, data, session, path.clone()).await;
+    let over_template =
+        overlay_work_dir(data, session).exists() && !session_disk_image(data, session).exists();
     let mut out = String::new();
     let _ = write!(
         out,
@@ -147,6 +164,13 @@ pub async fn page_of(
         );
     }
     out.push_str("</p>");
+    if over_template {
+        let _ = write!(
+            out,
+            "<p class=\"sub\" id=\"template-note\">{}</p>",
+            esc(TEMPLATE_NOTE)
+        );
+    }
     if let Some(p) = &path {
         let _ = write!(out, "<h2>{}</h2>", esc(p));
     }
