@@ -8,7 +8,7 @@
 //! * **Nylorun pod host** (`podhost pod`, [`nylorun`]): joins core, holds the Harness API
 //!   WebSocket, leases runs, journals every effect, serves core's `workspace.*` requests.
 //! * **Oumi BYOH endpoint** (`podhost serve`, [`byoh`]): four HTTP routes over a durable store,
-//!   calling an OpenAI-compatible model.
+//!   calling an OpenAI-compatible model, and a read-only session viewer for a browser (`/ui/`).
 //! * **Local** (`podhost tool`, `podhost run`, `podhost mcp`, [`local`]): one tool, one agent
 //!   task, or the tools served to an MCP client, for the person at the keyboard.
 //! * **Probe** (`podhost health`, [`probe`]): asks a running pod host's loopback health endpoint,

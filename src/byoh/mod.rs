@@ -13,6 +13,8 @@
 //! * [`sandbox`]: each session's sandbox (its uid from the store's pool), and whether the host
 //!   can make sandboxes at all (503 for new work while it cannot).
 //! * [`store`]: the durable store, SQLite (one replica) or PostgreSQL (several).
+//! * [`viewer`]: the read-only session viewer at `/ui/` (sign-in cookie, server-drawn pages,
+//!   live updates, cancel).
 //!
 //! Trust boundary: callers of the endpoint are authenticated by a bearer credential (or the
 //! endpoint listens on loopback only and answers only requests addressed to a loopback name);
@@ -27,6 +29,7 @@ pub mod runner;
 pub mod sandbox;
 pub(crate) mod server;
 pub(crate) mod store;
+pub(crate) mod viewer;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

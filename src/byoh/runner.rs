@@ -44,7 +44,8 @@ use tracing::{info, warn};
 use super::engine::{Engine, Inner, Live};
 use super::protocol::Status;
 use super::sandbox;
-use super::store::{InvocationRow, Store, StoreError, now_ms};
+use super::store::{InvocationRow, Store, StoreError, Tokens, now_ms};
+use crate::agent::model::Usage;
 use crate::agent::turn::{self, TurnEnd};
 use crate::chat::context::ContextView;
 use crate::chat::message::{ChatMessage, KeySource};
@@ -84,6 +85,17 @@ impl Front for StoreFront {
     async fn compacted(&mut self, view: &ContextView) -> Result<(), SessionError> {
         self.store
             .set_view(&self.id, view, &self.live.fence)
+            .await
+            .map_err(|e| turn_store_error(&self.live, e))
+    }
+
+    async fn used(&mut self, usage: &Usage) -> Result<(), SessionError> {
+        let tokens = Tokens {
+            input: usage.input_tokens,
+            output: usage.output_tokens,
+        };
+        self.store
+            .add_tokens(&self.id, tokens, &self.live.fence)
             .await
             .map_err(|e| turn_store_error(&self.live, e))
     }

@@ -5,7 +5,8 @@
 //! `POST /cancel`, and `GET /healthz`, `GET /openapi.yaml`. Every one of them needs
 //! `Authorization: Bearer <credential>` when a credential is configured. The kubelet's probes
 //! `GET /livez` and `GET /readyz` (up or not, nothing more) and `GET /metrics` (counts only)
-//! need none. Before any of their handlers (after the credential check), the floor's guard
+//! need none. The session viewer's routes under `/ui/` (see [`super::viewer`]) take the same
+//! credential through a sign-in cookie instead, as a browser sends no bearer header. Before any of their handlers (after the credential check), the floor's guard
 //! ([`crate::floor::http::guard`]) refuses what a browser page could forge: a foreign `Host`
 //! while no credential is set (403), a foreign `Origin` (403), a `POST` that is not
 //! `application/json` (415).
@@ -195,9 +196,11 @@ pub fn router(
 ) -> Router {
     let forgeries = Guard::new(listen, token.is_some(), refusal);
     crate::floor::metrics::serving("byoh");
+    let token = token.map(|t| Arc::new(Secret::new(t)));
+    let viewer = super::viewer::routes(engine.clone(), token.clone(), &forgeries);
     let app = App {
         engine,
-        token: token.map(|t| Arc::new(Secret::new(t))),
+        token,
         floor: floor.map(Arc::new),
         guards: guards.into(),
     };
@@ -215,6 +218,7 @@ pub fn router(
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(app.clone(), authenticate))
         .merge(open_routes(&forgeries))
+        .merge(viewer)
         .layer(middleware::from_fn(log_request))
         .with_state(app)
 }

@@ -39,7 +39,7 @@ use crate::agent::compaction::{Compaction, SummaryCall};
 use crate::agent::context::{Budget, Context, DEFAULT_THRESHOLD, UnitKind, estimate_json};
 use crate::agent::media::ModelFiles;
 use crate::agent::model::ToolCallBlock;
-use crate::agent::model::{Candidate, ModelAnswer, ModelFailure, ResultOutcome, ToolResult};
+use crate::agent::model::{Candidate, ModelAnswer, ModelFailure, ResultOutcome, ToolResult, Usage};
 use crate::agent::turn::{Effect, ToolEffect, TurnHost, suffixed_call_id};
 use crate::floor::codes;
 use crate::tools::{CallContext, ToolName, Toolbox, unknown_tool};
@@ -77,6 +77,10 @@ pub trait Front {
     }
     /// Keeps the compacted view, so that later turns start from it.
     async fn compacted(&mut self, _view: &ContextView) -> Result<(), SessionError> {
+        Ok(())
+    }
+    /// Counts the tokens a model call (an answer or a summary) reported in its usage.
+    async fn used(&mut self, _usage: &Usage) -> Result<(), SessionError> {
         Ok(())
     }
 }
@@ -399,6 +403,16 @@ impl<F: Front> ChatTurn<F> {
 
 impl<F: Front> ChatTurn<F> {
     /// One completion: its answer, or its failure as the loop reads it.
+    /// Hands the usage an answer reported, if any, to the front.
+    async fn count_usage(&mut self, answer: &ModelAnswer) -> Result<(), SessionError> {
+        match answer {
+            ModelAnswer::Candidate(Candidate {
+                usage: Some(usage), ..
+            }) => self.front.used(usage).await,
+            _ => Ok(()),
+        }
+    }
+
     async fn complete(&self, body: &serde_json::Value, cancel: &CancellationToken) -> ModelAnswer {
         let key = self.key.key();
         match self
@@ -454,6 +468,7 @@ impl<F: Front> TurnHost for ChatTurn<F> {
         let messages = context::request_messages(self.sent());
         let body = ModelClient::body(&self.conn, &self.system, &messages, tool_specs());
         let answer = self.complete(&body, cancel).await;
+        self.count_usage(&answer).await?;
         crate::failpoint!("serve.after_model");
         Ok(Effect::Done(answer))
     }
@@ -508,6 +523,7 @@ impl<F: Front> TurnHost for ChatTurn<F> {
             "summarizing the history"
         );
         let answer = self.complete(&body, cancel).await;
+        self.count_usage(&answer).await?;
         // The summary is written; the view is not yet changed or stored.
         crate::failpoint!("serve.compaction_after_summary");
         Ok(Effect::Done(answer))

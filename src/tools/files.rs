@@ -130,7 +130,11 @@ fn failed(code: &str, message: String) -> FileRead {
     FileRead::Failed(ToolOutcome::failed(code, message))
 }
 
-fn read_bytes(ws: &Workspace, path: &str, max_bytes: u64) -> FileRead {
+/// [`Toolbox::read_bytes`] on the calling thread: the path rules only, so a caller outside a
+/// toolbox (the viewer) runs it on a confined thread of its own
+/// ([`ToolboxBuilder::confined_reader`](super::ToolboxBuilder::confined_reader)): a path
+/// swapped for a symlink between the check and the open is then refused by the thread's rules.
+pub(crate) fn read_bytes(ws: &Workspace, path: &str, max_bytes: u64) -> FileRead {
     let resolved = match ws.resolve(path, Access::Read) {
         Ok(r) => r,
         Err(e) => return FileRead::Failed(e.into()),
@@ -177,7 +181,13 @@ fn read_bytes(ws: &Workspace, path: &str, max_bytes: u64) -> FileRead {
     FileRead::Bytes(bytes)
 }
 
-fn list_files(ws: &Workspace, dir: &str, max_entries: u64, cancel: &CancellationToken) -> Listing {
+/// [`Toolbox::list_files`] on the calling thread (see [`read_bytes`]).
+pub(crate) fn list_files(
+    ws: &Workspace,
+    dir: &str,
+    max_entries: u64,
+    cancel: &CancellationToken,
+) -> Listing {
     let resolved = match ws.resolve(dir, Access::Read) {
         Ok(r) => r,
         Err(e) => return Listing::Failed(e.into()),

@@ -96,6 +96,42 @@ impl ToolboxBuilder {
         self
     }
 
+    /// Runs `f`, a reader of `workspace` outside any toolbox (a viewer of a session's files),
+    /// where a file tool of that workspace runs: on a thread confined to the workspace's rules,
+    /// so a symlink or a directory swapped in while it reads cannot lead it outside. The
+    /// thread's grants are read-only: a reader never writes. Where each session's files belong
+    /// to a uid of its own (the pool), the reader takes the identity of the workspace's owner,
+    /// as that session's file tools do.
+    pub async fn confined_reader<T, F>(
+        &self,
+        workspace: &Workspace,
+        what: &'static str,
+        f: F,
+    ) -> Result<T, ToolError>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        let mut rules = self.confinement.for_workspace(workspace);
+        if let Some(files) = &mut rules.files {
+            let write = std::mem::take(&mut files.write);
+            files.read.extend(write);
+        }
+        if self.uid_pool().is_some() && rules.command.user.is_none() {
+            use std::os::unix::fs::MetadataExt;
+            let owner = std::fs::metadata(workspace.root()).map_err(|e| ToolError::Setup {
+                what,
+                message: format!("{}: {e}", workspace.root().display()),
+            })?;
+            rules.command.user = Some(crate::exec::protocol::CommandUser {
+                uid: owner.uid(),
+                gid: owner.gid(),
+            })
+            .filter(|u| u.uid != 0);
+        }
+        on_confined_thread(rules, None, what, f).await
+    }
+
     /// The toolbox of `workspace`. Commands get `HOME` = the workspace root unless a base
     /// environment was given; with `private_tmp`, their own temporary directory (`TMPDIR`),
     /// `/tmp` then read-only.
@@ -533,7 +569,6 @@ impl Toolbox {
         F: FnOnce() -> T + Send + 'static,
     {
         let setup = |message: String| ToolError::Setup { what, message };
-        let worker = |message: String| ToolError::Worker { what, message };
         // Where the session's files live in its own mount namespace, the call joins it.
         let namespace = self
             .inner
@@ -541,32 +576,51 @@ impl Toolbox {
             .files_namespace()
             .await
             .map_err(|e| setup(format!("could not reach the session's files: {e}")))?;
-        if !rules.confines_files() && namespace.is_none() {
-            return tokio::task::spawn_blocking(f)
-                .await
-                .map_err(|e| worker(e.to_string()));
-        }
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        std::thread::Builder::new()
-            .name(format!("podhost-{what}"))
-            .spawn(move || {
-                let joined = match &namespace {
-                    Some(ns) => crate::exec::session::enter_mount_namespace(ns)
-                        .map_err(|e| format!("could not join the session's mount namespace: {e}")),
-                    None => Ok(()),
-                };
-                // Err: the call could not be set up (nothing ran); Ok: what it returned.
-                let result = joined.and_then(|()| {
-                    crate::exec::confine::confine_thread(&rules)
-                        .map_err(|e| format!("could not confine the call: {e}"))
-                });
-                let _ = tx.send(result.map(|()| f()));
-            })
-            .map_err(|e| setup(format!("could not start a thread: {e}")))?;
-        match rx.await {
-            Ok(result) => result.map_err(setup),
-            Err(_) => Err(worker("its thread ended without an answer".to_owned())),
-        }
+        on_confined_thread(rules, namespace, what, f).await
+    }
+}
+
+/// Runs `f` where a file tool runs: on the blocking pool when `rules` confine nothing and no
+/// `namespace` is to be joined, else on a fresh thread that joins `namespace` and then
+/// restricts itself by `rules` before `f` touches the file system. The one way every file
+/// call, a toolbox's or a reader's without one ([`ToolboxBuilder::confined_reader`]), is run.
+async fn on_confined_thread<T, F>(
+    rules: WorkspaceRules,
+    namespace: Option<std::os::fd::OwnedFd>,
+    what: &'static str,
+    f: F,
+) -> Result<T, ToolError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    let setup = |message: String| ToolError::Setup { what, message };
+    let worker = |message: String| ToolError::Worker { what, message };
+    if !rules.confines_files() && namespace.is_none() {
+        return tokio::task::spawn_blocking(f)
+            .await
+            .map_err(|e| worker(e.to_string()));
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(format!("podhost-{what}"))
+        .spawn(move || {
+            let joined = match &namespace {
+                Some(ns) => crate::exec::session::enter_mount_namespace(ns)
+                    .map_err(|e| format!("could not join the session's mount namespace: {e}")),
+                None => Ok(()),
+            };
+            // Err: the call could not be set up (nothing ran); Ok: what it returned.
+            let result = joined.and_then(|()| {
+                crate::exec::confine::confine_thread(&rules)
+                    .map_err(|e| format!("could not confine the call: {e}"))
+            });
+            let _ = tx.send(result.map(|()| f()));
+        })
+        .map_err(|e| setup(format!("could not start a thread: {e}")))?;
+    match rx.await {
+        Ok(result) => result.map_err(setup),
+        Err(_) => Err(worker("its thread ended without an answer".to_owned())),
     }
 }
 

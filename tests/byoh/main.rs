@@ -37,3 +37,5 @@ mod stress;
 mod templates;
 mod tls;
 mod turns;
+mod viewer;
+mod viewer_browser;

@@ -3,9 +3,9 @@
 //!
 //! Owns: invocations (one per session: ids, status, error, the connection without its key,
 //! pending questions, the last applied resume, where the current submission's output starts),
-//! each session's transcript (one row per message, written after every step), the lease of each
-//! running turn (owner replica, epoch, expiry), the per-session uid pool (a free list), and the
-//! schema versions ([`migrate`]).
+//! each session's transcript (one row per message, written after every step, with when it was
+//! stored), the lease of each running turn (owner replica, epoch, expiry), the per-session uid
+//! pool (a free list), and the schema versions ([`migrate`]).
 //!
 //! Invariants, kept by both engines (the decisions are made once, here, on a row read inside the
 //! write's transaction; the engines only differ in SQL):
@@ -231,6 +231,42 @@ pub struct InvocationRow {
     /// How long the lease had left when the row was read (ms, by the store's clock; zero or
     /// less: expired); `None` when no lease was ever taken.
     pub lease_left_ms: Option<i64>,
+    /// The model's tokens, summed over the invocation's model calls.
+    pub tokens: Tokens,
+}
+
+/// The model's tokens of an invocation: the prompt tokens (in) and completion tokens (out)
+/// each model answer reported in its `usage`, summed over every model call; `None` where no
+/// call reported that count.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tokens {
+    pub input: Option<u64>,
+    pub output: Option<u64>,
+}
+
+impl Tokens {
+    /// Whether no count is known.
+    pub fn is_none(&self) -> bool {
+        self.input.is_none() && self.output.is_none()
+    }
+
+    /// Reads the two columns (`tokens_in`, `tokens_out`); a negative count is corrupt.
+    fn from_columns(input: Option<i64>, output: Option<i64>) -> Result<Tokens, StoreError> {
+        let count = |c: Option<i64>| {
+            c.map(|n| u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("{n} tokens"))))
+                .transpose()
+        };
+        Ok(Tokens {
+            input: count(input)?,
+            output: count(output)?,
+        })
+    }
+
+    /// The counts as the columns' parameters.
+    fn to_columns(self) -> (Option<i64>, Option<i64>) {
+        let count = |c: Option<u64>| c.map(|n| i64::try_from(n).unwrap_or(i64::MAX));
+        (count(self.input), count(self.output))
+    }
 }
 
 impl InvocationRow {
@@ -259,6 +295,7 @@ impl InvocationRow {
             owner: None,
             epoch: 0,
             lease_left_ms: None,
+            tokens: Tokens::default(),
         }
     }
 
@@ -278,6 +315,92 @@ impl InvocationRow {
     fn held_by(&self, fence: &Fence) -> bool {
         self.owner.as_deref() == Some(&*fence.owner) && self.epoch == fence.epoch
     }
+}
+
+/// A page of the viewer's list of sessions: newest first, after a cursor, by status and id.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ListQuery {
+    /// Only sessions in this status.
+    pub status: Option<Status>,
+    /// Only sessions whose invocation or session id contains this text.
+    pub search: Option<String>,
+    /// The cursor: the start time (ms) and invocation id of the last row of the page before.
+    pub before: Option<(i64, String)>,
+    /// At most this many rows.
+    pub limit: u32,
+}
+
+/// One session as the viewer's list shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SessionSummary {
+    pub invocation_id: String,
+    pub session_id: String,
+    pub status: Status,
+    pub error: Option<String>,
+    /// When the invocation was submitted (ms since the epoch).
+    pub created_ms: i64,
+    /// The last write to the invocation (ms since the epoch).
+    pub updated_ms: i64,
+    pub finished_ms: Option<i64>,
+    /// The model's answers in the transcript (one per model call that landed).
+    pub steps: u64,
+    /// The tool results in the transcript (one per tool call).
+    pub tool_calls: u64,
+    /// The transcript was removed after the retention period.
+    pub swept: bool,
+    /// The model's tokens, summed over the invocation's model calls.
+    pub tokens: Tokens,
+}
+
+/// The SQL of a [`ListQuery`] page, with the engine's placeholders (`?N` or `$N`) and its
+/// test for "`col` contains the parameter `p`"; the parameters, in order: the status (if
+/// filtered), the search text (if any), the cursor's time and id (if any), then the limit. The
+/// cursor is a row comparison, so the index on (created_ms, invocation_id) starts the scan
+/// where the page before ended. A message's role is read without parsing it: a stored
+/// message's JSON starts with its role (`{"role":"assistant"…`), the first field of the wire
+/// form.
+fn list_sql(q: &ListQuery, ph: fn(usize) -> String, contains: fn(&str, &str) -> String) -> String {
+    let count = |role: &str| {
+        format!(
+            "(SELECT COUNT(*) FROM messages m WHERE m.invocation_id = i.invocation_id \
+             AND m.body LIKE '{{\"role\":\"{role}\"%')"
+        )
+    };
+    let mut sql = format!(
+        "SELECT i.invocation_id, i.session_id, i.status, i.error, i.created_ms, i.updated_ms, \
+         i.finished_ms, i.swept, {}, {}, i.tokens_in, i.tokens_out FROM invocations i \
+         WHERE 1 = 1",
+        count("assistant"),
+        count("tool")
+    );
+    let mut n = 0;
+    let mut next = || {
+        n += 1;
+        ph(n)
+    };
+    if q.status.is_some() {
+        sql += &format!(" AND i.status = {}", next());
+    }
+    if q.search.is_some() {
+        let p = next();
+        sql += &format!(
+            " AND ({} OR {})",
+            contains("i.invocation_id", &p),
+            contains("i.session_id", &p)
+        );
+    }
+    if q.before.is_some() {
+        sql += &format!(
+            " AND (i.created_ms, i.invocation_id) < ({}, {})",
+            next(),
+            next()
+        );
+    }
+    sql += &format!(
+        " ORDER BY i.created_ms DESC, i.invocation_id DESC LIMIT {}",
+        next()
+    );
+    sql
 }
 
 /// The statuses of a turn that runs (or is about to) under a lease.
@@ -537,9 +660,37 @@ impl Store {
         dispatch!(self.append(id, messages, fence))
     }
 
+    /// Adds the tokens one model call reported to the invocation's sums, while `fence` holds
+    /// the open turn's lease. A count the call did not report leaves its sum as it was.
+    pub async fn add_tokens(
+        &self,
+        id: &str,
+        tokens: Tokens,
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        if tokens.is_none() {
+            return Ok(());
+        }
+        let _timer = crate::floor::metrics::store_write();
+        dispatch!(self.add_tokens(id, tokens.to_columns(), fence))
+    }
+
     /// The transcript from message `from` on.
     pub async fn messages(&self, id: &str, from: usize) -> Result<Vec<ChatMessage>, StoreError> {
         dispatch!(self.messages(id, from))
+    }
+
+    /// When each message of the transcript was stored (ms since the epoch), in order; `None`
+    /// for a message stored before the store kept it.
+    pub async fn message_times(&self, id: &str) -> Result<Vec<Option<i64>>, StoreError> {
+        dispatch!(self.message_times(id))
+    }
+
+    /// A page of the sessions, newest first (see [`ListQuery`]): the scan starts at the cursor
+    /// on an index in the list's order, so the first page and a deep one cost alike; a search
+    /// by a part of an id reads every row's ids.
+    pub async fn list_sessions(&self, q: &ListQuery) -> Result<Vec<SessionSummary>, StoreError> {
+        dispatch!(self.list_sessions(q))
     }
 
     /// Keeps the compacted view of an invocation's transcript, committed synchronously (a later
@@ -752,6 +903,8 @@ fn parse_status(s: &str) -> Result<Status, StoreError> {
     Status::parse(s).ok_or_else(|| StoreError::Corrupt(format!("status {s:?}")))
 }
 
-/// The columns every row read selects, in [`InvocationRow`]'s order, then the lease's expiry.
+/// The columns every row read selects, in [`InvocationRow`]'s order, then the lease's expiry,
+/// then the tokens.
 const COLUMNS: &str = "invocation_id, session_id, status, error, connection, needs_key, \
-    output_start, pending, last_resume, finished_ms, swept, owner, epoch, lease_until_ms";
+    output_start, pending, last_resume, finished_ms, swept, owner, epoch, lease_until_ms, \
+    tokens_in, tokens_out";

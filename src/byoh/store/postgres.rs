@@ -42,9 +42,9 @@ use super::SpecError;
 use super::pg_live::Liveness;
 use super::pg_tls::{self, MakeRustls};
 use super::{
-    COLUMNS, Fence, InvocationRow, LeaseTerms, Orphan, Park, ResumeOutcome, StartOutcome,
-    StatusRow, StoreError, UidGrant, from_json, grant, judge_resume, judge_transition, migrate,
-    parse_status, to_json,
+    COLUMNS, Fence, InvocationRow, LeaseTerms, ListQuery, Orphan, Park, ResumeOutcome,
+    SessionSummary, StartOutcome, StatusRow, StoreError, Tokens, UidGrant, from_json, grant,
+    judge_resume, judge_transition, list_sql, migrate, parse_status, to_json,
 };
 use crate::byoh::protocol::Status;
 use crate::chat::message::{ChatMessage, ModelEndpoint};
@@ -165,7 +165,7 @@ fn read_row(r: &Row) -> Result<InvocationRow, StoreError> {
     let pending: String = r.try_get(7)?;
     let last_resume: String = r.try_get(8)?;
     let lease_until: Option<i64> = r.try_get(13)?;
-    let now: i64 = r.try_get(14)?;
+    let now: i64 = r.try_get(16)?;
     Ok(InvocationRow {
         invocation_id: r.try_get(0)?,
         session_id: r.try_get(1)?,
@@ -181,6 +181,7 @@ fn read_row(r: &Row) -> Result<InvocationRow, StoreError> {
         owner: r.try_get(11)?,
         epoch: r.try_get(12)?,
         lease_left_ms: lease_until.map(|u| u - now),
+        tokens: Tokens::from_columns(r.try_get(14)?, r.try_get(15)?)?,
     })
 }
 
@@ -602,6 +603,30 @@ impl Postgres {
         Ok(())
     }
 
+    pub async fn add_tokens(
+        &self,
+        id: &str,
+        (tokens_in, tokens_out): (Option<i64>, Option<i64>),
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        let c = self.client().await?;
+        // `sum + n` is NULL when either is: then the sum as it was, else `n` (the first).
+        let held = c
+            .run(
+                "UPDATE invocations SET updated_ms = podhost_now_ms(), \
+                 tokens_in = COALESCE(tokens_in + $4::BIGINT, tokens_in, $4::BIGINT), \
+                 tokens_out = COALESCE(tokens_out + $5::BIGINT, tokens_out, $5::BIGINT) \
+                 WHERE invocation_id = $1 AND owner = $2 AND epoch = $3 \
+                 AND status IN ('queued', 'running')",
+                &[&id, &&*fence.owner, &fence.epoch, &tokens_in, &tokens_out],
+            )
+            .await?;
+        if held == 0 {
+            return Err(StoreError::Fenced(id.to_owned()));
+        }
+        Ok(())
+    }
+
     pub async fn messages(&self, id: &str, from: usize) -> Result<Vec<ChatMessage>, StoreError> {
         let c = self.reader().await?;
         let rows = c
@@ -612,6 +637,60 @@ impl Postgres {
             .await?;
         rows.iter()
             .map(|r| from_json("message", r.try_get::<_, &str>(0)?))
+            .collect()
+    }
+
+    pub async fn message_times(&self, id: &str) -> Result<Vec<Option<i64>>, StoreError> {
+        let c = self.reader().await?;
+        c.rows(
+            "SELECT at_ms FROM messages WHERE invocation_id = $1 ORDER BY seq",
+            &[&id],
+        )
+        .await?
+        .iter()
+        .map(|r| Ok(r.try_get(0)?))
+        .collect()
+    }
+
+    pub async fn list_sessions(&self, q: &ListQuery) -> Result<Vec<SessionSummary>, StoreError> {
+        let c = self.reader().await?;
+        let sql = list_sql(
+            q,
+            |n| format!("${n}"),
+            |col, p| format!("strpos({col}, {p}) > 0"),
+        );
+        let status = q.status.map(Status::as_str);
+        let limit = i64::from(q.limit);
+        let mut args: Vec<&(dyn ToSql + Sync)> = Vec::new();
+        if let Some(s) = &status {
+            args.push(s);
+        }
+        if let Some(s) = &q.search {
+            args.push(s);
+        }
+        if let Some((ms, id)) = &q.before {
+            args.push(ms);
+            args.push(id);
+        }
+        args.push(&limit);
+        let rows = c.rows(&sql, &args).await?;
+        rows.iter()
+            .map(|r| {
+                let status: String = r.try_get(2)?;
+                Ok(SessionSummary {
+                    invocation_id: r.try_get(0)?,
+                    session_id: r.try_get(1)?,
+                    status: parse_status(&status)?,
+                    error: r.try_get(3)?,
+                    created_ms: r.try_get(4)?,
+                    updated_ms: r.try_get(5)?,
+                    finished_ms: r.try_get(6)?,
+                    swept: r.try_get(7)?,
+                    steps: r.try_get::<_, i64>(8)? as u64,
+                    tool_calls: r.try_get::<_, i64>(9)? as u64,
+                    tokens: Tokens::from_columns(r.try_get(10)?, r.try_get(11)?)?,
+                })
+            })
             .collect()
     }
 

@@ -27,9 +27,9 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, param
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::{
-    COLUMNS, Fence, InvocationRow, LeaseTerms, Orphan, Park, ResumeOutcome, StartOutcome,
-    StatusRow, StoreError, UidGrant, from_json, grant, judge_resume, judge_transition, migrate,
-    now_ms, parse_status, to_json,
+    COLUMNS, Fence, InvocationRow, LeaseTerms, ListQuery, Orphan, Park, ResumeOutcome,
+    SessionSummary, StartOutcome, StatusRow, StoreError, Tokens, UidGrant, from_json, grant,
+    judge_resume, judge_transition, list_sql, migrate, now_ms, parse_status, to_json,
 };
 use crate::byoh::protocol::Status;
 use crate::chat::message::{ChatMessage, ModelEndpoint};
@@ -141,6 +141,7 @@ fn read_row(r: &Row<'_>, now: i64) -> rusqlite::Result<Result<InvocationRow, Sto
     let pending: String = r.get(7)?;
     let last_resume: String = r.get(8)?;
     let lease_until: Option<i64> = r.get(13)?;
+    let (tokens_in, tokens_out) = (r.get(14)?, r.get(15)?);
     let row = (|| -> Result<InvocationRow, StoreError> {
         Ok(InvocationRow {
             invocation_id: r.get(0)?,
@@ -157,6 +158,7 @@ fn read_row(r: &Row<'_>, now: i64) -> rusqlite::Result<Result<InvocationRow, Sto
             owner: r.get(11)?,
             epoch: r.get(12)?,
             lease_left_ms: lease_until.map(|u| u - now),
+            tokens: Tokens::from_columns(tokens_in, tokens_out)?,
         })
     })();
     Ok(row)
@@ -185,10 +187,12 @@ fn append(c: &Connection, id: &str, messages: &[ChatMessage]) -> Result<usize, S
         [id],
         |r| r.get(0),
     )?;
-    let mut stmt =
-        c.prepare_cached("INSERT INTO messages (invocation_id, seq, body) VALUES (?1, ?2, ?3)")?;
+    let mut stmt = c.prepare_cached(
+        "INSERT INTO messages (invocation_id, seq, body, at_ms) VALUES (?1, ?2, ?3, ?4)",
+    )?;
+    let now = now_ms();
     for m in messages {
-        stmt.execute(params![id, next, to_json(m)?])?;
+        stmt.execute(params![id, next, to_json(m)?, now])?;
         next += 1;
     }
     Ok(next as usize)
@@ -602,9 +606,103 @@ impl Sqlite {
         .await
     }
 
+    pub async fn add_tokens(
+        &self,
+        id: &str,
+        (tokens_in, tokens_out): (Option<i64>, Option<i64>),
+        fence: &Fence,
+    ) -> Result<(), StoreError> {
+        let id = id.to_owned();
+        let fence = fence.clone();
+        self.write(move |c| {
+            // `sum + n` is NULL when either is: then the sum as it was, else `n` (the first).
+            let held = exec(
+                c,
+                "UPDATE invocations SET updated_ms = ?2, \
+                 tokens_in = COALESCE(tokens_in + ?5, tokens_in, ?5), \
+                 tokens_out = COALESCE(tokens_out + ?6, tokens_out, ?6) \
+                 WHERE invocation_id = ?1 AND owner = ?3 AND epoch = ?4 \
+                 AND status IN ('queued', 'running')",
+                params![
+                    id,
+                    now_ms(),
+                    &*fence.owner,
+                    fence.epoch,
+                    tokens_in,
+                    tokens_out
+                ],
+            )?;
+            if held == 0 {
+                return Err(StoreError::Fenced(id));
+            }
+            Ok(())
+        })
+        .await
+    }
+
     pub async fn messages(&self, id: &str, from: usize) -> Result<Vec<ChatMessage>, StoreError> {
         let id = id.to_owned();
         self.read(move |c| read_messages(c, &id, from)).await
+    }
+
+    pub async fn message_times(&self, id: &str) -> Result<Vec<Option<i64>>, StoreError> {
+        let id = id.to_owned();
+        self.read(move |c| {
+            let mut stmt = c.prepare_cached(
+                "SELECT at_ms FROM messages WHERE invocation_id = ?1 ORDER BY seq",
+            )?;
+            let times = stmt.query_map([&id], |r| r.get(0))?;
+            Ok(times.collect::<rusqlite::Result<_>>()?)
+        })
+        .await
+    }
+
+    pub async fn list_sessions(&self, q: &ListQuery) -> Result<Vec<SessionSummary>, StoreError> {
+        let q = q.clone();
+        self.read(move |c| {
+            let sql = list_sql(
+                &q,
+                |n| format!("?{n}"),
+                |col, p| format!("instr({col}, {p}) > 0"),
+            );
+            let mut args: Vec<rusqlite::types::Value> = Vec::new();
+            args.extend(q.status.map(|s| s.as_str().to_owned().into()));
+            args.extend(q.search.clone().map(Into::into));
+            if let Some((ms, id)) = &q.before {
+                args.push((*ms).into());
+                args.push(id.clone().into());
+            }
+            args.push(i64::from(q.limit).into());
+            let mut stmt = c.prepare_cached(&sql)?;
+            let rows = stmt.query_map(rusqlite::params_from_iter(args), |r| {
+                Ok((
+                    (r.get::<_, String>(0)?, r.get::<_, String>(1)?),
+                    (r.get::<_, String>(2)?, r.get::<_, Option<String>>(3)?),
+                    (r.get(4)?, r.get(5)?, r.get(6)?, r.get::<_, bool>(7)?),
+                    (r.get::<_, i64>(8)?, r.get::<_, i64>(9)?),
+                    (r.get(10)?, r.get(11)?),
+                ))
+            })?;
+            let mut out = Vec::new();
+            for row in rows {
+                let ((invocation_id, session_id), (status, error), times, counts, tokens) = row?;
+                out.push(SessionSummary {
+                    invocation_id,
+                    session_id,
+                    status: parse_status(&status)?,
+                    error,
+                    created_ms: times.0,
+                    updated_ms: times.1,
+                    finished_ms: times.2,
+                    swept: times.3,
+                    steps: counts.0 as u64,
+                    tool_calls: counts.1 as u64,
+                    tokens: Tokens::from_columns(tokens.0, tokens.1)?,
+                });
+            }
+            Ok(out)
+        })
+        .await
     }
 
     pub async fn set_view(&self, id: &str, view: String, fence: &Fence) -> Result<(), StoreError> {

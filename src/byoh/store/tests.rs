@@ -97,6 +97,8 @@ both_engines!(
     sweeping_keeps_a_tombstone,
     a_context_view_is_kept_fenced_and_swept,
     appends_racing_renewals_and_a_cancel_stay_whole,
+    sessions_are_listed_a_page_at_a_time,
+    tokens_are_summed_under_the_fence,
 );
 
 fn terms(owner: &str, ttl_ms: i64) -> LeaseTerms {
@@ -1211,4 +1213,165 @@ async fn postgres_reads_answer_while_every_write_connection_waits() {
         let transcript = f.store.messages(&format!("i{n}"), 0).await.unwrap();
         assert_eq!(transcript.len(), 2, "i{n}");
     }
+}
+
+async fn sessions_are_listed_a_page_at_a_time(f: Fixture) {
+    let t = terms("a", 60_000);
+    let a = start(&f.store, "a", &t).await;
+    start(&f.store, "b", &t).await;
+    let c = start(&f.store, "c", &t).await;
+    let call = ToolCall::new("x1", "bash", "{}".into());
+    f.store
+        .append(
+            "a",
+            vec![
+                ChatMessage::assistant(String::new(), vec![call]),
+                ChatMessage::tool("x1", "ok"),
+            ],
+            &a,
+        )
+        .await
+        .unwrap();
+    f.store
+        .transition(
+            "c",
+            OPEN,
+            Status::Failed,
+            Some("boom".into()),
+            vec![],
+            Some(&c),
+        )
+        .await
+        .unwrap();
+    let list = |q: ListQuery| {
+        let store = f.store.clone();
+        async move { store.list_sessions(&q).await.unwrap() }
+    };
+    let ids = |rows: &[SessionSummary]| -> Vec<String> {
+        rows.iter().map(|r| r.invocation_id.clone()).collect()
+    };
+    let all = list(ListQuery {
+        limit: 10,
+        ..ListQuery::default()
+    })
+    .await;
+    let mut sorted = all.clone();
+    sorted.sort_by(|x, y| (y.created_ms, &y.invocation_id).cmp(&(x.created_ms, &x.invocation_id)));
+    assert_eq!(ids(&all), ids(&sorted));
+    let mut got: Vec<String> = ids(&all);
+    got.sort();
+    assert_eq!(got, vec!["a", "b", "c"]);
+    // Two pages, the second after the first's last row, make the whole list.
+    let first = list(ListQuery {
+        limit: 2,
+        ..ListQuery::default()
+    })
+    .await;
+    let last = first.last().unwrap();
+    let second = list(ListQuery {
+        limit: 2,
+        before: Some((last.created_ms, last.invocation_id.clone())),
+        ..ListQuery::default()
+    })
+    .await;
+    assert_eq!([ids(&first), ids(&second)].concat(), ids(&all));
+    let a_row = all.iter().find(|r| r.invocation_id == "a").unwrap();
+    assert_eq!((a_row.steps, a_row.tool_calls, a_row.swept), (1, 1, false));
+    // Each message keeps when it was stored, in order.
+    let times: Vec<i64> = f
+        .store
+        .message_times("a")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(Option::unwrap)
+        .collect();
+    assert_eq!(times.len(), 3);
+    assert!(
+        times.windows(2).all(|w| w[0] <= w[1]) && times[0] >= a_row.created_ms - 1000,
+        "{times:?}"
+    );
+    let failed = list(ListQuery {
+        status: Some(Status::Failed),
+        limit: 10,
+        ..ListQuery::default()
+    })
+    .await;
+    assert_eq!(
+        failed
+            .iter()
+            .map(|r| (r.invocation_id.as_str(), r.error.as_deref()))
+            .collect::<Vec<_>>(),
+        vec![("c", Some("boom"))]
+    );
+    let found = |text: &str| {
+        list(ListQuery {
+            search: Some(text.to_owned()),
+            limit: 10,
+            ..ListQuery::default()
+        })
+    };
+    assert_eq!(ids(&found("s-b").await), vec!["b"]);
+    assert_eq!(ids(&found("%").await), Vec::<String>::new());
+}
+
+async fn tokens_are_summed_under_the_fence(f: Fixture) {
+    let t = terms("a", 60_000);
+    let a = start(&f.store, "a", &t).await;
+    start(&f.store, "b", &t).await;
+    let tokens = |id: &'static str| {
+        let store = f.store.clone();
+        async move { store.get(id).await.unwrap().unwrap().tokens }
+    };
+    // No model call reported any yet: no count, not zero.
+    assert_eq!(tokens("a").await, Tokens::default());
+    let counts = |input, output| Tokens { input, output };
+    f.store
+        .add_tokens("a", counts(Some(10), Some(2)), &a)
+        .await
+        .unwrap();
+    // A call that reports one count adds to that sum alone.
+    f.store
+        .add_tokens("a", counts(Some(5), None), &a)
+        .await
+        .unwrap();
+    f.store
+        .add_tokens("a", counts(None, None), &a)
+        .await
+        .unwrap();
+    assert_eq!(tokens("a").await, counts(Some(15), Some(2)));
+    let mut listed: Vec<(String, Tokens)> = f
+        .store
+        .list_sessions(&ListQuery {
+            limit: 10,
+            ..ListQuery::default()
+        })
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.invocation_id, r.tokens))
+        .collect();
+    listed.sort_by(|x, y| x.0.cmp(&y.0));
+    assert_eq!(
+        listed,
+        vec![
+            ("a".to_owned(), counts(Some(15), Some(2))),
+            ("b".to_owned(), Tokens::default())
+        ]
+    );
+    // A replica whose claim was taken over adds nothing.
+    let stale = Fence {
+        owner: "b-replica".into(),
+        epoch: a.epoch,
+    };
+    let err = f
+        .store
+        .add_tokens("a", counts(Some(1), Some(1)), &stale)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Fenced(ref id) if id == "a"),
+        "{err}"
+    );
+    assert_eq!(tokens("a").await, counts(Some(15), Some(2)));
 }

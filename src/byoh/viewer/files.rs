@@ -1,0 +1,195 @@
+//! A session's workspace in the viewer: its files as a tree (`GET /ui/files?id=…`) and one
+//! file's text (`…&path=…`), read-only.
+//!
+//! Invariants: every path goes through the tools' byte API ([`files::read_bytes`],
+//! [`files::list_files`]) and so through the workspace's path rules: a path outside the
+//! workspace is refused, a listing never follows a symlink, and a read refuses a symlink, so a
+//! link out of the workspace shows nothing of what it points at. The reads run where a file
+//! tool's do ([`ToolboxBuilder::confined_reader`]): on a fresh thread confined to the workspace,
+//! so a command that swaps a path, or a directory in it, for a symlink while the viewer reads
+//! cannot lead the read outside. At most [`MAX_FILES`] entries
+//! are listed and [`MAX_BYTES`] read. What a file holds is shown as escaped text.
+//!
+//! A session started from a workspace template at the overlay level keeps on the host only
+//! its overlay's upper layer: its changes. The page shows those and says that the template's
+//! files are not shown ([`TEMPLATE_NOTE`]), rather than passing the changes off as the whole
+//! workspace.
+//!
+//! Non-goals: writing; reading a session whose workspace is on a disk of its own (mounted in
+//! the session's namespace only): the page says so. The merged view of a template session
+//! (template under its changes): a read confined like a file tool's runs without
+//! capabilities, so it cannot read the overlay's `trusted.` attributes (which directory is
+//! opaque, which was renamed) and would show files the session deleted; and the template's
+//! files belong to its owner, not to the session's uid the read takes.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::path::Path;
+
+use tokio_util::sync::CancellationToken;
+
+use super::html::{esc, page, query};
+use crate::byoh::sandbox::{overlay_work_dir, session_disk_image, workspace_dir};
+use crate::floor::workspace::Workspace;
+use crate::tools::files::{self, FileRead, ListedFile, Listing};
+use crate::tools::{ToolOutcome, ToolboxBuilder};
+
+/// Files a tree lists at most.
+pub const MAX_FILES: u64 = 2000;
+/// Bytes of a file shown at most.
+pub const MAX_BYTES: u64 = 1 << 20;
+
+/// What the page of a session whose workspace is an overlay of the template says first.
+pub const TEMPLATE_NOTE: &str = "This session's workspace is a copy-on-write overlay of the \
+    workspace template, mounted for its commands only. Shown here are its changes alone: the \
+    files it wrote or changed. The template's files it left as they were are not shown, and \
+    those it deleted are not marked.";
+
+/// What the page shows: a listing, a file, or why neither.
+enum Found {
+    Tree(Vec<ListedFile>, bool),
+    Text(String),
+    Note(String),
+}
+
+fn refusal(outcome: ToolOutcome) -> Found {
+    match outcome {
+        ToolOutcome::Failed { message, .. } => Found::Note(message),
+        _ => Found::Note("the workspace could not be read".into()),
+    }
+}
+
+/// Reads the listing (no `path`) or the file `path` of `session`'s workspace, on a thread
+/// confined to the workspace as a file tool's is.
+async fn read(tools: &ToolboxBuilder, data: &Path, session: &str, path: Option<String>) -> Found {
+    if session_disk_image(data, session).exists() {
+        return Found::Note(
+            "this session's workspace is on a disk of its own, mounted for its commands only; \
+             podhost cannot show it here"
+                .into(),
+        );
+    }
+    let dir = workspace_dir(data, session);
+    let Ok(ws) = Workspace::new(&dir, Some(Path::new("/workspace"))) else {
+        return Found::Note("this session has no workspace on this host".into());
+    };
+    let reader = ws.clone();
+    let found = tools
+        .confined_reader(&ws, "view", move || read_in(&reader, path.as_deref()))
+        .await;
+    found.unwrap_or_else(|e| Found::Note(format!("the workspace could not be read: {e}")))
+}
+
+/// [`read`] on its confined thread.
+fn read_in(ws: &Workspace, path: Option<&str>) -> Found {
+    match path {
+        None => match files::list_files(ws, "/workspace", MAX_FILES, &CancellationToken::new()) {
+            Listing::Listed { entries, truncated } => Found::Tree(entries, truncated),
+            Listing::Missing => Found::Note("the workspace is empty".into()),
+            Listing::Failed(o) => refusal(o),
+        },
+        Some(p) => match files::read_bytes(ws, p, MAX_BYTES) {
+            FileRead::Bytes(b) if b.contains(&0) => {
+                Found::Note(format!("{p} is binary ({} bytes)", b.len()))
+            }
+            FileRead::Bytes(b) => Found::Text(String::from_utf8_lossy(&b).into_owned()),
+            FileRead::Missing => Found::Note(format!("nothing is at {p}")),
+            FileRead::Failed(o) => refusal(o),
+        },
+    }
+}
+
+/// A directory of the tree: its files (name, size) and its subdirectories.
+#[derive(Default)]
+struct Dir {
+    files: Vec<(String, String, u64)>,
+    dirs: BTreeMap<String, Dir>,
+}
+
+fn tree(entries: &[ListedFile]) -> Dir {
+    let mut root = Dir::default();
+    for e in entries {
+        let mut parts: Vec<&str> = e.path.split('/').collect();
+        let name = parts.pop().unwrap_or_default();
+        let mut dir = &mut root;
+        for p in parts {
+            dir = dir.dirs.entry(p.to_owned()).or_default();
+        }
+        dir.files.push((name.to_owned(), e.path.clone(), e.size));
+    }
+    root
+}
+
+fn draw(out: &mut String, dir: &Dir, id: &str) {
+    out.push_str("<ul class=\"tree\">");
+    for (name, sub) in &dir.dirs {
+        let _ = write!(out, "<li><details open><summary>{}/</summary>", esc(name));
+        draw(out, sub, id);
+        out.push_str("</details></li>");
+    }
+    for (name, path, size) in &dir.files {
+        let _ = write!(
+            out,
+            "<li><a href=\"/ui/files?{}\">{}</a> <span class=\"sub\">{size} B</span></li>",
+            query(&[("id", id), ("path", &format!("/workspace/{path}"))]),
+            esc(name)
+        );
+    }
+    out.push_str("</ul>");
+}
+
+/// The page of `session`'s (invocation `id`'s) workspace, or of its file `path`.
+pub async fn page_of(
+    tools: &ToolboxBuilder,
+    data: &Path,
+    id: &str,
+    session: &str,
+    path: Option<String>,
+) -> String {
+    let found = read(tools, data, session, path.clone()).await;
+    let over_template =
+        overlay_work_dir(data, session).exists() && !session_disk_image(data, session).exists();
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "<h1>Workspace of {}</h1><p><a href=\"/ui/session?{}\">Back to the session</a>",
+        esc(session),
+        query(&[("id", id)])
+    );
+    if path.is_some() {
+        let _ = write!(
+            out,
+            " · <a href=\"/ui/files?{}\">All files</a>",
+            query(&[("id", id)])
+        );
+    }
+    out.push_str("</p>");
+    if over_template {
+        let _ = write!(
+            out,
+            "<p class=\"sub\" id=\"template-note\">{}</p>",
+            esc(TEMPLATE_NOTE)
+        );
+    }
+    if let Some(p) = &path {
+        let _ = write!(out, "<h2>{}</h2>", esc(p));
+    }
+    match found {
+        Found::Tree(entries, truncated) => {
+            draw(&mut out, &tree(&entries), id);
+            if truncated {
+                let _ = write!(
+                    out,
+                    "<p class=\"sub\">Only the first {MAX_FILES} files.</p>"
+                );
+            }
+        }
+        Found::Text(text) => {
+            let _ = write!(out, "<pre class=\"file\">{}</pre>", esc(&text));
+        }
+        Found::Note(note) => {
+            let _ = write!(out, "<p class=\"empty\">{}</p>", esc(&note));
+        }
+    }
+    page(&format!("Workspace of {session}"), &out)
+}
