@@ -402,7 +402,6 @@ impl<F: Front> ChatTurn<F> {
 }
 
 impl<F: Front> ChatTurn<F> {
-    /// One completion: its answer, or its failure as the loop reads it.
     /// Hands the usage an answer reported, if any, to the front.
     async fn count_usage(&mut self, answer: &ModelAnswer) -> Result<(), SessionError> {
         match answer {
@@ -413,6 +412,7 @@ impl<F: Front> ChatTurn<F> {
         }
     }
 
+    /// One completion: its answer, or its failure as the loop reads it.
     async fn complete(&self, body: &serde_json::Value, cancel: &CancellationToken) -> ModelAnswer {
         let key = self.key.key();
         match self
