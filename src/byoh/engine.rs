@@ -313,7 +313,8 @@ impl Inner {
         Ok(Some(toolbox))
     }
 
-    fn held_toolbox(&self, id: &str) -> Option<Toolbox> {
+    /// The toolbox invocation `id`'s turn runs with (or its pause keeps), if any.
+    pub(super) fn held_toolbox(&self, id: &str) -> Option<Toolbox> {
         self.background
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

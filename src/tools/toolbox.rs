@@ -113,10 +113,7 @@ impl ToolboxBuilder {
         F: FnOnce() -> T + Send + 'static,
     {
         let mut rules = self.confinement.for_workspace(workspace);
-        if let Some(files) = &mut rules.files {
-            let write = std::mem::take(&mut files.write);
-            files.read.extend(write);
-        }
+        read_only(&mut rules);
         if self.uid_pool().is_some() && rules.command.user.is_none() {
             use std::os::unix::fs::MetadataExt;
             let owner = std::fs::metadata(workspace.root()).map_err(|e| ToolError::Setup {
@@ -550,6 +547,18 @@ impl Toolbox {
         self.confined_with(rules, what, f).await
     }
 
+    /// Runs `f` where a file tool runs, as [`Toolbox::confined`] does, but with nothing
+    /// writable: a reader of the session's files (the viewer's) while its turn runs.
+    pub async fn confined_read<T, F>(&self, what: &'static str, f: F) -> Result<T, ToolError>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        let mut rules = self.inner.rules.clone();
+        read_only(&mut rules);
+        self.confined_with(rules, what, f).await
+    }
+
     /// Runs `f` on a thread confined by `rules`.
     ///
     /// Confined, each call gets a fresh thread that joins the session's mount namespace when its
@@ -577,6 +586,14 @@ impl Toolbox {
             .await
             .map_err(|e| setup(format!("could not reach the session's files: {e}")))?;
         on_confined_thread(rules, namespace, what, f).await
+    }
+}
+
+/// Makes `rules` let a thread read what they let it write, and write nothing.
+fn read_only(rules: &mut WorkspaceRules) {
+    if let Some(files) = &mut rules.files {
+        let write = std::mem::take(&mut files.write);
+        files.read.extend(write);
     }
 }
 

@@ -666,3 +666,65 @@ async fn a_template_sessions_files_say_when_the_templates_are_not_shown() {
         assert!(tree.contains(&file("README")), "{tree}");
     }
 }
+
+/// While a turn runs, the viewer reads through its toolbox, in the session's mount namespace:
+/// a workspace on a disk of its own and over the template's overlay shows whole — the
+/// template's files and the session's — as the session's commands see it. Once the turn has
+/// ended, the viewer mounts nothing and says so.
+#[tokio::test]
+async fn a_running_sessions_files_show_as_its_commands_see_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("template");
+    std::fs::create_dir_all(&t).unwrap();
+    std::fs::write(t.join("README"), "from the template").unwrap();
+    let fake = FakeModel::start("fake-model", Some("k")).await;
+    let command = "printf live > seen.txt && sleep 300";
+    fake.push([
+        Reply::call("c1", "bash", json!({ "command": command })),
+        Reply::text("done"),
+    ]);
+    let opts = Options::default().env("PODHOST_WORKSPACE_TEMPLATE", t.to_str().unwrap());
+    let s = Serve::start_with(dir.path(), opts);
+    let (_, health) = s.call("GET", "/healthz", None).await;
+    let level = health["workspace_template"]["level"].clone();
+    s.submit(start("s-1", "i-1", "work", &fake.base_url(), Some("k")))
+        .await;
+    let c = cookie(&s).await;
+    let file = |name: &str| format!("path=%2Fworkspace%2F{name}\">{name}</a>");
+    // The command wrote its file and sleeps: the turn runs.
+    let deadline = std::time::Instant::now() + T;
+    let tree = loop {
+        let (status, _, tree) = get(&s, "/ui/files?id=i-1", Some(&c)).await;
+        assert_eq!(status, StatusCode::OK, "{tree}");
+        if tree.contains(&file("seen.txt")) {
+            break tree;
+        }
+        assert!(std::time::Instant::now() < deadline, "{tree}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(tree.contains(&file("README")), "{tree}");
+    assert!(!tree.contains("template-note"), "{tree}");
+    let (_, _, page) = get(&s, "/ui/files?id=i-1&path=/workspace/README", Some(&c)).await;
+    assert!(
+        page.contains("<pre class=\"file\">from the template</pre>"),
+        "{page}"
+    );
+    let own_disk = podhost::byoh::sandbox::session_disk_image(&s.data, "s-1").exists();
+    let (status, _) = s.cancel("s-1", "i-1").await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, _, after) = get(&s, "/ui/files?id=i-1", Some(&c)).await;
+    if own_disk {
+        assert_eq!(level, json!("overlay"), "{health}");
+        assert!(
+            after.contains("on a disk of its own, mounted for its commands only"),
+            "{after}"
+        );
+        assert!(!after.contains(&file("seen.txt")), "{after}");
+    } else {
+        eprintln!(
+            "sessions have no disk of their own here (template level {level}): the host's view \
+             after the turn is checked"
+        );
+        assert!(after.contains(&file("seen.txt")), "{after}");
+    }
+}

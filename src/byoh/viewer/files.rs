@@ -10,17 +10,20 @@
 //! cannot lead the read outside. At most [`MAX_FILES`] entries
 //! are listed and [`MAX_BYTES`] read. What a file holds is shown as escaped text.
 //!
-//! A session started from a workspace template at the overlay level keeps on the host only
-//! its overlay's upper layer: its changes. The page shows those and says that the template's
-//! files are not shown ([`TEMPLATE_NOTE`]), rather than passing the changes off as the whole
-//! workspace.
+//! While a turn of the invocation runs (or its pause keeps background processes), the reads
+//! go through that turn's toolbox ([`Toolbox::confined_read`]) and so join the session's mount
+//! namespace, as its file tools do: a workspace on a disk of its own, or an overlay of the
+//! workspace template, shows as the session's commands see it. Otherwise the viewer does not
+//! mount anything for a session (a second mount of its disk beside a turn's would corrupt it),
+//! and reads the host's view: a session on a disk of its own shows a note; one started from a
+//! template at the overlay level keeps on the host only its overlay's upper layer, its
+//! changes, which the page shows saying the template's files are not shown
+//! ([`TEMPLATE_NOTE`]), rather than passing them off as the whole workspace.
 //!
-//! Non-goals: writing; reading a session whose workspace is on a disk of its own (mounted in
-//! the session's namespace only): the page says so. The merged view of a template session
-//! (template under its changes): a read confined like a file tool's runs without
-//! capabilities, so it cannot read the overlay's `trusted.` attributes (which directory is
-//! opaque, which was renamed) and would show files the session deleted; and the template's
-//! files belong to its owner, not to the session's uid the read takes.
+//! Non-goals: writing; the merged view of an idle template session read from the host: a read
+//! confined like a file tool's runs without capabilities, so it cannot read the overlay's
+//! `trusted.` attributes (which directory is opaque, which was renamed) and would show files
+//! the session deleted.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -32,7 +35,7 @@ use super::html::{esc, page, query};
 use crate::byoh::sandbox::{overlay_work_dir, session_disk_image, workspace_dir};
 use crate::floor::workspace::Workspace;
 use crate::tools::files::{self, FileRead, ListedFile, Listing};
-use crate::tools::{ToolOutcome, ToolboxBuilder};
+use crate::tools::{ToolOutcome, Toolbox, ToolboxBuilder};
 
 /// Files a tree lists at most.
 pub const MAX_FILES: u64 = 2000;
@@ -60,16 +63,35 @@ fn refusal(outcome: ToolOutcome) -> Found {
 }
 
 /// Reads the listing (no `path`) or the file `path` of `session`'s workspace, on a thread
-/// confined to the workspace as a file tool's is.
-async fn read(tools: &ToolboxBuilder, data: &Path, session: &str, path: Option<String>) -> Found {
+/// confined to the workspace as a file tool's is: through `held`, the toolbox of the
+/// invocation's turn while it runs (or waits for input with background processes), so in the
+/// session's mount namespace, where its own disk or its template's overlay is mounted; else
+/// on the host's view of the workspace.
+async fn read(
+    tools: &ToolboxBuilder,
+    held: Option<Toolbox>,
+    data: &Path,
+    session: &str,
+    path: Option<String>,
+) -> Found {
+    let dir = workspace_dir(data, session);
+    if let Some(toolbox) = held {
+        let Ok(ws) = Workspace::new(&dir, Some(Path::new("/workspace"))) else {
+            return Found::Note("this session has no workspace on this host".into());
+        };
+        let found = toolbox
+            .confined_read("view", move || read_in(&ws, path.as_deref()))
+            .await;
+        return found
+            .unwrap_or_else(|e| Found::Note(format!("the workspace could not be read: {e}")));
+    }
     if session_disk_image(data, session).exists() {
         return Found::Note(
-            "this session's workspace is on a disk of its own, mounted for its commands only; \
-             podhost cannot show it here"
+            "this session's workspace is on a disk of its own, mounted for its commands only: \
+             podhost shows it while a turn of this invocation runs, not now"
                 .into(),
         );
     }
-    let dir = workspace_dir(data, session);
     let Ok(ws) = Workspace::new(&dir, Some(Path::new("/workspace"))) else {
         return Found::Note("this session has no workspace on this host".into());
     };
@@ -138,17 +160,21 @@ fn draw(out: &mut String, dir: &Dir, id: &str) {
     out.push_str("</ul>");
 }
 
-/// The page of `session`'s (invocation `id`'s) workspace, or of its file `path`.
+/// The page of `session`'s (invocation `id`'s) workspace, or of its file `path`; `held` is
+/// the toolbox of the invocation's turn, when one runs here.
 pub async fn page_of(
     tools: &ToolboxBuilder,
+    held: Option<Toolbox>,
     data: &Path,
     id: &str,
     session: &str,
     path: Option<String>,
 ) -> String {
-    let found = read(tools, data, session, path.clone()).await;
-    let over_template =
-        overlay_work_dir(data, session).exists() && !session_disk_image(data, session).exists();
+    let merged = held.is_some();
+    let found = read(tools, held, data, session, path.clone()).await;
+    let over_template = !merged
+        && overlay_work_dir(data, session).exists()
+        && !session_disk_image(data, session).exists();
     let mut out = String::new();
     let _ = write!(
         out,

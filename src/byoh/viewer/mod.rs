@@ -306,6 +306,7 @@ async fn workspace(
         StatusCode::OK,
         files::page_of(
             &v.engine.inner.config.tools,
+            v.engine.inner.held_toolbox(&id),
             data,
             &id,
             &row.session_id,
