@@ -670,7 +670,8 @@ async fn a_template_sessions_files_say_when_the_templates_are_not_shown() {
 /// While a turn runs, the viewer reads through its toolbox, in the session's mount namespace:
 /// a workspace on a disk of its own and over the template's overlay shows whole — the
 /// template's files and the session's — as the session's commands see it. Once the turn has
-/// ended, the viewer mounts nothing and says so.
+/// ended, the viewer mounts nothing: it reads the disk's image in user space, the session's
+/// own files (its changes to the template) under the workspace's rules: no link is followed.
 #[tokio::test]
 async fn a_running_sessions_files_show_as_its_commands_see_them() {
     let dir = tempfile::tempdir().unwrap();
@@ -678,7 +679,8 @@ async fn a_running_sessions_files_show_as_its_commands_see_them() {
     std::fs::create_dir_all(&t).unwrap();
     std::fs::write(t.join("README"), "from the template").unwrap();
     let fake = FakeModel::start("fake-model", Some("k")).await;
-    let command = "printf live > seen.txt && sleep 300";
+    let command = "printf s3cret > \"$TMPDIR/secret\" && ln -s ../tmp/secret leak \
+                   && ln -s ../tmp up && printf live > seen.txt && sleep 300";
     fake.push([
         Reply::call("c1", "bash", json!({ "command": command })),
         Reply::text("done"),
@@ -712,14 +714,46 @@ async fn a_running_sessions_files_show_as_its_commands_see_them() {
     let own_disk = podhost::byoh::sandbox::session_disk_image(&s.data, "s-1").exists();
     let (status, _) = s.cancel("s-1", "i-1").await;
     assert_eq!(status, StatusCode::OK);
-    let (_, _, after) = get(&s, "/ui/files?id=i-1", Some(&c)).await;
+    s.wait_status("i-1", "cancelled", T).await;
+    // The turn's end unmounts the disk, which writes what the session wrote to the image.
+    let deadline = std::time::Instant::now() + T;
+    let after = loop {
+        let (status, _, after) = get(&s, "/ui/files?id=i-1", Some(&c)).await;
+        assert_eq!(status, StatusCode::OK, "{after}");
+        if after.contains(&file("seen.txt")) {
+            break after;
+        }
+        assert!(std::time::Instant::now() < deadline, "{after}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    for link in ["leak", "up"] {
+        assert!(!after.contains(&format!(">{link}<")), "{after}");
+    }
     if own_disk {
         assert_eq!(level, json!("overlay"), "{health}");
-        assert!(
-            after.contains("on a disk of its own, mounted for its commands only"),
-            "{after}"
-        );
-        assert!(!after.contains(&file("seen.txt")), "{after}");
+        // The image holds the overlay's upper layer: the session's files, not the template's.
+        assert!(after.contains("id=\"template-note\""), "{after}");
+        assert!(!after.contains(&file("README")), "{after}");
+        let (_, _, seen) = get(&s, "/ui/files?id=i-1&path=/workspace/seen.txt", Some(&c)).await;
+        assert!(seen.contains("<pre class=\"file\">live</pre>"), "{seen}");
+        for (path, why) in [
+            (
+                "/workspace/leak",
+                "/workspace/leak is not shown: it is a symbolic link",
+            ),
+            (
+                "/workspace/up/secret",
+                "/workspace/up/secret is not shown: it is a symbolic link",
+            ),
+            ("/workspace/nothing", "nothing is at /workspace/nothing"),
+            ("/workspace/../tmp/secret", "outside"),
+        ] {
+            let route = format!("/ui/files?id=i-1&path={path}");
+            let (status, _, page) = get(&s, &route, Some(&c)).await;
+            assert_eq!(status, StatusCode::OK, "{page}");
+            assert!(page.contains(why), "{path}: {page}");
+            assert!(!page.contains("s3cret"), "{path}: {page}");
+        }
     } else {
         eprintln!(
             "sessions have no disk of their own here (template level {level}): the host's view \

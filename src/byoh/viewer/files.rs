@@ -1,24 +1,26 @@
 //! A session's workspace in the viewer: its files as a tree (`GET /ui/files?id=…`) and one
 //! file's text (`…&path=…`), read-only.
 //!
-//! Invariants: every path goes through the tools' byte API ([`files::read_bytes`],
+//! Invariants: every path goes through the workspace's path rules; on the host, through the
+//! tools' byte API ([`files::read_bytes`],
 //! [`files::list_files`]) and so through the workspace's path rules: a path outside the
 //! workspace is refused, a listing never follows a symlink, and a read refuses a symlink, so a
 //! link out of the workspace shows nothing of what it points at. The reads run where a file
 //! tool's do ([`ToolboxBuilder::confined_reader`]): on a fresh thread confined to the workspace,
 //! so a command that swaps a path, or a directory in it, for a symlink while the viewer reads
-//! cannot lead the read outside. At most [`MAX_FILES`] entries
+//! cannot lead the read outside; in a disk's image, [`image`] holds the same rules. At most
+//! [`MAX_FILES`] entries
 //! are listed and [`MAX_BYTES`] read. What a file holds is shown as escaped text.
 //!
 //! While a turn of the invocation runs (or its pause keeps background processes), the reads
 //! go through that turn's toolbox ([`Toolbox::confined_read`]) and so join the session's mount
 //! namespace, as its file tools do: a workspace on a disk of its own, or an overlay of the
-//! workspace template, shows as the session's commands see it. Otherwise the viewer does not
-//! mount anything for a session (a second mount of its disk beside a turn's would corrupt it),
-//! and reads the host's view: a session on a disk of its own shows a note; one started from a
-//! template at the overlay level keeps on the host only its overlay's upper layer, its
-//! changes, which the page shows saying the template's files are not shown
-//! ([`TEMPLATE_NOTE`]), rather than passing them off as the whole workspace.
+//! workspace template, shows as the session's commands see it. Otherwise the viewer mounts
+//! nothing for a session (a second mount of its disk beside a turn's would corrupt it): it
+//! reads the host's view, or the image of the session's disk parsed in user space
+//! ([`image`]). A session started from a template at the overlay level keeps there only its
+//! overlay's upper layer, its changes, which the page shows saying the template's files are
+//! not shown ([`TEMPLATE_NOTE`]), rather than passing them off as the whole workspace.
 //!
 //! Non-goals: writing; the merged view of an idle template session read from the host: a read
 //! confined like a file tool's runs without capabilities, so it cannot read the overlay's
@@ -32,8 +34,9 @@ use std::path::Path;
 use tokio_util::sync::CancellationToken;
 
 use super::html::{esc, page, query};
+use super::image::{self, ImageRead};
 use crate::byoh::sandbox::{overlay_work_dir, session_disk_image, workspace_dir};
-use crate::floor::workspace::Workspace;
+use crate::floor::workspace::{Access, Workspace};
 use crate::tools::files::{self, FileRead, ListedFile, Listing};
 use crate::tools::{ToolOutcome, Toolbox, ToolboxBuilder};
 
@@ -85,21 +88,59 @@ async fn read(
         return found
             .unwrap_or_else(|e| Found::Note(format!("the workspace could not be read: {e}")));
     }
-    if session_disk_image(data, session).exists() {
-        return Found::Note(
-            "this session's workspace is on a disk of its own, mounted for its commands only: \
-             podhost shows it while a turn of this invocation runs, not now"
-                .into(),
-        );
-    }
     let Ok(ws) = Workspace::new(&dir, Some(Path::new("/workspace"))) else {
         return Found::Note("this session has no workspace on this host".into());
     };
+    let disk = session_disk_image(data, session);
+    if disk.exists() {
+        return tokio::task::spawn_blocking(move || read_image(&disk, &ws, path.as_deref()))
+            .await
+            .unwrap_or_else(|_| Found::Note("the read stopped".into()));
+    }
     let reader = ws.clone();
     let found = tools
         .confined_reader(&ws, "view", move || read_in(&reader, path.as_deref()))
         .await;
     found.unwrap_or_else(|e| Found::Note(format!("the workspace could not be read: {e}")))
+}
+
+/// [`read`] of an idle session's disk of its own: its image parsed in user space, read-only
+/// (see [`image`]), after the workspace's path rules.
+fn read_image(disk: &Path, ws: &Workspace, path: Option<&str>) -> Found {
+    let unreadable = |e: String| Found::Note(format!("the session's disk could not be read: {e}"));
+    let fs = match image::open(disk) {
+        Ok(fs) => fs,
+        Err(e) => return unreadable(e),
+    };
+    let Some(p) = path else {
+        return match image::list(&fs, MAX_FILES) {
+            Ok((entries, _)) if entries.is_empty() => Found::Note("the workspace is empty".into()),
+            Ok((entries, truncated)) => Found::Tree(entries, truncated),
+            Err(e) => unreadable(e),
+        };
+    };
+    let resolved = match ws.resolve(p, Access::Read) {
+        Ok(r) => r,
+        Err(e) => return refusal(e.into()),
+    };
+    let Ok(rel) = resolved.host.strip_prefix(ws.root()) else {
+        return Found::Note(format!("{p} is outside the workspace"));
+    };
+    match image::read(&fs, rel, MAX_BYTES) {
+        Ok(ImageRead::Bytes(b)) => shown(p, b),
+        Ok(ImageRead::Missing) => Found::Note(format!("nothing is at {p}")),
+        Ok(ImageRead::Refused(why)) => Found::Note(format!("{p} is not shown: {why}")),
+        Err(e) => unreadable(e),
+    }
+}
+
+/// A file's bytes as the page shows them: text, or a note that it is binary.
+fn shown(p: &str, b: Vec<u8>) -> Found {
+    if b.contains(&0) {
+        Found::Note(format!("{p} is binary ({} bytes)", b.len()))
+    } else {
+        Found::Text(String::from_utf8_lossy(&b).into_owned())
+    }
 }
 
 /// [`read`] on its confined thread.
@@ -111,10 +152,7 @@ fn read_in(ws: &Workspace, path: Option<&str>) -> Found {
             Listing::Failed(o) => refusal(o),
         },
         Some(p) => match files::read_bytes(ws, p, MAX_BYTES) {
-            FileRead::Bytes(b) if b.contains(&0) => {
-                Found::Note(format!("{p} is binary ({} bytes)", b.len()))
-            }
-            FileRead::Bytes(b) => Found::Text(String::from_utf8_lossy(&b).into_owned()),
+            FileRead::Bytes(b) => shown(p, b),
             FileRead::Missing => Found::Note(format!("nothing is at {p}")),
             FileRead::Failed(o) => refusal(o),
         },
@@ -172,9 +210,7 @@ pub async fn page_of(
 ) -> String {
     let merged = held.is_some();
     let found = read(tools, held, data, session, path.clone()).await;
-    let over_template = !merged
-        && overlay_work_dir(data, session).exists()
-        && !session_disk_image(data, session).exists();
+    let over_template = !merged && overlay_work_dir(data, session).exists();
     let mut out = String::new();
     let _ = write!(
         out,

@@ -23,6 +23,7 @@
 mod auth;
 mod files;
 mod html;
+mod image;
 mod live;
 mod pages;
 mod timeline;
