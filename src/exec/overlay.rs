@@ -108,7 +108,64 @@ pub fn lower_tree(lower: &CStr, idmap: Option<&OwnedFd>) -> Res<OwnedFd> {
 /// system) for the kernel, mounted detached, `nosuid` and `nodev`. `userxattr`: in a user
 /// namespace, where the kernel keeps its marks in `user.` attributes.
 pub fn mount(lower: &OwnedFd, upper: &OwnedFd, work: &OwnedFd, userxattr: bool) -> Res<OwnedFd> {
-    let step = |what: &str| format!("mount the workspace's overlay: {what}");
+    let layers = [
+        (c"lowerdir", fd_path(lower)),
+        (c"upperdir", fd_path(upper)),
+        (c"workdir", fd_path(work)),
+    ];
+    let attrs = sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+    overlay("mount the workspace's overlay", &layers, userxattr, attrs)
+}
+
+/// Mounts over `upper`, for the calling thread alone, the read-only merged view of an idle
+/// session: `upper` (its overlay's former upper layer, whose marks of deleted files and opaque
+/// directories the kernel honours in a lower layer too) over `template`. The thread first
+/// takes a file-system context and mount namespace of its own, its mounts private, so nothing
+/// of it reaches the host; the view goes with the thread. Root only; paths holding `:`, `,`
+/// or `\\` are refused (the kernel's layer list separates with them).
+pub fn merged_view_on_thread(upper: &Path, template: &Path) -> Res<()> {
+    let step = "show the session's merged workspace";
+    let text = |p: &Path| {
+        p.to_str()
+            .filter(|t| !t.contains([':', ',', '\\']))
+            .map(str::to_owned)
+            .ok_or_else(|| {
+                StepError::new(
+                    format!("{step}: {} cannot be a layer", p.display()),
+                    libc::EINVAL,
+                )
+            })
+    };
+    let lower = CString::new(format!("{}:{}", text(upper)?, text(template)?))
+        .map_err(|_| StepError::new(format!("{step}: a path holds a NUL"), libc::EINVAL))?;
+    let target = CString::new(upper.as_os_str().as_encoded_bytes())
+        .map_err(|_| StepError::new(format!("{step}: a path holds a NUL"), libc::EINVAL))?;
+    // SAFETY: plain system calls that change only the calling thread's file-system context and
+    // mount namespace, and that namespace's propagation; null or live C strings.
+    let rc = unsafe { libc::unshare(libc::CLONE_FS | libc::CLONE_NEWNS) };
+    check(&format!("{step}: unshare"), rc.into())?;
+    // SAFETY: as above.
+    let rc = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        )
+    };
+    check(&format!("{step}: make the mounts private"), rc.into())?;
+    let attrs = sys::MOUNT_ATTR_RDONLY
+        | sys::MOUNT_ATTR_NOSUID
+        | sys::MOUNT_ATTR_NODEV
+        | sys::MOUNT_ATTR_NOEXEC;
+    let view = overlay(step, &[(c"lowerdir", lower)], false, attrs)?;
+    sys::move_mount(step, &view, &target)
+}
+
+/// A detached overlay mount of `layers` (each key and its value), with `attrs`.
+fn overlay(step: &str, layers: &[(&CStr, CString)], userxattr: bool, attrs: u64) -> Res<OwnedFd> {
+    let step = |what: &str| format!("{step}: {what}");
     // SAFETY: a live C string; the call returns a new descriptor or -1.
     let fs = unsafe { libc::syscall(libc::SYS_fsopen, c"overlay".as_ptr(), FSOPEN_CLOEXEC) };
     // SAFETY: a descriptor the kernel just gave us, owned by nothing else.
@@ -120,19 +177,15 @@ pub fn mount(lower: &OwnedFd, upper: &OwnedFd, work: &OwnedFd, userxattr: bool) 
             unsafe { libc::syscall(libc::SYS_fsconfig, fs.as_raw_fd(), cmd, p(key), p(value), 0) };
         check(&step(what), rc).map(drop)
     };
-    for (key, fd) in [
-        (c"lowerdir", lower),
-        (c"upperdir", upper),
-        (c"workdir", work),
-    ] {
+    for (key, value) in layers {
         let what = key.to_string_lossy();
-        config(FSCONFIG_SET_STRING, Some(key), Some(&fd_path(fd)), &what)?;
+        config(FSCONFIG_SET_STRING, Some(key), Some(value), &what)?;
     }
     if userxattr {
         config(FSCONFIG_SET_FLAG, Some(c"userxattr"), None, "userxattr")?;
     }
     config(FSCONFIG_CMD_CREATE, None, None, "create")?;
-    let attrs = (sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV) as libc::c_uint;
+    let attrs = attrs as libc::c_uint;
     // SAFETY: a descriptor we own; the call returns a new descriptor or -1.
     let mnt = unsafe { libc::syscall(libc::SYS_fsmount, fs.as_raw_fd(), FSMOUNT_CLOEXEC, attrs) };
     // SAFETY: a descriptor the kernel just gave us, owned by nothing else.

@@ -38,7 +38,7 @@ use serde_json::Value;
 use crate::floor::workspace::PathError;
 
 pub use crate::floor::codes::sandbox as codes;
-pub use toolbox::{CallContext, Toolbox, ToolboxBuilder, unknown_tool};
+pub use toolbox::{CallContext, Prepare, Toolbox, ToolboxBuilder, unknown_tool};
 
 /// The tools podhost runs in a workspace, by their wire names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -101,11 +101,13 @@ impl ToolboxBuilder {
     /// so a symlink or a directory swapped in while it reads cannot lead it outside. The
     /// thread's grants are read-only: a reader never writes. Where each session's files belong
     /// to a uid of its own (the pool), the reader takes the identity of the workspace's owner,
-    /// as that session's file tools do.
+    /// as that session's file tools do. `prepare`, if any, runs first on that thread, before it
+    /// is confined (a view mounted for the thread alone); its error is the call's.
     pub async fn confined_reader<T, F>(
         &self,
         workspace: &Workspace,
         what: &'static str,
+        prepare: Option<Prepare>,
         f: F,
     ) -> Result<T, ToolError>
     where
@@ -126,7 +128,7 @@ impl ToolboxBuilder {
             })
             .filter(|u| u.uid != 0);
         }
-        on_confined_thread(rules, None, what, f).await
+        on_confined_thread(rules, Enter::Prepare(prepare), what, f).await
     }
 
     /// The toolbox of `workspace`. Commands get `HOME` = the workspace root unless a base
@@ -585,8 +587,20 @@ impl Toolbox {
             .files_namespace()
             .await
             .map_err(|e| setup(format!("could not reach the session's files: {e}")))?;
-        on_confined_thread(rules, namespace, what, f).await
+        let enter = namespace.map_or(Enter::Prepare(None), Enter::Namespace);
+        on_confined_thread(rules, enter, what, f).await
     }
+}
+
+/// What a reader's thread does first, before it is confined ([`ToolboxBuilder::confined_reader`]).
+pub type Prepare = Box<dyn FnOnce() -> Result<(), String> + Send>;
+
+/// Where a confined thread goes before it is confined.
+enum Enter {
+    /// Into the session's mount namespace, where its files live.
+    Namespace(std::os::fd::OwnedFd),
+    /// What a reader asks for, if anything.
+    Prepare(Option<Prepare>),
 }
 
 /// Makes `rules` let a thread read what they let it write, and write nothing.
@@ -603,7 +617,7 @@ fn read_only(rules: &mut WorkspaceRules) {
 /// call, a toolbox's or a reader's without one ([`ToolboxBuilder::confined_reader`]), is run.
 async fn on_confined_thread<T, F>(
     rules: WorkspaceRules,
-    namespace: Option<std::os::fd::OwnedFd>,
+    enter: Enter,
     what: &'static str,
     f: F,
 ) -> Result<T, ToolError>
@@ -613,7 +627,8 @@ where
 {
     let setup = |message: String| ToolError::Setup { what, message };
     let worker = |message: String| ToolError::Worker { what, message };
-    if !rules.confines_files() && namespace.is_none() {
+    // A pooled thread must never change its mounts either.
+    if !rules.confines_files() && matches!(enter, Enter::Prepare(None)) {
         return tokio::task::spawn_blocking(f)
             .await
             .map_err(|e| worker(e.to_string()));
@@ -622,10 +637,11 @@ where
     std::thread::Builder::new()
         .name(format!("podhost-{what}"))
         .spawn(move || {
-            let joined = match &namespace {
-                Some(ns) => crate::exec::session::enter_mount_namespace(ns)
+            let joined = match enter {
+                Enter::Namespace(ns) => crate::exec::session::enter_mount_namespace(&ns)
                     .map_err(|e| format!("could not join the session's mount namespace: {e}")),
-                None => Ok(()),
+                Enter::Prepare(Some(prepare)) => prepare(),
+                Enter::Prepare(None) => Ok(()),
             };
             // Err: the call could not be set up (nothing ran); Ok: what it returned.
             let result = joined.and_then(|()| {

@@ -619,20 +619,22 @@ async fn a_session_submitted_after_the_page_loaded_is_in_its_events() {
     fake.release();
 }
 
-/// A session started from a workspace template at the overlay level keeps only its changes
-/// (its upper layer) on the host: its page shows them and says the template's files are not
-/// shown, never passing the changes off as the whole workspace. Where sessions' views cannot
-/// mount an overlay (podhost is not root), the template is copied: the page shows it whole and
-/// says nothing of a template.
+/// An idle session over the template at the overlay level shows its merged workspace, as its
+/// commands saw it: the template's files it left, its own, and neither the files it deleted
+/// nor those of a directory it replaced (the overlay's marks are honoured).
 #[tokio::test]
-async fn a_template_sessions_files_say_when_the_templates_are_not_shown() {
+async fn an_idle_template_sessions_files_show_merged_with_the_template() {
     let dir = tempfile::tempdir().unwrap();
     let t = dir.path().join("template");
-    std::fs::create_dir_all(&t).unwrap();
+    std::fs::create_dir_all(t.join("sub")).unwrap();
     std::fs::write(t.join("README"), "from the template").unwrap();
+    std::fs::write(t.join("other.txt"), "kept from the template").unwrap();
+    std::fs::write(t.join("sub/old.txt"), "old").unwrap();
     let fake = FakeModel::start("fake-model", Some("k")).await;
+    let command = "rm README && rm -r sub && mkdir sub && printf new > sub/new.txt \
+                   && printf mine > mine.txt";
     fake.push([
-        Reply::call("c1", "bash", json!({ "command": "printf mine > mine.txt" })),
+        Reply::call("c1", "bash", json!({ "command": command })),
         Reply::text("done"),
     ]);
     let opts = Options::default()
@@ -650,21 +652,31 @@ async fn a_template_sessions_files_say_when_the_templates_are_not_shown() {
     let c = cookie(&s).await;
     let (status, _, tree) = get(&s, "/ui/files?id=i-1", Some(&c)).await;
     assert_eq!(status, StatusCode::OK, "{tree}");
-    let file = |name: &str| format!("path=%2Fworkspace%2F{name}\">{name}</a>");
-    assert!(tree.contains(&file("mine.txt")), "{tree}");
-    let note = "<p class=\"sub\" id=\"template-note\">This session&#39;s workspace is a \
-                copy-on-write overlay of the workspace template";
-    if level == "overlay" {
-        assert!(tree.contains(note), "{tree}");
-        assert!(!tree.contains(&file("README")), "{tree}");
-        let (_, _, page) = get(&s, "/ui/files?id=i-1&path=/workspace/README", Some(&c)).await;
-        assert!(page.contains(note), "{page}");
-        assert!(page.contains("nothing is at /workspace/README"), "{page}");
-    } else {
-        eprintln!("sessions cannot mount an overlay here ({level}): a copied template is checked");
-        assert!(!tree.contains("template-note"), "{tree}");
-        assert!(tree.contains(&file("README")), "{tree}");
+    let file = |name: &str| format!("path=%2Fworkspace%2F{name}\">");
+    for shown in ["mine.txt", "other.txt", "sub%2Fnew.txt"] {
+        assert!(tree.contains(&file(shown)), "{shown}: {tree}");
     }
+    for gone in ["README", "sub%2Fold.txt"] {
+        assert!(!tree.contains(&file(gone)), "{gone}: {tree}");
+    }
+    assert!(!tree.contains("template-note"), "{tree}");
+    let (_, _, page) = get(&s, "/ui/files?id=i-1&path=/workspace/other.txt", Some(&c)).await;
+    assert!(
+        page.contains("<pre class=\"file\">kept from the template</pre>"),
+        "{page}"
+    );
+    let (_, _, page) = get(&s, "/ui/files?id=i-1&path=/workspace/README", Some(&c)).await;
+    assert!(page.contains("nothing is at /workspace/README"), "{page}");
+    if level != "overlay" {
+        eprintln!("sessions cannot mount an overlay here ({level}): a copied template is checked");
+    }
+    // The template itself is as it was.
+    assert_eq!(
+        std::fs::read_to_string(t.join("README")).unwrap(),
+        "from the template"
+    );
+    let (code, _) = s.call("GET", "/healthz", None).await;
+    assert_eq!(code, StatusCode::OK);
 }
 
 /// While a turn runs, the viewer reads through its toolbox, in the session's mount namespace:

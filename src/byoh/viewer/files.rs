@@ -15,30 +15,30 @@
 //! While a turn of the invocation runs (or its pause keeps background processes), the reads
 //! go through that turn's toolbox ([`Toolbox::confined_read`]) and so join the session's mount
 //! namespace, as its file tools do: a workspace on a disk of its own, or an overlay of the
-//! workspace template, shows as the session's commands see it. Otherwise the viewer mounts
-//! nothing for a session (a second mount of its disk beside a turn's would corrupt it): it
-//! reads the host's view, or the image of the session's disk parsed in user space
-//! ([`image`]). A session started from a template at the overlay level keeps there only its
-//! overlay's upper layer, its changes, which the page shows saying the template's files are
-//! not shown ([`TEMPLATE_NOTE`]), rather than passing them off as the whole workspace.
+//! workspace template, shows as the session's commands see it. Otherwise the viewer never
+//! mounts a session's disk (a second mount beside a turn's would corrupt it): it reads the
+//! host's view, or the image of the session's disk parsed in user space ([`image`]). An idle
+//! session over the template at the overlay level is read through a read-only overlay of its
+//! former upper layer over the template, mounted for the reading thread alone
+//! ([`overlay::merged_view_on_thread`]): its deletions and replaced directories hold. On a
+//! disk of its own the image holds its changes alone: the page shows those and says that the
+//! template's files are not shown ([`TEMPLATE_NOTE`]).
 //!
-//! Non-goals: writing; the merged view of an idle template session read from the host: a read
-//! confined like a file tool's runs without capabilities, so it cannot read the overlay's
-//! `trusted.` attributes (which directory is opaque, which was renamed) and would show files
-//! the session deleted.
+//! Non-goals: writing.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use tokio_util::sync::CancellationToken;
 
 use super::html::{esc, page, query};
 use super::image::{self, ImageRead};
 use crate::byoh::sandbox::{overlay_work_dir, session_disk_image, workspace_dir};
+use crate::exec::overlay;
 use crate::floor::workspace::{Access, Workspace};
 use crate::tools::files::{self, FileRead, ListedFile, Listing};
-use crate::tools::{ToolOutcome, Toolbox, ToolboxBuilder};
+use crate::tools::{Prepare, ToolOutcome, Toolbox, ToolboxBuilder};
 
 /// Files a tree lists at most.
 pub const MAX_FILES: u64 = 2000;
@@ -73,6 +73,7 @@ fn refusal(outcome: ToolOutcome) -> Found {
 async fn read(
     tools: &ToolboxBuilder,
     held: Option<Toolbox>,
+    template: Option<PathBuf>,
     data: &Path,
     session: &str,
     path: Option<String>,
@@ -97,9 +98,19 @@ async fn read(
             .await
             .unwrap_or_else(|_| Found::Note("the read stopped".into()));
     }
+    // An idle session over the template: the merged view, mounted for the reading thread.
+    let prepare = template
+        .filter(|_| overlay_work_dir(data, session).exists())
+        .map(|template| -> Prepare {
+            Box::new(move || {
+                overlay::merged_view_on_thread(&dir, &template).map_err(|e| e.to_string())
+            })
+        });
     let reader = ws.clone();
     let found = tools
-        .confined_reader(&ws, "view", move || read_in(&reader, path.as_deref()))
+        .confined_reader(&ws, "view", prepare, move || {
+            read_in(&reader, path.as_deref())
+        })
         .await;
     found.unwrap_or_else(|e| Found::Note(format!("the workspace could not be read: {e}")))
 }
@@ -203,14 +214,18 @@ fn draw(out: &mut String, dir: &Dir, id: &str) {
 pub async fn page_of(
     tools: &ToolboxBuilder,
     held: Option<Toolbox>,
+    template: Option<PathBuf>,
     data: &Path,
     id: &str,
     session: &str,
     path: Option<String>,
 ) -> String {
-    let merged = held.is_some();
-    let found = read(tools, held, data, session, path.clone()).await;
-    let over_template = !merged && overlay_work_dir(data, session).exists();
+    // Changes alone are shown where no view merges them with the template: a disk's image
+    // read in user space, or a template podhost no longer serves.
+    let over_template = held.is_none()
+        && overlay_work_dir(data, session).exists()
+        && (template.is_none() || session_disk_image(data, session).exists());
+    let found = read(tools, held, template, data, session, path.clone()).await;
     let mut out = String::new();
     let _ = write!(
         out,

@@ -286,6 +286,16 @@ struct FilesQuery {
     path: Option<String>,
 }
 
+/// The template directory, where sessions' workspaces are overlays of it.
+fn overlay_template(
+    template: &Option<crate::exec::template::Template>,
+) -> Option<std::path::PathBuf> {
+    template
+        .as_ref()
+        .filter(|t| t.level == crate::exec::template::Level::Overlay)
+        .map(|t| t.dir.clone())
+}
+
 async fn workspace(
     State(v): State<Viewer>,
     q: Result<Query<FilesQuery>, QueryRejection>,
@@ -308,6 +318,7 @@ async fn workspace(
         files::page_of(
             &v.engine.inner.config.tools,
             v.engine.inner.held_toolbox(&id),
+            overlay_template(&v.engine.inner.config.template),
             data,
             &id,
             &row.session_id,
