@@ -25,13 +25,15 @@
 #[path = "support/smoke.rs"]
 mod smoke;
 
+#[path = "support/listen.rs"]
+mod listen;
+
 #[path = "../tests/support/openai_fake.rs"]
 mod openai_fake;
 #[path = "../tests/support/pg.rs"]
 mod pg;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -164,20 +166,7 @@ fn start_replica(
     }
     let mut child = cmd.spawn().unwrap();
     let cgroup = share.and_then(|(s, n)| cpu_cgroup(child.id(), s, n));
-    let stderr = BufReader::new(child.stderr.take().unwrap());
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut tx = Some(tx);
-        for line in stderr.lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                let addr: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
-                if let Some(tx) = tx.take() {
-                    tx.send(addr).unwrap();
-                }
-            }
-        }
-    });
-    let addr = rx.recv_timeout(Duration::from_secs(60)).unwrap();
+    let addr = listen::listening_addr(&mut child, Duration::from_secs(60), |_| {}).unwrap();
     Replica {
         child,
         url: format!("http://{addr}"),

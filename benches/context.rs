@@ -17,10 +17,12 @@
 #[path = "support/smoke.rs"]
 mod smoke;
 
+#[path = "support/listen.rs"]
+mod listen;
+
 #[path = "../tests/support/openai_fake.rs"]
 mod openai_fake;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -64,23 +66,12 @@ fn start_server(data: &std::path::Path, window: u64) -> Server {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let stderr = BufReader::new(child.stderr.take().unwrap());
     let logs = Arc::new(Mutex::new(Vec::new()));
     let sink = logs.clone();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut tx = Some(tx);
-        for line in stderr.lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                let addr: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
-                if let Some(tx) = tx.take() {
-                    tx.send(addr).unwrap();
-                }
-            }
-            sink.lock().unwrap().push(line);
-        }
-    });
-    let addr = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+    let addr = listen::listening_addr(&mut child, Duration::from_secs(30), move |line| {
+        sink.lock().unwrap().push(line)
+    })
+    .unwrap();
     Server {
         child,
         url: format!("http://{addr}"),

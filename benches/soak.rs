@@ -23,6 +23,9 @@
 #[path = "support/smoke.rs"]
 mod smoke;
 
+#[path = "support/listen.rs"]
+mod listen;
+
 #[path = "../tests/support/openai_fake.rs"]
 mod openai_fake;
 
@@ -44,7 +47,6 @@ mod fake_toolgate;
 #[path = "../tests/support/turn_fixture.rs"]
 mod turn_fixture;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -204,24 +206,12 @@ fn start_server(data: &std::path::Path) -> Server {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let stderr = BufReader::new(child.stderr.take().unwrap());
-    let (tx, rx) = std::sync::mpsc::channel();
-    let log_path = data.with_file_name("serve.log");
-    std::thread::spawn(move || {
+    let mut log = std::fs::File::create(data.with_file_name("serve.log")).unwrap();
+    let addr = listen::listening_addr(&mut child, Duration::from_secs(30), move |line| {
         use std::io::Write;
-        let mut log = std::fs::File::create(log_path).unwrap();
-        let mut tx = Some(tx);
-        for line in stderr.lines().map_while(Result::ok) {
-            let _ = writeln!(log, "{line}");
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                let addr: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
-                if let Some(tx) = tx.take() {
-                    tx.send(addr).unwrap();
-                }
-            }
-        }
-    });
-    let addr = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        let _ = writeln!(log, "{line}");
+    })
+    .unwrap();
     Server {
         child,
         url: format!("http://{addr}"),

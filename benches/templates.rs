@@ -14,10 +14,12 @@
 #[path = "support/smoke.rs"]
 mod smoke;
 
+#[path = "support/listen.rs"]
+mod listen;
+
 #[path = "../tests/support/openai_fake.rs"]
 mod openai_fake;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -60,20 +62,7 @@ fn start_server(data: &Path, env: &[(&str, String)]) -> Option<Server> {
         cmd.env(k, v);
     }
     let mut child = cmd.spawn().unwrap();
-    let stderr = BufReader::new(child.stderr.take().unwrap());
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut tx = Some(tx);
-        for line in stderr.lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                let addr: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
-                if let Some(tx) = tx.take() {
-                    tx.send(addr).unwrap();
-                }
-            }
-        }
-    });
-    let Ok(addr) = rx.recv_timeout(Duration::from_secs(60)) else {
+    let Some(addr) = listen::listening_addr(&mut child, Duration::from_secs(60), |_| {}) else {
         let _ = child.kill();
         let _ = child.wait();
         return None;

@@ -17,10 +17,12 @@
 #[path = "support/smoke.rs"]
 mod smoke;
 
+#[path = "support/listen.rs"]
+mod listen;
+
 #[path = "../tests/support/pg.rs"]
 mod pg;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -63,20 +65,7 @@ fn start_server(data: &Path, store: Option<&str>) -> Server {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let stderr = BufReader::new(child.stderr.take().unwrap());
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut tx = Some(tx);
-        for line in stderr.lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                let addr: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
-                if let Some(tx) = tx.take() {
-                    tx.send(addr).unwrap();
-                }
-            }
-        }
-    });
-    let addr = rx.recv_timeout(Duration::from_secs(60)).unwrap();
+    let addr = listen::listening_addr(&mut child, Duration::from_secs(60), |_| {}).unwrap();
     Server {
         child,
         url: format!("http://{addr}"),
