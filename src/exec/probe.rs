@@ -122,17 +122,25 @@ pub const OVERLAY_IN: &str = "overlay-in";
 /// `dir` (some file systems, NFS among them, cannot hold an upper layer), tried once in the
 /// helper `helper` at the namespaces level this host allows; or why not.
 pub fn probe_overlay_in(helper: &Path, dir: &Path) -> Result<(), String> {
+    ask_helper(helper, &[OVERLAY_IN.as_ref(), dir.as_os_str()]).and_then(|answer| answer)
+}
+
+/// Runs the probe helper with `args` after its own argument, and reads its JSON answer.
+fn ask_helper<T: serde::de::DeserializeOwned>(
+    helper: &Path,
+    args: &[&std::ffi::OsStr],
+) -> Result<T, String> {
     let out = std::process::Command::new(helper)
         .arg(PROBE_ARG)
-        .arg(OVERLAY_IN)
-        .arg(dir)
+        .args(args)
         .env_clear()
         .stdin(Stdio::null())
         .stderr(Stdio::null())
         .output();
     match out {
-        Ok(out) if out.status.success() => serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| Err(format!("the probe's answer: {e}"))),
+        Ok(out) if out.status.success() => {
+            serde_json::from_slice(&out.stdout).map_err(|e| format!("the probe's answer: {e}"))
+        }
         Ok(out) => Err(format!("the probe ended with {}", out.status)),
         Err(e) => Err(format!("could not run {}: {e}", helper.display())),
     }
@@ -232,19 +240,8 @@ fn run_probe(helper: &Path, args: &[&str]) -> Probe {
         disk: Err(why.clone()),
         overlay: Err(why),
     };
-    let out = std::process::Command::new(helper)
-        .arg(PROBE_ARG)
-        .args(args)
-        .env_clear()
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output();
-    match out {
-        Ok(out) if out.status.success() => serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| none(format!("the probe's answer: {e}"))),
-        Ok(out) => none(format!("the probe ended with {}", out.status)),
-        Err(e) => none(format!("could not run {}: {e}", helper.display())),
-    }
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    ask_helper(helper, &args).unwrap_or_else(none)
 }
 
 /// The levels to try, strongest first: the level, whether in a user namespace, whether with a
