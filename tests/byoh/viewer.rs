@@ -692,7 +692,9 @@ async fn a_running_sessions_files_show_as_its_commands_see_them() {
     std::fs::write(t.join("README"), "from the template").unwrap();
     let fake = FakeModel::start("fake-model", Some("k")).await;
     let command = "printf s3cret > \"$TMPDIR/secret\" && ln -s ../tmp/secret leak \
-                   && ln -s ../tmp up && printf live > seen.txt && sleep 300";
+                   && ln -s ../tmp up && mkdir zz && (cd zz && touch f{1..2001}) \
+                   && head -c 1048577 /dev/zero | tr '\\0' a > big.txt \
+                   && printf live > seen.txt && sleep 300";
     fake.push([
         Reply::call("c1", "bash", json!({ "command": command })),
         Reply::text("done"),
@@ -748,6 +750,16 @@ async fn a_running_sessions_files_show_as_its_commands_see_them() {
         assert!(!after.contains(&file("README")), "{after}");
         let (_, _, seen) = get(&s, "/ui/files?id=i-1&path=/workspace/seen.txt", Some(&c)).await;
         assert!(seen.contains("<pre class=\"file\">live</pre>"), "{seen}");
+        // The image's listing and reads keep the viewer's caps: 2,000 files (the first in path
+        // order: `zz/` comes last), 1 MiB.
+        assert!(after.contains("Only the first 2000 files."), "{after}");
+        let (_, _, big) = get(&s, "/ui/files?id=i-1&path=/workspace/big.txt", Some(&c)).await;
+        assert!(
+            big.contains(
+                "/workspace/big.txt is not shown: it is 1048577 bytes, past the 1048576 shown"
+            ),
+            "{big}"
+        );
         for (path, why) in [
             (
                 "/workspace/leak",
