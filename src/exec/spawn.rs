@@ -202,6 +202,11 @@ fn control_pair(request: &[u8]) -> io::Result<(UnixStream, std::os::unix::net::U
     // waiting for podhost to be scheduled again (under load, each such wait costs milliseconds).
     // A request larger than the socket buffer is finished after the spawn.
     let sent = prefill(&ours, request)?;
+    if sent == request.len() {
+        // The whole request is queued: its end-of-file goes with it, so the supervisor decodes
+        // it on its first reads rather than waiting for podhost to be scheduled to say so.
+        ours.shutdown(std::net::Shutdown::Write)?;
+    }
     Ok((UnixStream::from_std(ours)?, theirs, sent))
 }
 
@@ -262,8 +267,8 @@ async fn control(
         // A supervisor that died at once fails this write; its missing status says so below.
         if !unsent.is_empty() {
             let _ = ctl.write_all(unsent).await;
+            let _ = ctl.shutdown().await;
         }
-        let _ = ctl.shutdown().await;
         let mut line = Vec::new();
         let _ = (&mut ctl)
             .take(MAX_STATUS_BYTES)
