@@ -19,7 +19,7 @@
 //! # How a command runs
 //!
 //! ```text
-//! podhost ──spawn (empty env)──► podhost-exec ──fork/exec──► <shell> -c <command> ──► …
+//! podhost ──spawn (empty env)──► podhost-exec ──vspawn──► <shell> -c <command> ──► …
 //!   │  stdin: control socket ──────► request (JSON) in, status line out      (own session,
 //!   │  stdout/stderr pipes ◄──────── passed through to the shell              own group)
 //! ```
@@ -30,14 +30,15 @@
 //! * [`supervise`] (the supervisor, plain std; the small `podhost-exec` binary, or
 //!   `podhost __exec` where that is not installed, see [`find_supervisor`]): child subreaper,
 //!   `setsid`, starts the shell with the limits ([`limits`]), `PR_SET_NO_NEW_PRIVS` and the
-//!   confinement ([`confine`]: Landlock, the network filter, the command user), reaps, and kills
+//!   confinement ([`confine`]: Landlock, the network filter, the command user) applied in a child
+//!   that shares its memory until the exec (`vspawn`, as `posix_spawn` does), reaps, and kills
 //!   every descendant ([`procs`]) before reporting the shell's status and exiting.
 //! * [`oneshot`]: `podhost tool bash`'s one command, its supervisor a fork of podhost running
 //!   the same code (`supervise::in_fork`) — no supervisor program, no control socket, no async
 //!   runtime; it also reads the pipes and keeps the timeout and the stop signals itself:
 //!
 //! ```text
-//! podhost tool ──fork──► supervisor ──fork, confine, exec──► <shell> -c <command> ──► …
+//! podhost tool ──fork──► supervisor ──vspawn, confine, exec──► <shell> -c <command> ──► …
 //! ```
 //!
 //! * [`reaper`]: podhost itself as a child subreaper, reaping what a failed supervisor left.
@@ -88,6 +89,7 @@ mod spawn;
 pub mod supervise;
 pub(crate) mod sys;
 pub mod template;
+mod vspawn;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

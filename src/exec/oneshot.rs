@@ -10,7 +10,7 @@
 //! ([`StreamCapture`], the same caps as the bash tool's).
 //!
 //! ```text
-//! podhost tool ──fork──► supervisor ──fork, confine, exec──► <shell> -c <command> ──► …
+//! podhost tool ──fork──► supervisor ──vspawn, confine, exec──► <shell> -c <command> ──► …
 //!   │  poll: signalfd (SIGCHLD, stop signals), stdout and stderr pipes, the deadline
 //!   └─ a stop (the timeout, a signal) → SIGTERM to the supervisor, which kills the tree and
 //!      reports; a second stop signal → SIGKILL to it, and podhost kills what it left

@@ -31,11 +31,12 @@
 //! Non-goals: timeouts (podhost owns them and sends SIGTERM), output capture (podhost reads the
 //! pipes the supervisor passes through).
 
+use std::ffi::OsStr;
 use std::io::{self, Read, Write};
 use std::os::fd::AsFd;
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
-use std::process::{Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -48,6 +49,7 @@ use super::confine;
 use super::limits::Prepared;
 use super::procs;
 use super::protocol::{MAX_REQUEST_BYTES, Request, Status};
+use super::vspawn;
 
 /// How long descendants left behind by the shell may take to end on their own.
 const LINGER: Duration = Duration::from_millis(100);
@@ -215,6 +217,28 @@ fn close_stray_fds() {
     }
 }
 
+/// Points stdout and stderr (the command's output pipes) at `/dev/null`, or closes them where it
+/// cannot be opened: a late write of this process must never reach a pipe, nor a descriptor
+/// reused after a close.
+#[allow(unsafe_code)]
+fn release_output() {
+    let null = std::fs::OpenOptions::new().write(true).open("/dev/null");
+    for fd in [libc::STDOUT_FILENO, libc::STDERR_FILENO] {
+        // SAFETY: dup2 and close on descriptors this process owns; nothing in it holds a Rust
+        // handle to stdout's or stderr's descriptor (std's handles are re-lookups of 1 and 2).
+        unsafe {
+            match &null {
+                Ok(null) => {
+                    libc::dup2(null.as_raw_fd(), fd);
+                }
+                Err(_) => {
+                    libc::close(fd);
+                }
+            }
+        }
+    }
+}
+
 /// What the request buffer holds before it grows: more than a usual request (2–4 KB).
 const REQUEST_BUFFER: usize = 16 * 1024;
 
@@ -241,7 +265,11 @@ impl Supervisor {
         Request::decode(&buf).map_err(|e| e.to_string())
     }
 
+    /// Says how the command ended. Its output pipes are let go first: every writer of them
+    /// is gone by now, so podhost sees their end with the status instead of waiting for this
+    /// process's own exit to close them.
     fn report(&mut self, status: &Status) {
+        release_output();
         // podhost may be gone; then nobody needs the answer.
         let _ = self.ctl.write_all(status.encode().as_bytes());
     }
@@ -350,54 +378,52 @@ impl Supervisor {
 }
 
 /// Starts `<shell> -c <command>` in its own process group, stdin from /dev/null, stdout and stderr
-/// ours (podhost's pipes), with the request's environment, directory and limits.
+/// ours (podhost's pipes), with the request's environment, directory and limits. The shell is
+/// started as `posix_spawn` would (see `vspawn`): no copy of this process is made only to be
+/// replaced.
 #[allow(unsafe_code)]
 fn spawn_shell(req: &Request, supervisor: Pid) -> Result<Pid, String> {
     let limits = Prepared::new(&req.limits);
-    // Opened and compiled here, before the fork: the child only makes system calls.
+    // Opened and compiled here, before the clone: the child only makes system calls.
     let confine = confine::Prepared::new(&req.confine)
         .map_err(|e| format!("could not confine the command: {e}"))?;
-    let mut cmd = Command::new(&req.shell);
-    cmd.arg("-c")
-        .arg(&req.command)
-        .env_clear()
-        .envs(req.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(&req.cwd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::inherit())
-        .stderr(Stdio::inherit())
-        .process_group(0);
-    // SAFETY: the closure runs in the forked child before exec. This process is single-threaded,
-    // so no lock can be held by a thread that did not survive the fork, and the closure only
-    // makes system calls (sigprocmask, rt_sigaction, setrlimit, set*id, prctl, getppid,
-    // capset, landlock_restrict_self, seccomp) on values prepared before the fork.
-    unsafe {
-        cmd.pre_exec(move || {
-            // The supervisor blocks the signals it waits for; the shell must not inherit that
-            // (a blocked SIGTERM would make every command ignore the first kill).
-            SigSet::empty().thread_set_mask()?;
-            reset_signal_dispositions();
-            limits.apply()?;
-            // Before the parent-death signal: a credential change clears it.
-            confine.switch_user()?;
-            // If the supervisor is killed outright, take the shell with it.
-            prctl::set_pdeathsig(Signal::SIGKILL)?;
-            if getppid() != supervisor {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            prctl::set_no_new_privs()?;
-            // Last: the seccomp filter needs no_new_privs, and nothing after it may need what
-            // Landlock or the filter forbids.
-            confine.restrict()
-        });
-    }
-    let child = cmd.spawn().map_err(|e| e.to_string())?;
-    Ok(Pid::from_raw(child.id() as i32))
+    let image = vspawn::Image::new(
+        &req.shell,
+        [OsStr::new("-c"), OsStr::new(&req.command)],
+        req.env.iter().map(|(k, v)| (OsStr::new(k), OsStr::new(v))),
+        &req.cwd,
+    )
+    .map_err(|e| e.to_string())?;
+    // Runs in the child before the exec: system calls only (rt_sigaction, sigprocmask,
+    // setrlimit, set*id, prctl, getppid, capset, landlock_restrict_self, seccomp) on values
+    // prepared above, nothing allocated (see `vspawn`'s invariants).
+    let mut pre_exec = || {
+        // Defaults first, then the mask: no handler may run on the child's borrowed stack.
+        reset_signal_dispositions();
+        // The supervisor blocks the signals it waits for; the shell must not inherit that
+        // (a blocked SIGTERM would make every command ignore the first kill).
+        SigSet::empty().thread_set_mask()?;
+        limits.apply()?;
+        // Before the parent-death signal: a credential change clears it.
+        confine.switch_user()?;
+        // If the supervisor is killed outright, take the shell with it.
+        prctl::set_pdeathsig(Signal::SIGKILL)?;
+        if getppid() != supervisor {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        prctl::set_no_new_privs()?;
+        // Last: the seccomp filter needs no_new_privs, and nothing after it may need what
+        // Landlock or the filter forbids.
+        confine.restrict()
+    };
+    let pid = vspawn::spawn(&image, &mut pre_exec).map_err(|e| e.to_string())?;
+    Ok(Pid::from_raw(pid))
 }
 
-/// Sets every signal's disposition to the default, as a freshly started program expects. std only
-/// resets SIGPIPE; glibc's `posix_spawn` (how podhost starts the supervisor) leaves its two
-/// internal signals (32, 33) ignored, and an ignored disposition survives `exec`. glibc's own
+/// Sets every signal's disposition to the default, as a freshly started program expects: an
+/// ignored disposition survives `exec`, and glibc's `posix_spawn` (how podhost starts the
+/// supervisor) leaves its two internal signals (32, 33) ignored. In the shell's child it also
+/// keeps any handler of the supervisor's from running on the child's stack. glibc's own
 /// `sigaction` refuses to touch those two, hence the raw system call. Async-signal-safe.
 #[allow(unsafe_code)]
 fn reset_signal_dispositions() {
