@@ -166,13 +166,16 @@ pub async fn capture<R: AsyncRead + Unpin>(
     stop: CancellationToken,
     live: Option<(&LiveOutput, OutStream)>,
 ) -> StreamCapture {
-    let mut buf = vec![0u8; READ_CHUNK];
+    // Read into spare capacity: a zeroed buffer would cost every command 64 KiB of memset and
+    // the page faults behind it, although most write a few bytes or nothing.
+    let mut buf = Vec::with_capacity(READ_CHUNK);
     loop {
+        buf.clear();
         tokio::select! {
             // Stop first: a writer that never pauses must not keep the capture alive.
             biased;
             _ = stop.cancelled() => break,
-            n = reader.read(&mut buf) => match n {
+            n = reader.read_buf(&mut buf) => match n {
                 Ok(0) | Err(_) => break,
                 Ok(n) => match live {
                     None => cap.push(&buf[..n]),
