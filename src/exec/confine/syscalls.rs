@@ -93,6 +93,30 @@ const PERSONALITIES: [u64; 5] = [0x0, 0x8, 0x20000, 0x20008, 0xffff_ffff];
 /// need 1).
 const CLONE_FLAGS_ARG: u8 = 0;
 
+/// The two filters, each built at most once per process: a session's holder builds both before
+/// its first command (see [`build_ahead`]), so that each supervisor it forks finds them in the
+/// memory it was forked with instead of spending a command's time building one.
+static BUILT: [std::sync::OnceLock<BpfProgram>; 2] =
+    [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
+
+/// [`syscall_filter`], built once per process and copied after.
+pub fn filter_for(deny_network: bool) -> Result<BpfProgram, ConfineError> {
+    let slot = &BUILT[usize::from(deny_network)];
+    if let Some(built) = slot.get() {
+        return Ok(built.clone());
+    }
+    let built = syscall_filter(deny_network)?;
+    Ok(slot.get_or_init(|| built).clone())
+}
+
+/// Builds both filters now, for the processes this one will fork; an error is left for the
+/// command that needs the filter to report.
+pub fn build_ahead() {
+    for deny_network in [false, true] {
+        let _ = filter_for(deny_network);
+    }
+}
+
 /// Builds the filter for a command: Docker's default profile, plus the network denied when
 /// `deny_network` (see the module doc).
 pub fn syscall_filter(deny_network: bool) -> Result<BpfProgram, ConfineError> {
@@ -365,6 +389,18 @@ mod tests {
 
     const ALLOW: u32 = libc::SECCOMP_RET_ALLOW;
     const KILL: u32 = libc::SECCOMP_RET_KILL_PROCESS;
+
+    #[test]
+    fn a_filter_built_ahead_is_the_one_built_on_demand() {
+        build_ahead();
+        for deny_network in [false, true] {
+            let once = filter_for(deny_network).unwrap();
+            assert_eq!(once, syscall_filter(deny_network).unwrap());
+            assert_eq!(filter_for(deny_network).unwrap(), once);
+        }
+        // The two differ (socketpair), so neither slot holds the other's.
+        assert_ne!(filter_for(false).unwrap(), filter_for(true).unwrap());
+    }
 
     /// Runs `program` as the kernel would on one call (the instructions the filter uses only).
     fn emulate(program: &[sock_filter], arch: u32, nr: u32, args: [u64; 6]) -> u32 {

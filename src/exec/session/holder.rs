@@ -258,6 +258,9 @@ fn holder(
         }
     };
     sys::set_signal_ignored(libc::SIGCHLD, true);
+    // Each command's supervisor is a fork of this process: built here once, its filter is
+    // already in the memory every supervisor starts with.
+    crate::exec::confine::build_filters_ahead();
     let mut handed = vec![mntns.as_raw_fd()];
     handed.extend(forward.iter().map(AsRawFd::as_raw_fd));
     if sys::send_with_fds(sock, READY, &handed).is_err() {
