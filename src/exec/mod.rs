@@ -1,6 +1,7 @@
 //! Process execution: the one place podhost starts processes.
 //!
-//! Owns: spawning a command under a per-command supervisor (its own session and process group,
+//! Owns: spawning a command under a per-command supervisor (its own process group in a session
+//! other than podhost's,
 //! stdin from `/dev/null`, a child subreaper that kills every descendant when the command ends,
 //! times out or is cancelled), concurrent bounded capture of stdout and stderr, resource limits,
 //! the command environment (`env`), the egress proxy variables and CA bundle (`egress`), and the

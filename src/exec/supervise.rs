@@ -3,7 +3,9 @@
 //! the shell; or the same code forked from `podhost tool` without an exec ([`in_fork`], see
 //! `exec::oneshot`).
 //!
-//! Owns: starting the shell in its own session and process group with the request's environment,
+//! Owns: starting the shell in its own process group, in a session other than podhost's and
+//! without a controlling terminal (its own; a session holder's, made for that), with the
+//! request's environment,
 //! working directory, resource limits, `PR_SET_NO_NEW_PRIVS` and confinement (the system-call
 //! filter last, on every command); a fresh session keyring for a command started without a
 //! session holder; reaping; and killing every descendant when the shell ends or when podhost
@@ -115,6 +117,7 @@ fn run(signals: SigSet, start: Start) -> u8 {
         ctl,
         shell: None,
         shell_status: None,
+        start,
     };
     let req = match sup.read_request() {
         Ok(req) => req,
@@ -163,6 +166,7 @@ pub(crate) fn in_fork(req: &Request, parent: Pid, report: UnixStream) -> i32 {
         ctl: report,
         shell: None,
         shell_status: None,
+        start: Start::Exec,
     };
     if let Err(e) = confine::join_session_keyring() {
         sup.report(&Status::Error(format!(
@@ -248,6 +252,9 @@ struct Supervisor {
     ctl: UnixStream,
     shell: Option<Pid>,
     shell_status: Option<Status>,
+    /// How this supervisor was started (the one-shot path's counts as [`Start::Exec`]: podhost
+    /// is its parent and it makes its own session).
+    start: Start,
 }
 
 impl Supervisor {
@@ -288,9 +295,14 @@ impl Supervisor {
                 ));
             }
         }
-        // A new session: no controlling terminal, so prompts that open /dev/tty fail at once.
-        // This fails only for a process-group leader, which podhost never makes us.
-        let _ = setsid();
+        // A session other than podhost's (its reaper kills only what is outside its own) and
+        // without a controlling terminal, so prompts that open /dev/tty fail at once. A session
+        // holder's supervisor is in the holder's, made for that (and a new session per command
+        // costs a scheduling group the kernel makes and frees); any other makes its own, which
+        // fails only for a process-group leader, which podhost never makes us.
+        if self.start != Start::Forked {
+            let _ = setsid();
+        }
         match spawn_shell(req, self.me) {
             Ok(pid) => self.shell = Some(pid),
             Err(e) => {

@@ -71,8 +71,12 @@ const EXIT_BROKEN: u8 = 125;
 pub fn main() -> ExitCode {
     sys::close_from(3);
     // Its own session: if O dies first, H and what is left are not in podhost's session, so
-    // podhost's reaper kills and reaps them.
-    let _ = nix::unistd::setsid();
+    // podhost's reaper kills and reaps them. The session's commands rely on it (a session
+    // without a controlling terminal, not podhost's: see `supervise`), so no session, no holder;
+    // it fails only for a process-group leader, which podhost never makes O.
+    if nix::unistd::setsid().is_err() {
+        return ExitCode::from(EXIT_BROKEN);
+    }
     let waited = waited_signals();
     if waited.thread_block().is_err() || sys::set_parent_death_signal(libc::SIGTERM).is_err() {
         return ExitCode::from(EXIT_BROKEN);
