@@ -841,3 +841,53 @@ async fn ending_a_session_with_delete_answers_no_content() {
         .unwrap();
     assert_eq!(after.status(), 404, "{after:?}");
 }
+
+/// Starts `podhost mcp` (argv[1]) with a pseudo-terminal as its controlling terminal, calls
+/// `bash` with argv[2] over stdio, and prints the terminal podhost has (its `tty_nr`) and the
+/// call's result.
+const CALL_WITH_A_TERMINAL: &str = r#"
+import fcntl, json, os, subprocess, sys, termios
+master, slave = os.openpty()
+def take_terminal():
+    os.setsid()
+    fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+p = subprocess.Popen([sys.argv[1], "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                     stderr=subprocess.DEVNULL, preexec_fn=take_terminal, pass_fds=[slave])
+def rpc(msg, answer=True):
+    p.stdin.write((json.dumps(msg) + "\n").encode()); p.stdin.flush()
+    return json.loads(p.stdout.readline()) if answer else None
+rpc({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion":
+     "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
+rpc({"jsonrpc": "2.0", "method": "notifications/initialized"}, answer=False)
+tty = int(open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()[4])
+r = rpc({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+         "params": {"name": "bash", "arguments": {"command": sys.argv[2]}}})
+p.stdin.close(); p.wait()
+print(json.dumps({"podhost_tty": tty, "result": r["result"]["structuredContent"]}))
+"#;
+
+/// A command cannot reach the terminal podhost was started from, also where its session holder
+/// (not a session per command) gives it its session: a prompt that opens `/dev/tty` fails at
+/// once instead of reading the user's keyboard.
+#[tokio::test]
+async fn a_command_cannot_open_the_terminal_podhost_runs_in() {
+    let ws = tempfile::tempdir().unwrap();
+    let mut cmd = tokio::process::Command::new("python3");
+    cmd.current_dir(ws.path()).args([
+        "-c",
+        CALL_WITH_A_TERMINAL,
+        podhost_bin().to_str().unwrap(),
+        "cat /dev/tty; echo \"status $?\"",
+    ]);
+    let report = report(cmd).await;
+    assert_ne!(
+        report["podhost_tty"], 0,
+        "podhost got no terminal: {report}"
+    );
+    let result = &report["result"];
+    assert_eq!(result["stdout"], "status 1\n", "{report}");
+    assert_eq!(
+        result["stderr"], "cat: /dev/tty: No such device or address\n",
+        "{report}"
+    );
+}
