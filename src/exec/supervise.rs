@@ -393,7 +393,6 @@ impl Supervisor {
 /// ours (podhost's pipes), with the request's environment, directory and limits. The shell is
 /// started as `posix_spawn` would (see `vspawn`): no copy of this process is made only to be
 /// replaced.
-#[allow(unsafe_code)]
 fn spawn_shell(req: &Request, supervisor: Pid) -> Result<Pid, String> {
     let limits = Prepared::new(&req.limits);
     // Opened and compiled here, before the clone: the child only makes system calls.

@@ -22,6 +22,10 @@
 //!   changes there is its own.
 //! * Signal handlers are reset to their defaults before the signal mask is emptied, so no
 //!   handler of the parent's can run on the child's stack.
+//! * One thing the child does reaches the parent: the kernel keeps "dumpable" with the memory,
+//!   so a child that changes its user makes the supervisor non-dumpable too (its `/proc` files
+//!   then belong to root, and no process of the command's user may read them), which only
+//!   narrows what a command can see.
 //!
 //! Non-goals: a general process API (stdout and stderr are inherited as they are).
 
@@ -158,7 +162,9 @@ pub fn spawn(image: &Image, pre_exec: &mut dyn FnMut() -> io::Result<()>) -> io:
         pre_exec,
         failure: &failure,
     };
-    let mut stack = vec![0u8; CHILD_STACK];
+    // Capacity, not zeroes: the child's stack needs no initial value, and only the pages it
+    // reaches are ever made (zeroing would fault in all of them for every command).
+    let mut stack: Vec<u8> = Vec::with_capacity(CHILD_STACK);
     // The stack grows down on every architecture Linux runs podhost on; 16-byte aligned.
     let top = (stack.as_mut_ptr() as usize + CHILD_STACK) & !15;
     // SAFETY: `entry` runs on `stack`, which outlives the child's use of it (CLONE_VFORK
