@@ -12,9 +12,10 @@
 //! is, has a large one).
 //!
 //! Invariants:
-//! * The caller is single-threaded (every supervisor is), so no lock of this process is held by
-//!   a thread the child cannot see, and the parent is suspended while the child runs: the child
-//!   may read the parent's memory freely, and writes only its own stack and [`Failure`].
+//! * The caller is single-threaded (every supervisor is; the unit tests' threads never touch
+//!   what the child reads), so no lock of this process is held by a thread the child cannot
+//!   see, and the parent is suspended while the child runs: the child may read the parent's
+//!   memory freely, and writes only its own stack and [`Failure`].
 //! * Everything the child needs is prepared before the clone: it allocates nothing and calls
 //!   only async-signal-safe functions (raw system calls), the pre-exec steps included.
 //! * The child has its own descriptor table, working directory, signal handlers and

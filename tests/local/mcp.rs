@@ -3,7 +3,8 @@
 //! lists the tools, calls each one, has the calls that must be refused refused, runs calls
 //! concurrently, and cancels a long command — whose processes must then be gone. Over HTTP it is
 //! also attacked — requests a browser page can forge, a flood of half-open connections under a
-//! low open-file limit — and must refuse them and keep serving the Python SDK's client.
+//! low open-file limit — and must refuse them and keep serving the Python SDK's client. Started
+//! from a terminal, it must keep its commands from opening that terminal.
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
