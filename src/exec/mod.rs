@@ -1,12 +1,11 @@
 //! Process execution: the one place podhost starts processes.
 //!
 //! Owns: spawning a command under a per-command supervisor (its own process group in a session
-//! other than podhost's,
-//! stdin from `/dev/null`, a child subreaper that kills every descendant when the command ends,
-//! times out or is cancelled), concurrent bounded capture of stdout and stderr, resource limits,
-//! the command environment (`env`), the egress proxy variables and CA bundle (`egress`), and the
-//! confinement that keeps commands away from podhost's secrets (`confine`). Also the minimal
-//! init podhost splits off when it is a container's PID 1 (`init`).
+//! other than podhost's, stdin from `/dev/null`, a child subreaper that kills every descendant when
+//! the command ends, times out or is cancelled), concurrent bounded capture of stdout and stderr,
+//! resource limits, the command environment (`env`), the egress proxy variables and CA bundle
+//! (`egress`), and the confinement that keeps commands away from podhost's secrets (`confine`).
+//! Also the minimal init podhost splits off when it is a container's PID 1 (`init`).
 //!
 //! Invariants:
 //! * A command never outlives its call: when the shell exits, times out or is cancelled, every
@@ -30,7 +29,7 @@
 //!   to the supervisor), and bounds every wait so the call returns on time.
 //! * [`supervise`] (the supervisor, plain std; the small `podhost-exec` binary, or
 //!   `podhost __exec` where that is not installed, see [`find_supervisor`]): child subreaper,
-//!   `setsid`, starts the shell with the limits ([`limits`]), `PR_SET_NO_NEW_PRIVS` and the
+//!   `setsid` (but in a session holder's session), starts the shell with the limits ([`limits`]), `PR_SET_NO_NEW_PRIVS` and the
 //!   confinement ([`confine`]: Landlock, the network filter, the command user) applied in a child
 //!   that shares its memory until the exec (`vspawn`, as `posix_spawn` does), reaps, and kills
 //!   every descendant ([`procs`]) before reporting the shell's status and exiting.

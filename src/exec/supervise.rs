@@ -3,13 +3,12 @@
 //! the shell; or the same code forked from `podhost tool` without an exec ([`in_fork`], see
 //! `exec::oneshot`).
 //!
-//! Owns: starting the shell in its own process group, in a session other than podhost's and
-//! without a controlling terminal (its own; a session holder's, made for that), with the
-//! request's environment,
-//! working directory, resource limits, `PR_SET_NO_NEW_PRIVS` and confinement (the system-call
-//! filter last, on every command); a fresh session keyring for a command started without a
-//! session holder; reaping; and killing every descendant when the shell ends or when podhost
-//! asks (or dies).
+//! Owns: starting the shell in its own process group, in a session other than podhost's and without
+//! a controlling terminal (its own; a session holder's, made for that), with the request's
+//! environment, working directory, resource limits, `PR_SET_NO_NEW_PRIVS` and confinement (the
+//! system-call filter last, on every command); a fresh session keyring for a command started
+//! without a session holder; reaping; and killing every descendant when the shell ends or when
+//! podhost asks (or dies).
 //!
 //! How it works: the supervisor makes itself a child subreaper, so every orphan of the command
 //! (a `sleep &`, a `setsid` daemon, a double fork) is re-parented to it and stays findable. It
