@@ -354,6 +354,9 @@ async fn events_say_what_the_rows_are_now() {
         ),
         (1, &json!("i-1"), &json!("running"), &json!("0"))
     );
+    // `running` is said before the model is called: a release before the call arrives would
+    // leave it hanging.
+    fake.wait_requests(1, T).await;
     fake.release();
     s.wait_status("i-1", "completed", T).await;
     let (_, rows) = first_event(&s, "id=i-1", &c).await;

@@ -101,10 +101,14 @@ async fn the_viewer_works_in_a_real_browser() {
     ))
     .await;
     s.wait_status("i-done", "completed", T).await;
+    let before = fake.count();
     fake.push([Reply::Hang(Box::new(Reply::text("finished")))]);
     s.submit(start("s-run", "i-run", "wait", &fake.base_url(), Some("k")))
         .await;
     s.wait_status("i-run", "running", T).await;
+    // `running` is said before the model is called; the release below must find the call
+    // hanging, not come before it.
+    fake.wait_requests(before + 1, T).await;
 
     let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("viewer-browser");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/viewer_browser.py");
