@@ -880,6 +880,14 @@ async fn a_command_cannot_open_the_terminal_podhost_runs_in() {
         podhost_bin().to_str().unwrap(),
         "cat /dev/tty; echo \"status $?\"",
     ]);
+    // The environment every test gives podhost (no PODHOST_ or credential-like variable of the
+    // test run's), passed through the script.
+    for (name, value) in podhost(&[]).as_std().get_envs() {
+        match value {
+            Some(v) => cmd.env(name, v),
+            None => cmd.env_remove(name),
+        };
+    }
     let report = report(cmd).await;
     assert_ne!(
         report["podhost_tty"], 0,
