@@ -299,6 +299,26 @@ async fn a_byoh_session_is_refused_the_dangerous_calls() {
         )
     );
     attack_toolbox(&host, &tb, "a BYOH session").await;
+    // The session's holder (pid 1 of its PID namespace) runs under the filter but the mounts
+    // it still makes, and each command under that and a filter of its own refusing the rest:
+    // a command spends a few instructions' installation, not the whole filter's.
+    let out = bash(
+        &host,
+        &tb,
+        "grep Seccomp_filters /proc/self/status /proc/1/status",
+    )
+    .await;
+    let want = if has_namespaces() {
+        "/proc/self/status:Seccomp_filters:\t2\n/proc/1/status:Seccomp_filters:\t1\n"
+    } else {
+        eprintln!("no namespaces here: no holder, each command installs the whole filter");
+        "/proc/self/status:Seccomp_filters:\t1\n"
+    };
+    if has_namespaces() {
+        assert_eq!(out["stdout"], want, "{out}");
+    } else {
+        assert!(out["stdout"].as_str().unwrap().starts_with(want), "{out}");
+    }
 }
 
 /// The toolbox of a session whose holder makes a user namespace but no PID namespace, as on a

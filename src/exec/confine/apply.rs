@@ -167,7 +167,7 @@ impl Prepared {
             Some(spec) => Option::<OwnedFd>::from(ruleset(spec, c.deny_network)?),
             None => None,
         };
-        let filter = syscalls::filter_for(c.deny_network)?;
+        let filter = syscalls::command_filter(c.deny_network)?;
         let root = nix::unistd::geteuid().is_root();
         let root_caps_up_to = (root && c.user.is_none() && !c.no_capabilities).then(cap_last_cap);
         let drop_all = c.no_capabilities.then(|| {

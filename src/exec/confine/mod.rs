@@ -100,7 +100,9 @@ pub use isolation::Isolation;
 pub use level::{Level, report_startup, reported};
 pub use rules::{Grant, Rule, expand, restrict_thread, ruleset};
 pub use state::Guard;
-pub use syscalls::{build_ahead as build_filters_ahead, join_session_keyring, syscall_filter};
+pub use syscalls::{
+    build_ahead as build_filters_ahead, confine_holder, join_session_keyring, syscall_filter,
+};
 pub use users::{UidPool, UidRange};
 
 use std::fs;

@@ -2,7 +2,9 @@
 //! (or, without a session holder, each command) joins (`keyring`).
 //!
 //! Owns: building the filter ([`syscall_filter`], once per supervisor, before `fork`), installing
-//! it ([`install`], in the command's process, last), and what the confinement level says of it
+//! it ([`install`], in the command's process, last), splitting it between a session's holder and
+//! its commands ([`confine_holder`]: the holder runs under all of it but the mounts it still
+//! makes, and each command installs only the rest), and what the confinement level says of it
 //! ([`filter_available`]).
 //!
 //! # The filter
@@ -47,6 +49,7 @@ pub use keyring::{join_session_keyring, keyrings_available};
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
@@ -96,36 +99,125 @@ const CLONE_FLAGS_ARG: u8 = 0;
 /// The two filters, each built at most once per process: a session's holder builds both before
 /// its first command (see [`build_ahead`]), so that each supervisor it forks finds them in the
 /// memory it was forked with instead of spending a command's time building one.
-static BUILT: [std::sync::OnceLock<BpfProgram>; 2] =
-    [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
+static BUILT: [OnceLock<BpfProgram>; 2] = [OnceLock::new(), OnceLock::new()];
 
-/// [`syscall_filter`], built once per process and copied after.
-pub fn filter_for(deny_network: bool) -> Result<BpfProgram, ConfineError> {
-    let slot = &BUILT[usize::from(deny_network)];
+/// The calls a session's holder still makes under its own filter ([`confine_holder`]): before
+/// each command it covers the host's sockets bound since the last one with read-only bind
+/// mounts (`session::view`).
+const HOLDER_KEEPS: [i64; 2] = [table::SYS_mount, table::SYS_mount_setattr];
+
+/// Set in a session's holder once its own filter is installed; the supervisors it forks
+/// inherit the filter and the flag, and give their commands [`rest_filter`] alone.
+static UNDER_HOLDER_FILTER: AtomicBool = AtomicBool::new(false);
+
+/// The rest filters (see [`rest_filter`]), built at most once per process, as [`BUILT`].
+static RESTS: [OnceLock<BpfProgram>; 2] = [OnceLock::new(), OnceLock::new()];
+
+/// `build` once per process in `slot`, copied after.
+fn once(
+    slot: &OnceLock<BpfProgram>,
+    build: impl FnOnce() -> Result<BpfProgram, ConfineError>,
+) -> Result<BpfProgram, ConfineError> {
     if let Some(built) = slot.get() {
         return Ok(built.clone());
     }
-    let built = syscall_filter(deny_network)?;
+    let built = build()?;
     Ok(slot.get_or_init(|| built).clone())
 }
 
-/// Builds both filters now, for the processes this one will fork; an error is left for the
-/// command that needs the filter to report.
+/// [`syscall_filter`], built once per process and copied after.
+pub fn filter_for(deny_network: bool) -> Result<BpfProgram, ConfineError> {
+    once(&BUILT[usize::from(deny_network)], || {
+        syscall_filter(deny_network)
+    })
+}
+
+/// What a command installs on itself: the whole filter ([`filter_for`]), or, under a holder
+/// that already runs under all of it but [`HOLDER_KEEPS`], the rest ([`rest_filter`]).
+pub fn command_filter(deny_network: bool) -> Result<BpfProgram, ConfineError> {
+    if UNDER_HOLDER_FILTER.load(Ordering::Relaxed) {
+        once(&RESTS[usize::from(deny_network)], || {
+            rest_filter(deny_network)
+        })
+    } else {
+        filter_for(deny_network)
+    }
+}
+
+/// Builds what the processes this one will fork install on their commands, now; an error is
+/// left for the command that needs the filter to report.
 pub fn build_ahead() {
     for deny_network in [false, true] {
-        let _ = filter_for(deny_network);
+        let _ = command_filter(deny_network);
     }
+}
+
+/// Puts a session's holder under the whole filter but [`HOLDER_KEEPS`] (with the network
+/// allowed), once its view and network are built: each command then installs only the rest
+/// ([`rest_filter`]), a program of a few instructions that the kernel takes in a fraction of
+/// the whole one's time (the kernel checks every call number against a new filter when it
+/// installs it). The holder, its supervisors and their commands each run under it; the
+/// command under both, which answer every call as the whole filter does (a unit test compares
+/// them call by call). Needs `CAP_SYS_ADMIN` in the holder's user namespace, which a holder
+/// has; where the kernel refuses, commands keep installing the whole filter.
+pub fn confine_holder() -> io::Result<()> {
+    let program = holder_filter().map_err(|e| io::Error::other(e.to_string()))?;
+    install(&program)?;
+    UNDER_HOLDER_FILTER.store(true, Ordering::Relaxed);
+    Ok(())
+}
+
+/// The holder's filter: the whole filter with the network allowed, and [`HOLDER_KEEPS`].
+fn holder_filter() -> Result<BpfProgram, ConfineError> {
+    build(false, &HOLDER_KEEPS)
+}
+
+/// What a command under a holder's filter adds: `EPERM` for [`HOLDER_KEEPS`] and, with the
+/// network denied, for `socket` and `socketpair` of any family but `AF_UNIX`; every other call
+/// is left to the holder's filter.
+fn rest_filter(deny_network: bool) -> Result<BpfProgram, ConfineError> {
+    let err = |e: seccompiler::BackendError| ConfineError::Seccomp(e.to_string());
+    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(err)?;
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
+        HOLDER_KEEPS.iter().map(|nr| (*nr, Vec::new())).collect();
+    if deny_network {
+        let not_unix = || {
+            SeccompCondition::new(
+                0,
+                SeccompCmpArgLen::Dword,
+                SeccompCmpOp::Ne,
+                libc::AF_UNIX as u64,
+            )
+            .and_then(|c| SeccompRule::new(vec![c]))
+        };
+        rules.insert(table::SYS_socket, vec![not_unix().map_err(err)?]);
+        rules.insert(table::SYS_socketpair, vec![not_unix().map_err(err)?]);
+    }
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )
+    .map_err(err)?;
+    BpfProgram::try_from(filter).map_err(err)
 }
 
 /// Builds the filter for a command: Docker's default profile, plus the network denied when
 /// `deny_network` (see the module doc).
 pub fn syscall_filter(deny_network: bool) -> Result<BpfProgram, ConfineError> {
+    build(deny_network, &[])
+}
+
+/// [`syscall_filter`], with the calls `also` allowed too.
+fn build(deny_network: bool, also: &[i64]) -> Result<BpfProgram, ConfineError> {
     let err = |e: seccompiler::BackendError| ConfineError::Seccomp(e.to_string());
     let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(err)?;
     let mut allowed: Vec<u32> = table::ALLOWED
         .iter()
         .flat_map(|calls| calls.iter())
         .map(|(_, nr)| number(*nr))
+        .chain(also.iter().map(|nr| number(*nr)))
         .collect();
     if !deny_network {
         allowed.push(number(table::SYS_socketpair));
@@ -610,6 +702,85 @@ mod tests {
                 call(&open, table::SYS_personality, [p, 0, 0, 0, 0, 0]),
                 eperm()
             );
+        }
+    }
+
+    /// What the kernel answers a call under several filters (`stack`, first installed first):
+    /// every filter runs and the answer of the highest precedence wins (the signed action
+    /// value, lowest first: kill before errno before allow), the latest installed on a tie.
+    fn stacked(stack: &[&[sock_filter]], arch: u32, nr: u32, args: [u64; 6]) -> u32 {
+        let precedence = |ret: u32| (ret & libc::SECCOMP_RET_ACTION_FULL) as i32;
+        stack
+            .iter()
+            .rev()
+            .map(|program| emulate(program, arch, nr, args))
+            .reduce(|best, ret| {
+                if precedence(ret) < precedence(best) {
+                    ret
+                } else {
+                    best
+                }
+            })
+            .unwrap()
+    }
+
+    /// A command under its holder's filter and the rest it installs is answered, call by call,
+    /// as under the whole filter alone: every number up to past the highest known, of this
+    /// architecture, of another and with the x32 bit, with the arguments the argument checks
+    /// look at (each socket family, namespace and plain clone flags, each personality).
+    #[test]
+    fn a_holders_filter_and_a_commands_rest_answer_as_the_whole_filter() {
+        const AUDIT_ARCH_I386: u32 = 0x4000_0003;
+        let holder = holder_filter().unwrap();
+        let mut argument_sets: Vec<[u64; 6]> = (0..=50u64)
+            .map(|family| [family, libc::SOCK_STREAM as u64, 0, 0, 0, 0])
+            .collect();
+        argument_sets.extend(
+            [
+                libc::SIGCHLD,
+                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+                libc::CLONE_NEWNS,
+                libc::CLONE_NEWUSER | libc::SIGCHLD,
+                libc::CLONE_NEWNET,
+            ]
+            .map(|f| [f as u32 as u64, 0, 0, 0, 0, 0]),
+        );
+        argument_sets.extend(PERSONALITIES.map(|p| [p, 0, 0, 0, 0, 0]));
+        argument_sets.push([0x0040000, 0, 0, 0, 0, 0]);
+        let highest = table::ALLOWED
+            .iter()
+            .chain(table::REFUSED.iter())
+            .flat_map(|c| c.iter())
+            .map(|(_, nr)| number(*nr))
+            .max()
+            .unwrap();
+        for deny_network in [false, true] {
+            let whole = syscall_filter(deny_network).unwrap();
+            let rest = rest_filter(deny_network).unwrap();
+            assert!(rest.len() * 4 < whole.len(), "{} instructions", rest.len());
+            let mut calls: Vec<(u32, u32)> =
+                (0..=highest + 50).map(|nr| (AUDIT_ARCH, nr)).collect();
+            calls.push((AUDIT_ARCH_I386, 20));
+            if cfg!(target_arch = "x86_64") {
+                calls.push((AUDIT_ARCH, X32_SYSCALL_BIT | number(libc::SYS_getpid)));
+            }
+            for (arch, nr) in calls {
+                for args in &argument_sets {
+                    assert_eq!(
+                        stacked(&[&holder, &rest], arch, nr, *args),
+                        emulate(&whole, arch, nr, *args),
+                        "network denied {deny_network}, arch {arch:#x}, call {nr}, {args:?}"
+                    );
+                }
+            }
+            // Alone, the holder's filter lets the holder cover a socket.
+            for nr in HOLDER_KEEPS {
+                assert_eq!(call(&holder, nr, [0; 6]), ALLOW);
+                assert_eq!(
+                    stacked(&[&holder, &rest], AUDIT_ARCH, number(nr), [0; 6]),
+                    eperm()
+                );
+            }
         }
     }
 

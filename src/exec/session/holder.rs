@@ -35,8 +35,10 @@
 //!
 //! Invariants:
 //! * H and S are forked from single-threaded processes, so they may run any code.
-//! * The holder itself runs unfiltered: it makes namespaces and mounts, which the system-call
-//!   filter refuses; each command's supervisor installs the filter on the command only.
+//! * The holder makes its namespaces and mounts unfiltered, then puts itself under the
+//!   system-call filter but `mount` and `mount_setattr` (its sockets' covers) before it says
+//!   `ok`; each command adds a filter refusing those (and the network, when denied), so that it
+//!   runs under exactly the whole filter (see `confine::syscalls::confine_holder`).
 //! * A holder that cannot build the view says why on the socket and runs no command.
 //! * Nothing of the session outlives podhost: podhost → O (parent-death SIGTERM) → H
 //!   (parent-death SIGKILL) → every process in its PID namespace.
@@ -262,6 +264,10 @@ fn holder(
         }
     };
     sys::set_signal_ignored(libc::SIGCHLD, true);
+    // From here on the holder makes no namespace and no mount but its sockets' covers: it runs
+    // under the system-call filter but those, and each command adds the rest (where the
+    // kernel refuses, each command installs the whole filter, as without a holder).
+    let _ = crate::exec::confine::confine_holder();
     // Each command's supervisor is a fork of this process: built here once, its filter is
     // already in the memory every supervisor starts with.
     crate::exec::confine::build_filters_ahead();

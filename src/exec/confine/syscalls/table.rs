@@ -184,11 +184,15 @@ mod arch {
     target_arch = "riscv64"
 )))]
 mod arch {
-    pub use libc::{SYS_clone, SYS_clone3, SYS_personality, SYS_socket, SYS_socketpair};
+    pub use libc::{
+        SYS_clone, SYS_clone3, SYS_mount, SYS_mount_setattr, SYS_personality, SYS_socket,
+        SYS_socketpair,
+    };
     pub const ALLOWED: [&[(&str, i64)]; 2] = [&[], &[]];
     pub const REFUSED: [&[(&str, i64)]; 2] = [&[], &[]];
 }
 
 pub(super) use arch::{
-    ALLOWED, REFUSED, SYS_clone, SYS_clone3, SYS_personality, SYS_socket, SYS_socketpair,
+    ALLOWED, REFUSED, SYS_clone, SYS_clone3, SYS_mount, SYS_mount_setattr, SYS_personality,
+    SYS_socket, SYS_socketpair,
 };
