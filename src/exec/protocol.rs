@@ -74,6 +74,11 @@ pub struct SessionRequest {
     #[serde(default)]
     pub overlay: Option<SessionOverlay>,
     pub view: View,
+    /// The Landlock rules of the session's commands and whether their network is denied: the
+    /// holder builds their ruleset once, inside the view, for every command whose rules these
+    /// are (see `confine::Prebuilt`); `None`: each command builds its own.
+    #[serde(default)]
+    pub landlock: Option<(Landlock, bool)>,
 }
 
 /// A workspace the holder mounts as an overlay of a template (see `exec::overlay`).
@@ -173,7 +178,9 @@ pub struct Confine {
 }
 
 /// Landlock file-system rules, as paths: the supervisor (or a file tool's thread) opens them
-/// when it builds the ruleset, so a rule always names what is at the path at that moment.
+/// when it builds the ruleset, so a rule always names what is at the path at that moment (a
+/// session's holder builds its commands' ruleset once, used while every path still names the
+/// file it named then: see `confine::Prebuilt`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Landlock {

@@ -23,7 +23,9 @@ use super::confine::{Confinement, Isolation, WorkspaceRules, users};
 use super::disk;
 use super::net::{Exit, FORWARD_PORT, Network};
 use super::probe::Namespaces;
-use super::protocol::{CommandUser, SessionDisk, SessionNetwork, SessionOverlay, SessionRequest};
+use super::protocol::{
+    CommandUser, Landlock, SessionDisk, SessionNetwork, SessionOverlay, SessionRequest,
+};
 use super::quota::DiskQuota;
 use super::session::SessionSlot;
 use super::{ExecConfig, Executor};
@@ -113,6 +115,7 @@ impl Sandbox {
                     disk: None,
                     overlay: None,
                     view,
+                    landlock: session_landlock(&rules),
                 };
                 executor = executor.with_session(SessionSlot::new(helper, request, None));
             }
@@ -170,6 +173,7 @@ impl Sandbox {
                         .map(|o| session_overlay(o, spec, disk_owner(&iso, &confinement)))
                         .transpose()?,
                     view,
+                    landlock: session_landlock(&rules),
                 };
                 Some(SessionSlot::new(iso.helper.clone(), request, exit))
             }
@@ -340,4 +344,14 @@ fn session_user(
         })?;
     }
     Ok(None)
+}
+
+/// What a session's holder builds its commands' ruleset from: their Landlock rules, as every
+/// command of the session is sent them, and whether their network is denied.
+fn session_landlock(rules: &WorkspaceRules) -> Option<(Landlock, bool)> {
+    let command = &rules.command;
+    command
+        .landlock
+        .clone()
+        .map(|spec| (spec, command.deny_network))
 }

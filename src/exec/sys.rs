@@ -546,6 +546,20 @@ pub fn close_from(first: RawFd) {
     }
 }
 
+/// Closes every descriptor from `first` on but `keep`.
+pub fn close_from_but(first: RawFd, keep: RawFd) {
+    if keep < first {
+        return close_from(first);
+    }
+    // SAFETY: close_range only closes descriptors; the caller owns none of them but `keep`.
+    unsafe {
+        if keep > first {
+            libc::syscall(libc::SYS_close_range, first as u32, (keep - 1) as u32, 0u32);
+        }
+        libc::syscall(libc::SYS_close_range, (keep + 1) as u32, u32::MAX, 0u32);
+    }
+}
+
 /// dup2(2).
 pub fn dup2(step: &str, from: RawFd, to: RawFd) -> Res<()> {
     // SAFETY: a plain system call on descriptors; `to` is replaced by design.

@@ -347,6 +347,7 @@ fn userns_noproc_toolbox(host: &Host) -> Toolbox {
                 disk: None,
                 overlay: None,
                 view,
+                landlock: None,
             },
             None,
         ));

@@ -15,7 +15,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 use seccompiler::BpfProgram;
 
-use super::{ConfineError, ruleset, syscalls};
+use super::{ConfineError, Prebuilt, ruleset, syscalls};
 use crate::exec::protocol::{CommandUser, Confine};
 
 /// Takes `user`'s file-system identity on the calling thread only: no supplementary groups, its
@@ -164,7 +164,13 @@ impl Prepared {
     /// Builds the Landlock ruleset (opening every rule's path now) and the system-call filter.
     pub fn new(c: &Confine) -> Result<Self, ConfineError> {
         let ruleset = match &c.landlock {
-            Some(spec) => Option::<OwnedFd>::from(ruleset(spec, c.deny_network)?),
+            // In a session, the ruleset its holder built, when it is this command's.
+            Some(spec) => {
+                match Prebuilt::kept().and_then(|p| p.for_command(spec, c.deny_network)) {
+                    Some(fd) => Some(fd),
+                    None => Option::<OwnedFd>::from(ruleset(spec, c.deny_network)?),
+                }
+            }
             None => None,
         };
         let filter = syscalls::command_filter(c.deny_network)?;

@@ -98,7 +98,7 @@ pub use apply::{Prepared, ROOT_KEEPS};
 pub use harden::{Hardened, harden_process, is_non_dumpable, take_secret_env};
 pub use isolation::Isolation;
 pub use level::{Level, report_startup, reported};
-pub use rules::{Grant, Rule, expand, restrict_thread, ruleset};
+pub use rules::{Grant, Prebuilt, Rule, expand, restrict_thread, ruleset};
 pub use state::Guard;
 pub use syscalls::{
     build_ahead as build_filters_ahead, confine_holder, join_session_keyring, syscall_filter,

@@ -129,6 +129,17 @@ impl Expander<'_> {
 /// Builds the Landlock ruleset of `spec` (every right of its ABI handled, so anything not
 /// granted is denied), with every TCP bind and connect denied when `deny_network` (ABI ≥ 4).
 pub fn ruleset(spec: &Landlock, deny_network: bool) -> Result<RulesetCreated, ConfineError> {
+    build_ruleset(spec, deny_network, expand(spec)?, |_, _| {})
+}
+
+/// [`ruleset`] with `rules`, telling `opened` each rule's path and its descriptor (`None`:
+/// nothing could be opened there).
+fn build_ruleset(
+    spec: &Landlock,
+    deny_network: bool,
+    rules: Vec<Rule>,
+    mut opened: impl FnMut(&Path, Option<&OwnedFd>),
+) -> Result<RulesetCreated, ConfineError> {
     let abi = ABI::from(i32::from(spec.abi.min(TARGET_ABI)));
     let all = AccessFs::from_all(abi);
     let read = AccessFs::from_read(abi);
@@ -145,11 +156,13 @@ pub fn ruleset(spec: &Landlock, deny_network: bool) -> Result<RulesetCreated, Co
         rs = rs.scope(Scope::from_all(abi))?;
     }
     let mut created = rs.create()?;
-    for rule in expand(spec)? {
+    for rule in rules {
         // Gone since it was listed, or swapped for a symlink: no rule, so no access.
         let Ok(fd) = open_path(&rule.path) else {
+            opened(&rule.path, None);
             continue;
         };
+        opened(&rule.path, Some(&fd));
         let mut access = match rule.grant {
             Grant::List => AccessFs::ReadDir.into(),
             Grant::Read => read,
@@ -161,6 +174,118 @@ pub fn ruleset(spec: &Landlock, deny_network: bool) -> Result<RulesetCreated, Co
         created = created.add_rule(PathBeneath::new(fd, access))?;
     }
     Ok(created)
+}
+
+/// A session's ruleset, built once by its holder inside the session's view, for each command
+/// whose rules are the session's: its supervisor (a fork of the holder) checks that every
+/// rule's path is still the file it was ([`Prebuilt::for_command`], one `statx` a rule) instead
+/// of building the ruleset again (an `openat2`, two `fstat`s, a `landlock_add_rule` and a
+/// `close` a rule). Only rules that need no directory listing are built ahead: a grant split
+/// around a hidden path depends on what the directory holds when the command starts.
+#[derive(Debug)]
+pub struct Prebuilt {
+    spec: Landlock,
+    deny_network: bool,
+    ruleset: OwnedFd,
+    /// Each rule's path and the file it named when the ruleset was built (`None`: nothing).
+    paths: Vec<(PathBuf, Option<FileId>)>,
+}
+
+/// A file's device and inode.
+type FileId = (u64, u64);
+
+/// The session's ruleset, in the holder and the supervisors it forks.
+static PREBUILT: std::sync::OnceLock<Prebuilt> = std::sync::OnceLock::new();
+
+impl Prebuilt {
+    /// Builds `spec`'s ruleset for the commands of this process's session; `None` when its
+    /// grants need splitting (see above).
+    pub fn build(spec: &Landlock, deny_network: bool) -> Result<Option<Prebuilt>, ConfineError> {
+        let explicit: Vec<Rule> = spec
+            .read
+            .iter()
+            .map(|p| (p, Grant::Read))
+            .chain(spec.write.iter().map(|p| (p, Grant::Write)))
+            .map(|(path, grant)| Rule {
+                path: path.clone(),
+                grant,
+            })
+            .collect();
+        if expand(spec)? != explicit {
+            return Ok(None);
+        }
+        let mut paths = Vec::with_capacity(explicit.len());
+        let created = build_ruleset(spec, deny_network, explicit, |path, fd| {
+            paths.push((path.to_path_buf(), fd.and_then(|fd| id_of_fd(fd).ok())));
+        })?;
+        let Some(ruleset) = Option::<OwnedFd>::from(created) else {
+            return Ok(None);
+        };
+        Ok(Some(Prebuilt {
+            spec: spec.clone(),
+            deny_network,
+            ruleset,
+            paths,
+        }))
+    }
+
+    /// Keeps `self` as this process's session ruleset (the first kept stays).
+    pub fn keep(self) {
+        let _ = PREBUILT.set(self);
+    }
+
+    /// This process's session ruleset, if one was kept.
+    pub fn kept() -> Option<&'static Prebuilt> {
+        PREBUILT.get()
+    }
+
+    /// The ruleset's descriptor (which a forked supervisor must keep open).
+    pub fn fd(&self) -> i32 {
+        self.ruleset.as_raw_fd()
+    }
+
+    /// A descriptor of the ruleset for a command whose rules are `spec` and `deny_network`:
+    /// when they are the session's and every rule's path still names the file it named when
+    /// the ruleset was built; `None` otherwise (the command builds its own).
+    pub fn for_command(&self, spec: &Landlock, deny_network: bool) -> Option<OwnedFd> {
+        if *spec != self.spec || deny_network != self.deny_network {
+            return None;
+        }
+        let same = self
+            .paths
+            .iter()
+            .all(|(path, id)| matches!(id_of_path(path), Ok(now) if now == *id));
+        if !same {
+            return None;
+        }
+        self.ruleset.try_clone().ok()
+    }
+}
+
+/// The device and inode of an open file.
+#[allow(unsafe_code)]
+fn id_of_fd(fd: &OwnedFd) -> io::Result<FileId> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstat writes a stat into the live buffer; it is read only when the call succeeded.
+    if unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fstat succeeded, so `st` is initialized.
+    let st = unsafe { st.assume_init() };
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// The device and inode of what `path` names now, its last component not followed (`None`:
+/// nothing there).
+fn id_of_path(path: &Path) -> io::Result<Option<FileId>> {
+    use std::os::unix::fs::MetadataExt;
+    match fs::symlink_metadata(path) {
+        // A symlink there now: the ruleset opened no symlink, so it is not what it named.
+        Ok(m) if m.file_type().is_symlink() => Ok(Some((u64::MAX, u64::MAX))),
+        Ok(m) => Ok(Some((m.dev(), m.ino()))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// Confines the calling thread (a fresh one: see `Toolbox`) to `spec`. Threads it spawns
@@ -327,6 +452,47 @@ mod tests {
             sorted(expand(&visible).unwrap()),
             vec![(s(&root.join("etc")), Grant::Read)]
         );
+    }
+
+    /// The ruleset built ahead serves a command with the same rules while every rule's path
+    /// names the same file; rules that differ, a path replaced (or gone, or come) since, and
+    /// grants that need splitting around a hidden path each get a ruleset of their own.
+    #[test]
+    fn a_ruleset_built_ahead_serves_the_same_rules_over_the_same_files_only() {
+        let t = tempfile::tempdir().unwrap();
+        let root = fs::canonicalize(t.path()).unwrap();
+        let (ws, tmp, later) = (root.join("ws"), root.join("tmp"), root.join("later"));
+        fs::create_dir(&ws).unwrap();
+        fs::create_dir(&tmp).unwrap();
+        let mut rules = spec(&[Path::new("/")], &[&ws, &tmp, &later], &[]);
+        rules.abi = rules.abi.min(super::super::kernel_abi());
+        if rules.abi == 0 {
+            eprintln!("no Landlock here: a ruleset cannot be built ahead");
+            return;
+        }
+        let built = Prebuilt::build(&rules, false).unwrap().unwrap();
+        assert!(built.for_command(&rules, false).is_some());
+        // Other rules, or the network denied too: not this ruleset.
+        assert!(built.for_command(&rules, true).is_none());
+        let mut other = rules.clone();
+        other.write.pop();
+        assert!(built.for_command(&other, false).is_none());
+        // A rule's directory replaced by another at the same path.
+        fs::remove_dir(&tmp).unwrap();
+        fs::create_dir(&tmp).unwrap();
+        assert!(built.for_command(&rules, false).is_none());
+        let built = Prebuilt::build(&rules, false).unwrap().unwrap();
+        assert!(built.for_command(&rules, false).is_some());
+        // A path that named nothing now names a directory; one replaced by a symlink to itself.
+        fs::create_dir(&later).unwrap();
+        assert!(built.for_command(&rules, false).is_none());
+        let built = Prebuilt::build(&rules, false).unwrap().unwrap();
+        fs::rename(&ws, root.join("ws-moved")).unwrap();
+        std::os::unix::fs::symlink(root.join("ws-moved"), &ws).unwrap();
+        assert!(built.for_command(&rules, false).is_none());
+        // A grant above a hidden path is split by listing its directory: never built ahead.
+        let split = spec(&[&root], &[], &[&tmp]);
+        assert!(Prebuilt::build(&split, false).unwrap().is_none());
     }
 
     #[test]

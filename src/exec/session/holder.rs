@@ -28,7 +28,8 @@
 //!   itself when podhost closes the socket.
 //! * **S** (one per command) puts the three descriptors it was sent in place (control socket on
 //!   stdin, the output pipes on stdout and stderr) and runs the ordinary supervisor, inside the
-//!   view: its Landlock ruleset is built from inside, its `/proc` walk sees the session's PID
+//!   view: its Landlock ruleset is the one H built from inside once (while each rule's path
+//!   still names the same file, see `confine::Prebuilt`), its `/proc` walk sees the session's PID
 //!   namespace, the command's orphans come back to it (a child subreaper in the same PID
 //!   namespace). Its first message on the control socket is its own pidfd, so podhost can
 //!   signal it (timeout, cancellation) although it is not podhost's child.
@@ -51,7 +52,7 @@ use std::process::ExitCode;
 use nix::sys::signal::{SigSet, Signal};
 
 use super::view;
-use crate::exec::protocol::{SessionNetwork, SessionRequest};
+use crate::exec::protocol::{Landlock, SessionNetwork, SessionRequest};
 use crate::exec::sys::{self, StepError};
 
 /// `argv[1]` that makes the supervisor binary a session holder.
@@ -192,7 +193,13 @@ fn start(req: &SessionRequest, sock: i32) -> Result<(libc::pid_t, OwnedFd), Step
     let h = sys::fork_with("make the session's namespaces", flags)?;
     if h == 0 {
         drop(life_w);
-        holder(sock, &mut prepared, req.network, life_r);
+        holder(
+            sock,
+            &mut prepared,
+            req.network,
+            req.landlock.clone(),
+            life_r,
+        );
     }
     drop(life_r);
     // H alone holds the session socket now: when H is gone, podhost's sends fail at once.
@@ -233,6 +240,7 @@ fn holder(
     sock: i32,
     prepared: &mut view::Prepared,
     network: Option<SessionNetwork>,
+    landlock: Option<(Landlock, bool)>,
     life: OwnedFd,
 ) -> ! {
     if sys::set_parent_death_signal(libc::SIGKILL).is_err() || parent_gone(&life) {
@@ -264,6 +272,13 @@ fn holder(
         }
     };
     sys::set_signal_ignored(libc::SIGCHLD, true);
+    // The commands' ruleset, built here once inside the view (an error is left for each
+    // command, which then builds its own and reports it).
+    if let Some((spec, deny_network)) = &landlock
+        && let Ok(Some(prebuilt)) = crate::exec::confine::Prebuilt::build(spec, *deny_network)
+    {
+        prebuilt.keep();
+    }
     // From here on the holder makes no namespace and no mount but its sockets' covers: it runs
     // under the system-call filter but those, and each command adds the rest (where the
     // kernel refuses, each command installs the whole filter, as without a holder).
@@ -343,6 +358,10 @@ fn supervisor(sock: i32, ctl: OwnedFd, out: OwnedFd, err: OwnedFd) -> ! {
         sys::exit_now(i32::from(EXIT_BROKEN));
     }
     drop((ctl, out, err));
-    sys::close_from(3);
+    // The session's ruleset stays open for the command (see `confine::Prebuilt`).
+    match crate::exec::confine::Prebuilt::kept() {
+        Some(prebuilt) => sys::close_from_but(3, prebuilt.fd()),
+        None => sys::close_from(3),
+    }
     sys::exit_now(crate::exec::supervise::forked())
 }
