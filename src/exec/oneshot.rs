@@ -178,6 +178,7 @@ fn fork_supervisor(
     signalfd: BorrowedFd<'_>,
 ) -> Result<Pid, ExecError> {
     let parent = nix::unistd::getpid();
+    crate::exec::confine::build_filter_ahead(request.confine.deny_network);
     // SAFETY: this process is single-threaded (see the module's invariants), so the child is a
     // whole copy of it: no lock can be held by a thread that did not survive the fork, and the
     // child may run ordinary code. It ends with `_exit`, never returning into the caller.

@@ -101,7 +101,8 @@ pub use level::{Level, report_startup, reported};
 pub use rules::{Grant, Prebuilt, Rule, expand, restrict_thread, ruleset};
 pub use state::Guard;
 pub use syscalls::{
-    build_ahead as build_filters_ahead, confine_holder, join_session_keyring, syscall_filter,
+    build_ahead as build_filters_ahead, build_ahead_for as build_filter_ahead, confine_holder,
+    join_session_keyring, syscall_filter,
 };
 pub use users::{UidPool, UidRange};
 

@@ -152,6 +152,13 @@ pub fn build_ahead() {
     }
 }
 
+/// Builds what a command with `deny_network` installs, now, in a process about to fork the
+/// command's supervisor (`podhost tool`'s): the fork finds it built instead of building it
+/// after the fork, where every page its allocations touch is copied first.
+pub fn build_ahead_for(deny_network: bool) {
+    let _ = command_filter(deny_network);
+}
+
 /// Puts a session's holder under the whole filter but [`HOLDER_KEEPS`] (with the network
 /// allowed), once its view and network are built: each command then installs only the rest
 /// ([`rest_filter`]), a program of a few instructions that the kernel takes in a fraction of
@@ -470,7 +477,8 @@ pub fn filter_available() -> bool {
                 &action as *const u32,
             )
         };
-        rc == 0 && syscall_filter(false).is_ok()
+        // Built once: a forked supervisor finds it built (see `filter_for`).
+        rc == 0 && filter_for(false).is_ok()
     })
 }
 
