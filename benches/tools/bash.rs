@@ -24,7 +24,8 @@
 //!
 //! The system-call filter's cost, which every command pays (the tool cannot run without it, so
 //! its parts are measured apart, in another interleaved loop): building it (the supervisor does,
-//! per command), installing it (the command's process does, once), and a bare `bash -c true`
+//! per command), installing it (the command's process does, once; a session's command installs
+//! only the rest its holder's filter leaves, measured too), and a bare `bash -c true`
 //! started from a thread under the filter (so bash runs under it, as a command does) against one
 //! started from a thread without it; their sum against the bash tool call measured in the same
 //! loop is the filter's share of a command. `cargo bench --bench tools filter` runs this part
@@ -388,9 +389,26 @@ pub fn syscall_filter_cost() {
         .join()
         .unwrap()
     };
+    // Installing what a command of a session adds on a thread already under its holder's
+    // filter (see `confine::syscalls::confine_holder`).
+    let (holder_filter, rest_filter) = podhost::exec::confine::split_filter(false).unwrap();
+    let install_rest = || {
+        let (holder, rest) = (holder_filter.clone(), rest_filter.clone());
+        std::thread::spawn(move || {
+            nix::sys::prctl::set_no_new_privs().unwrap();
+            seccompiler::apply_filter(&holder).unwrap();
+            let start = Instant::now();
+            seccompiler::apply_filter(&rest).unwrap();
+            start.elapsed()
+        })
+        .join()
+        .unwrap()
+    };
     println!(
-        "system-call filter ({} instructions; {rounds} rounds × {iterations}, interleaved)",
-        syscall_filter(false).unwrap().len()
+        "system-call filter ({} instructions, a session command's rest {}; {rounds} rounds × \
+         {iterations}, interleaved)",
+        syscall_filter(false).unwrap().len(),
+        rest_filter.len()
     );
     for _ in 0..warm_up {
         bare();
@@ -398,8 +416,10 @@ pub fn syscall_filter_cost() {
         tool();
         build();
         install();
+        install_rest();
     }
-    let (mut all, mut builds, mut installs) = (<[Vec<Sample>; 3]>::default(), vec![], vec![]);
+    let (mut all, mut builds, mut installs, mut rests) =
+        (<[Vec<Sample>; 3]>::default(), vec![], vec![], vec![]);
     for round in 1..=rounds {
         let mut series: [Vec<Sample>; 3] = Default::default();
         for _ in 0..iterations {
@@ -408,6 +428,7 @@ pub fn syscall_filter_cost() {
             series[2].push(tool());
             builds.push(build());
             installs.push(install());
+            rests.push(install_rest());
         }
         let [b, f, t] = [0, 1, 2].map(|i| medians(&series[i]));
         println!(
@@ -432,17 +453,19 @@ pub fn syscall_filter_cost() {
         v.sort();
         v[v.len() / 2].as_secs_f64() * 1e6
     };
-    let (build_us, install_us) = (us(builds), us(installs));
+    let (build_us, install_us, rest_us) = (us(builds), us(installs), us(rests));
     let [b, f, t] = [0, 1, 2].map(|i| medians(&all[i]));
     let cost = build_us / 1e3 + install_us / 1e3 + (f.0 - b.0);
     println!(
         "{:>8}: bash -c true bare {:.3} ms, under the filter {:.3} ms ({:.3}×, {:+.3} ms); \
-         build {build_us:.1} µs, install {install_us:.1} µs (medians)",
+         build {build_us:.1} µs, install {install_us:.1} µs, a session command's rest under its \
+         holder's {rest_us:.1} µs ({:.2}× the whole) (medians)",
         "all",
         b.0,
         f.0,
         f.0 / b.0,
-        f.0 - b.0
+        f.0 - b.0,
+        rest_us / install_us
     );
     println!(
         "the filter's cost per command: {cost:.3} ms (build + install + bash under it) of a \

@@ -102,7 +102,7 @@ pub use rules::{Grant, Prebuilt, Rule, expand, restrict_thread, ruleset};
 pub use state::Guard;
 pub use syscalls::{
     build_ahead as build_filters_ahead, build_ahead_for as build_filter_ahead, confine_holder,
-    join_session_keyring, syscall_filter,
+    join_session_keyring, split_filter, syscall_filter,
 };
 pub use users::{UidPool, UidRange};
 

@@ -174,6 +174,13 @@ pub fn confine_holder() -> io::Result<()> {
     Ok(())
 }
 
+/// A session holder's filter and what its commands add with the network denied or not
+/// (`deny_network`), as [`confine_holder`] and [`command_filter`] split the whole filter: for
+/// `benches/` (the two installations' costs) and tests.
+pub fn split_filter(deny_network: bool) -> Result<(BpfProgram, BpfProgram), ConfineError> {
+    Ok((holder_filter()?, rest_filter(deny_network)?))
+}
+
 /// The holder's filter: the whole filter with the network allowed, and [`HOLDER_KEEPS`].
 fn holder_filter() -> Result<BpfProgram, ConfineError> {
     build(false, &HOLDER_KEEPS)
