@@ -272,20 +272,7 @@ fn holder(
         }
     };
     sys::set_signal_ignored(libc::SIGCHLD, true);
-    // The commands' ruleset, built here once inside the view (an error is left for each
-    // command, which then builds its own and reports it).
-    if let Some((spec, deny_network)) = &landlock
-        && let Ok(Some(prebuilt)) = crate::exec::confine::Prebuilt::build(spec, *deny_network)
-    {
-        prebuilt.keep();
-    }
-    // From here on the holder makes no namespace and no mount but its sockets' covers: it runs
-    // under the system-call filter but those, and each command adds the rest (where the
-    // kernel refuses, each command installs the whole filter, as without a holder).
-    let _ = crate::exec::confine::confine_holder();
-    // Each command's supervisor is a fork of this process: built here once, its filter is
-    // already in the memory every supervisor starts with.
-    crate::exec::confine::build_filters_ahead();
+    prepare_commands(landlock.as_ref());
     let mut handed = vec![mntns.as_raw_fd()];
     handed.extend(forward.iter().map(AsRawFd::as_raw_fd));
     if sys::send_with_fds(sock, READY, &handed).is_err() {
@@ -322,6 +309,23 @@ fn holder(
             supervisor(sock, ctl, out, err)
         }
     }
+}
+
+/// What H does once for all its commands, its view built: their Landlock ruleset, built inside
+/// the view (an error is left for each command, which then builds its own and reports it); its
+/// own system-call filter; what each command adds to it, built into the memory every supervisor
+/// is forked with.
+fn prepare_commands(landlock: Option<&(Landlock, bool)>) {
+    if let Some((spec, deny_network)) = landlock
+        && let Ok(Some(prebuilt)) = crate::exec::confine::Prebuilt::build(spec, *deny_network)
+    {
+        prebuilt.keep();
+    }
+    // From here on the holder makes no namespace and no mount but its sockets' covers: it runs
+    // under the system-call filter but those, and each command adds the rest (where the
+    // kernel refuses, each command installs the whole filter, as without a holder).
+    let _ = crate::exec::confine::confine_holder();
+    crate::exec::confine::build_filters_ahead();
 }
 
 /// Brings up the new network namespace's loopback and, when the session has a way out, listens
