@@ -44,10 +44,9 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::USAGE as u8);
         }
     };
-    // The configuration has been read: from here on, secrets live only in podhost's memory,
-    // which no process of the same user may read. Before any thread starts.
-    let hardened = exec::confine::harden_process();
+    let (own_userns, hardened) = before_threads(&front);
     init_tracing();
+    report_own_user_namespace(own_userns);
     if !hardened.non_dumpable {
         tracing::warn!(
             "could not make podhost non-dumpable: same-user processes can read its memory"
@@ -410,5 +409,41 @@ async fn pod(config: PodConfig) -> anyhow::Result<i32> {
                 exit::FAILURE
             })
         }
+    }
+}
+
+/// What the process does once its configuration is read, before any thread starts: a user
+/// namespace of its own where `front` wants one ([`own_user_namespace`]), then the hardening:
+/// from here on, secrets live only in podhost's memory, which no process of the same user may
+/// read.
+fn before_threads(front: &Front) -> (Option<std::io::Result<()>>, exec::confine::Hardened) {
+    let own_userns = own_user_namespace(front);
+    (own_userns, exec::confine::harden_process())
+}
+
+/// A non-root `serve` with a workspace template whose overlay level the configuration does not
+/// rule out enters a user namespace of its own, while it is single-threaded and still dumpable
+/// (a non-dumpable process cannot write its id maps): its file tools can then join its sessions'
+/// views, where the template's overlay is (see `exec::enter_own_user_namespace`). `None`:
+/// not tried.
+fn own_user_namespace(front: &Front) -> Option<std::io::Result<()>> {
+    use podhost::exec::template::Level;
+    let Front::Serve(config) = front else {
+        return None;
+    };
+    let wanted = !nix::unistd::geteuid().is_root()
+        && config.template.is_some()
+        && matches!(config.template_level, None | Some(Level::Overlay));
+    wanted.then(exec::enter_own_user_namespace)
+}
+
+/// Logs why `serve` stays outside a user namespace of its own, when it tried one.
+fn report_own_user_namespace(tried: Option<std::io::Result<()>>) {
+    if let Some(Err(e)) = tried {
+        tracing::info!(
+            error = %e,
+            "podhost could not enter a user namespace of its own: sessions' workspaces cannot \
+             be overlays of the template"
+        );
     }
 }

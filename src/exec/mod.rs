@@ -101,6 +101,7 @@ use tokio_util::sync::CancellationToken;
 pub use capture::LiveOutput;
 pub use confine::Confinement;
 pub use env::{BaseEnv, CommandEnv};
+pub use sys::enter_own_user_namespace;
 
 /// `argv[1]` that makes the podhost binary a command supervisor (see [`supervise`]). The binary's
 /// `main` checks for it before anything else; `podhost-exec` ignores it.

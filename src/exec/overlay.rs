@@ -121,7 +121,8 @@ pub fn mount(lower: &OwnedFd, upper: &OwnedFd, work: &OwnedFd, userxattr: bool) 
 /// session: `upper` (its overlay's former upper layer, whose marks of deleted files and opaque
 /// directories the kernel honours in a lower layer too) over `template`. The thread first
 /// takes a file-system context and mount namespace of its own, its mounts private, so nothing
-/// of it reaches the host; the view goes with the thread. Root only; paths holding `:`, `,`
+/// of it reaches the host; the view goes with the thread. Root only, or podhost in a user
+/// namespace of its own (`sys::enter_own_user_namespace`); paths holding `:`, `,`
 /// or `\\` are refused (the kernel's layer list separates with them).
 pub fn merged_view_on_thread(upper: &Path, template: &Path) -> Res<()> {
     let step = "show the session's merged workspace";
@@ -159,7 +160,10 @@ pub fn merged_view_on_thread(upper: &Path, template: &Path) -> Res<()> {
         | sys::MOUNT_ATTR_NOSUID
         | sys::MOUNT_ATTR_NODEV
         | sys::MOUNT_ATTR_NOEXEC;
-    let view = overlay(step, &[(c"lowerdir", lower)], false, attrs)?;
+    // In podhost's own user namespace, the sessions' overlays marked opaque directories with
+    // `user.` attributes (the `trusted.` ones are the host's root's): read them alike.
+    let userxattr = crate::exec::sys::in_own_user_namespace();
+    let view = overlay(step, &[(c"lowerdir", lower)], userxattr, attrs)?;
     sys::move_mount(step, &view, &target)
 }
 

@@ -538,6 +538,39 @@ pub fn set_signal_ignored(signal: libc::c_int, ignore: bool) {
     unsafe { libc::signal(signal, handler) };
 }
 
+/// Set once this process is in a user namespace of its own ([`enter_own_user_namespace`]).
+static OWN_USER_NAMESPACE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Moves this non-root, single-threaded, still dumpable process into a user namespace of its
+/// own that maps its uid and gid to themselves (`podhost serve` with a workspace template, see
+/// `main`). It then holds capabilities over the user namespaces its sessions' holders make
+/// (children of this one, which its uid owns), and in its own: a thread of it may join a
+/// session's mount namespace (`setns` asks `CAP_SYS_ADMIN` over the namespace's owner and
+/// `CAP_SYS_CHROOT` in the caller's), so its file tools reach a session's overlay. Nothing of
+/// the host changes for it: every id outside the map stays unmapped (files of other users are
+/// read as before, never owned), and checks against the host's namespaces (its network, its
+/// mounts) see the same unprivileged user. Where the kernel refuses the namespace, the process
+/// stays where it was (and sessions get no overlay, as before).
+pub fn enter_own_user_namespace() -> std::io::Result<()> {
+    let (uid, gid) = (nix::unistd::geteuid(), nix::unistd::getegid());
+    if uid.is_root() {
+        return Err(std::io::Error::other("podhost is root: it needs none"));
+    }
+    unshare("make a user namespace", libc::CLONE_NEWUSER)
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1\n"))?;
+    std::fs::write("/proc/self/setgroups", "deny")?;
+    std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1\n"))?;
+    OWN_USER_NAMESPACE.store(true, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
+}
+
+/// Whether this process entered a user namespace of its own ([`enter_own_user_namespace`]).
+pub fn in_own_user_namespace() -> bool {
+    OWN_USER_NAMESPACE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Closes every descriptor from `first` up.
 pub fn close_from(first: RawFd) {
     // SAFETY: close_range only closes descriptors; the caller owns none of them any more.

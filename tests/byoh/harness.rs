@@ -52,6 +52,8 @@ pub struct Options {
     pub token: Option<String>,
     /// The open-file limits (soft, hard) the server starts with, set by a shell before it.
     pub open_files: Option<(u64, u64)>,
+    /// The uid (and gid) the server runs as, instead of the tests' own.
+    pub user: Option<u32>,
 }
 
 impl Options {
@@ -111,6 +113,10 @@ pub fn spawn(data: &Path, opts: &Options) -> Result<(Child, String, Arc<Mutex<St
     }
     for (k, v) in &opts.env {
         cmd.env(k, v);
+    }
+    if let Some(id) = opts.user {
+        use std::os::unix::process::CommandExt;
+        cmd.uid(id).gid(id);
     }
     let set = |k: &str| opts.env.iter().any(|(n, _)| n == k);
     if on_postgres() && !set("PODHOST_STORE") {

@@ -133,12 +133,34 @@ fn answer(messages: &Value, call: &str) -> Value {
 /// Runs the sessions on a server with `env`; answers the level `/healthz` reports, and how the
 /// disk quota is held.
 async fn twenty_sessions(env: &[(&str, &str)]) -> (String, Value) {
+    twenty_sessions_as(env, None).await
+}
+
+/// [`twenty_sessions`] on a server that runs as `user` (its directory made that user's).
+async fn twenty_sessions_as(env: &[(&str, &str)], user: Option<u32>) -> (String, Value) {
     let dir = tempfile::tempdir().unwrap();
     let t = template(dir.path());
+    if let Some(id) = user {
+        // The template is the server's user's, as an operator of an unprivileged podhost
+        // leaves it: its sessions run as that user (files of others are read-only to them).
+        let chown = std::process::Command::new("chown")
+            .args(["-hR", &format!("{id}:{id}")])
+            .arg(&t)
+            .status()
+            .unwrap();
+        assert!(chown.success());
+        std::os::unix::fs::chown(dir.path(), Some(id), Some(id)).unwrap();
+        let open = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+        std::fs::set_permissions(dir.path(), open).unwrap();
+    }
     let before = tree(&t);
     let fake = FakeModel::start("fake-model", None).await;
     model(&fake);
-    let mut opts = Options::default().env("PODHOST_WORKSPACE_TEMPLATE", t.to_str().unwrap());
+    let mut opts = Options {
+        user,
+        ..Options::default()
+    }
+    .env("PODHOST_WORKSPACE_TEMPLATE", t.to_str().unwrap());
     for (k, v) in env {
         opts = opts.env(k, v);
     }
@@ -278,6 +300,39 @@ async fn sessions_from_one_template_each_see_only_their_own_changes_at_every_lev
         let env = [("PODHOST_WORKSPACE_TEMPLATE_LEVEL", "overlay")];
         assert_eq!(twenty_sessions(&env).await.0, "overlay");
     }
+}
+
+/// An unprivileged `serve` (nobody) enters a user namespace of its own at start-up, so that its
+/// file tools can join its sessions' views, which their own user namespaces own: its sessions
+/// get the overlay level too, with the same checks as root's (each sees its own changes alone,
+/// the template unchanged, nothing copied). Where the kernel gives no user namespace, the level
+/// it falls back to is checked instead, and said.
+#[tokio::test]
+async fn an_unprivileged_serve_gives_its_sessions_the_overlay_too() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("the tests do not run as root: serve cannot be started as another user");
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    let (level, _) = twenty_sessions_as(&[], Some(NOBODY)).await;
+    let (root_level, _) = twenty_sessions(&[("PODHOST_SESSION_DISK_FS", "off")]).await;
+    if root_level == "overlay" && user_namespaces_for(NOBODY) {
+        assert_eq!(level, "overlay");
+    } else {
+        eprintln!("no overlay for an unprivileged podhost here: the {level} level was checked");
+        assert_ne!(level, "overlay");
+    }
+}
+
+/// Whether `uid` may make a user namespace here (`unshare --user`).
+fn user_namespaces_for(uid: u32) -> bool {
+    use std::os::unix::process::CommandExt;
+    std::process::Command::new("unshare")
+        .args(["--user", "--map-current-user", "true"])
+        .uid(uid)
+        .gid(uid)
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// Whether a file clones (`cp --reflink=always`) in a temporary directory here.

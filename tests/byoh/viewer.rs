@@ -627,12 +627,37 @@ async fn a_session_submitted_after_the_page_loaded_is_in_its_events() {
 /// nor those of a directory it replaced (the overlay's marks are honoured).
 #[tokio::test]
 async fn an_idle_template_sessions_files_show_merged_with_the_template() {
+    idle_template_session_shows_merged(None).await;
+}
+
+/// The same from an unprivileged `serve` (nobody), which runs in a user namespace of its own:
+/// its sessions' overlays mark deletions with `user.` attributes, which the viewer's merged view
+/// reads alike.
+#[tokio::test]
+async fn an_unprivileged_serves_idle_template_session_shows_merged_too() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("the tests do not run as root: serve cannot be started as another user");
+        return;
+    }
+    idle_template_session_shows_merged(Some(65534)).await;
+}
+
+/// An idle session's merged workspace, on a server that runs as `user` when given (its
+/// directory and the template made that user's, as its operator would leave them).
+async fn idle_template_session_shows_merged(user: Option<u32>) {
     let dir = tempfile::tempdir().unwrap();
     let t = dir.path().join("template");
     std::fs::create_dir_all(t.join("sub")).unwrap();
     std::fs::write(t.join("README"), "from the template").unwrap();
     std::fs::write(t.join("other.txt"), "kept from the template").unwrap();
     std::fs::write(t.join("sub/old.txt"), "old").unwrap();
+    if let Some(id) = user {
+        for p in [dir.path(), &t, &t.join("sub"), &t.join("README")] {
+            std::os::unix::fs::chown(p, Some(id), Some(id)).unwrap();
+        }
+        let open = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+        std::fs::set_permissions(dir.path(), open).unwrap();
+    }
     let fake = FakeModel::start("fake-model", Some("k")).await;
     let command = "rm README && rm -r sub && mkdir sub && printf new > sub/new.txt \
                    && printf mine > mine.txt";
@@ -640,9 +665,12 @@ async fn an_idle_template_sessions_files_show_merged_with_the_template() {
         Reply::call("c1", "bash", json!({ "command": command })),
         Reply::text("done"),
     ]);
-    let opts = Options::default()
-        .env("PODHOST_WORKSPACE_TEMPLATE", t.to_str().unwrap())
-        .env("PODHOST_SESSION_DISK_FS", "off");
+    let opts = Options {
+        user,
+        ..Options::default()
+    }
+    .env("PODHOST_WORKSPACE_TEMPLATE", t.to_str().unwrap())
+    .env("PODHOST_SESSION_DISK_FS", "off");
     let s = Serve::start_with(dir.path(), opts);
     let (_, health) = s.call("GET", "/healthz", None).await;
     let level = health["workspace_template"]["level"]

@@ -423,16 +423,21 @@ impl Confinement {
     /// Whether commands run in a session's namespaces.
     /// Whether a session's workspace can be an overlay of a template (see `exec::overlay`):
     /// sessions get a view of their own, in which the kernel mounts one, and podhost's file
-    /// tools can join it (as root: a thread of a process with other threads cannot join the
-    /// user namespace that owns a session's view when podhost is not root); else why not.
+    /// tools can join it: as root, or in a user namespace of its own (a thread of a process
+    /// with other threads cannot join the user namespace that owns a session's view, and needs
+    /// `CAP_SYS_CHROOT` where it is to join its mount namespace; see
+    /// `sys::enter_own_user_namespace`); else why not.
     pub fn overlay(&self) -> Result<(), String> {
         match &self.isolation {
             Some(iso) if iso.namespaces == crate::exec::probe::Namespaces::Root => {
                 iso.overlay.clone()
             }
+            Some(iso) if iso.namespaces.any() && crate::exec::sys::in_own_user_namespace() => {
+                iso.overlay.clone()
+            }
             Some(iso) if iso.namespaces.any() => Err(
-                "podhost is not root: its file tools cannot join a session's mount namespace, \
-                 which a user namespace owns"
+                "podhost is not root, nor in a user namespace of its own: its file tools cannot \
+                 join a session's mount namespace, which a user namespace owns"
                     .to_owned(),
             ),
             Some(iso) => iso.overlay.clone(),
@@ -685,8 +690,8 @@ mod tests {
             assert_eq!(
                 at(level),
                 Err(
-                    "podhost is not root: its file tools cannot join a session's mount \
-                     namespace, which a user namespace owns"
+                    "podhost is not root, nor in a user namespace of its own: its file tools \
+                     cannot join a session's mount namespace, which a user namespace owns"
                         .to_owned()
                 )
             );
