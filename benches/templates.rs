@@ -7,8 +7,10 @@
 //! Run with `cargo bench --bench templates` (release build of podhost, scripted model on
 //! loopback; root or an unprivileged user namespace for the overlay level). Every level runs
 //! without a file system per session (copy and reflink cannot go into one); the overlay level
-//! runs with one too where the host gives it. `PODHOST_BENCH_SMOKE=1` runs 1 MiB templates, one
-//! round each.
+//! runs with one too where the host gives it, and, run as root, once more from a server that runs
+//! as `nobody` (an unprivileged podhost, in a user namespace of its own: see
+//! `exec::enter_own_user_namespace`). `PODHOST_BENCH_SMOKE=1` runs 1 MiB templates, one round
+//! each.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "support/smoke.rs"]
@@ -46,9 +48,14 @@ impl Drop for Server {
     }
 }
 
-/// The server, once it listens; `None` when it exits first (a level this host refuses).
-fn start_server(data: &Path, env: &[(&str, String)]) -> Option<Server> {
+/// The server, once it listens, running as `user` when given; `None` when it exits first (a
+/// level this host refuses).
+fn start_server(data: &Path, env: &[(&str, String)], user: Option<u32>) -> Option<Server> {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_podhost"));
+    if let Some(id) = user {
+        use std::os::unix::process::CommandExt;
+        cmd.uid(id).gid(id);
+    }
     cmd.arg("serve")
         .env("PODHOST_LISTEN", "127.0.0.1:0")
         .env("PODHOST_DATA", data)
@@ -101,8 +108,12 @@ async fn session_starts(
     fake: &FakeModel,
     env: &[(&str, String)],
     rounds: usize,
+    user: Option<u32>,
 ) -> Option<(Vec<Duration>, String)> {
-    let server = start_server(&dir.join("data"), env)?;
+    if let Some(id) = user {
+        std::os::unix::fs::chown(dir, Some(id), Some(id)).unwrap();
+    }
+    let server = start_server(&dir.join("data"), env, user)?;
     let http = reqwest::Client::new();
     let health: Value = http
         .get(format!("{}/healthz", server.url))
@@ -195,6 +206,12 @@ async fn main() {
         }
     });
     let root = tempfile::tempdir().unwrap();
+    // Open to the unprivileged server's user (its data directories are made its own).
+    std::fs::set_permissions(
+        root.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     let templates: Vec<(u64, std::path::PathBuf)> = sizes
         .iter()
         .map(|&mib| {
@@ -208,11 +225,18 @@ async fn main() {
          sessions ({})",
         smoke::build()
     );
-    let mut runs: Vec<(&str, &str)> = vec![("overlay", "off"), ("reflink", "off"), ("copy", "off")];
+    const NOBODY: Option<u32> = Some(65534);
+    let mut runs: Vec<(&str, &str, Option<u32>)> = vec![
+        ("overlay", "off", None),
+        ("reflink", "off", None),
+        ("copy", "off", None),
+    ];
     if nix::unistd::geteuid().is_root() {
-        runs.insert(1, ("overlay", "on"));
+        runs.insert(1, ("overlay", "on", None));
+        runs.insert(2, ("overlay", "off", NOBODY));
     }
-    for (level, disk_fs) in runs {
+    for (level, disk_fs, user) in runs {
+        let who = if user.is_some() { "nobody" } else { "" };
         if level == "reflink" && !reflink_here(root.path()) {
             smoke::skipped(
                 "the reflink level",
@@ -222,7 +246,7 @@ async fn main() {
         }
         let base_env = vec![("PODHOST_SESSION_DISK_FS", disk_fs.to_owned())];
         let dir = tempfile::tempdir_in(root.path()).unwrap();
-        let (empty, _) = session_starts(dir.path(), &fake, &base_env, rounds)
+        let (empty, _) = session_starts(dir.path(), &fake, &base_env, rounds, user)
             .await
             .expect("serve starts without a template");
         let empty_median = empty[empty.len() / 2];
@@ -231,9 +255,10 @@ async fn main() {
             env.push(("PODHOST_WORKSPACE_TEMPLATE", t.display().to_string()));
             env.push(("PODHOST_WORKSPACE_TEMPLATE_LEVEL", level.to_owned()));
             let dir = tempfile::tempdir_in(root.path()).unwrap();
-            let Some((starts, got)) = session_starts(dir.path(), &fake, &env, rounds).await else {
+            let Some((starts, got)) = session_starts(dir.path(), &fake, &env, rounds, user).await
+            else {
                 smoke::skipped(
-                    &format!("the {level} level (file system per session {disk_fs})"),
+                    &format!("the {level} level (file system per session {disk_fs}) {who}"),
                     "serve refuses it on this host",
                 );
                 break;
@@ -242,8 +267,8 @@ async fn main() {
             let median = starts[starts.len() / 2];
             smoke::check_positive("a session's start", &[ms(median), ms(empty_median)]);
             println!(
-                "  {level:<8} disk fs {disk_fs:<3} {mib:>5} MiB template: {:9.1} ms  empty \
-                 workspace {:7.1} ms  ×{:.2}",
+                "  {level:<8} disk fs {disk_fs:<3} {who:<6} {mib:>5} MiB template: {:9.1} ms  \
+                 empty workspace {:7.1} ms  ×{:.2}",
                 ms(median),
                 ms(empty_median),
                 ms(median) / ms(empty_median)
