@@ -140,8 +140,24 @@ fn run(signals: SigSet, start: Start) -> u8 {
         return 0;
     }
     let status = sup.supervise(&req);
+    if start == Start::Forked {
+        step_aside();
+    }
     sup.report(&status);
     0
+}
+
+/// Gives this process the lowest CPU priority: podhost answers a forked supervisor's command
+/// from its status alone (see `spawn::control`), and when the report wakes podhost on this
+/// CPU, podhost should run first, not this process's teardown (a forked address space's, some
+/// hundred microseconds) that is all it has left to do.
+#[allow(unsafe_code)]
+fn step_aside() {
+    // SAFETY: setpriority on this process only; raising one's own nice value needs no privilege,
+    // and a refusal changes nothing but the order of the work.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, 0, 19);
+    }
 }
 
 /// The supervisor of `podhost tool`'s one command (see `exec::oneshot`): forked from podhost

@@ -420,6 +420,24 @@ async fn ps_in_one_session_shows_nothing_of_another() {
     assert_still_works(&a).await;
 }
 
+/// A command's answer comes before its supervisor's exit (see `SessionSlot::settle`), but no
+/// command sees an earlier one's supervisor: back to back, each counts its session's processes
+/// with the shell's own globbing (no child of its own) and finds the holder, its supervisor and
+/// itself, every time.
+#[tokio::test]
+async fn back_to_back_commands_never_see_an_earlier_supervisor() {
+    if !has_namespaces() {
+        return crate::fallback::check_landlock_level(&Host::new()).await;
+    }
+    let host = Host::new();
+    let a = host.isolated(|_| {});
+    let count = "n=0; for p in /proc/[0-9]*; do n=$((n+1)); done; echo $n";
+    for _ in 0..40 {
+        let out = bash(&host, &a, count).await;
+        assert_eq!(out, json!({"exitCode": 0, "stdout": "3\n", "stderr": ""}));
+    }
+}
+
 /// No capabilities at all, and the file tools act as the session's uid: a file `write` made is
 /// one `bash` can append to, and the reverse.
 #[tokio::test]

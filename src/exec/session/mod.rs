@@ -250,6 +250,8 @@ pub struct SessionSlot {
     /// What serves the session's way out, when its network has one.
     exit: Option<Exit>,
     current: tokio::sync::Mutex<Option<Arc<Session>>>,
+    /// The pidfds of supervisors that reported their command's end and are exiting.
+    settling: std::sync::Mutex<Vec<OwnedFd>>,
 }
 
 impl SessionSlot {
@@ -259,6 +261,36 @@ impl SessionSlot {
             request,
             exit,
             current: tokio::sync::Mutex::new(None),
+            settling: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Keeps the pidfd of a supervisor that reported its command's end: it only exits now (its
+    /// command's tree is dead, its output let go), and the next command waits for that (see
+    /// [`SessionSlot::launch`]), so no command sees an earlier one's supervisor among its
+    /// session's processes or in its limits.
+    pub(crate) fn settle(&self, pidfd: OwnedFd) {
+        if sys::poll_now(pidfd.as_raw_fd(), libc::POLLIN) == 0 {
+            lock(&self.settling).push(pidfd);
+        }
+    }
+
+    /// Waits until every supervisor [`settle`](Self::settle) kept has exited; one still there
+    /// after `grace` (it reported, so nothing of its command is left) is killed.
+    async fn settled(&self, grace: Duration) {
+        let pending = std::mem::take(&mut *lock(&self.settling));
+        for pidfd in pending {
+            if sys::poll_now(pidfd.as_raw_fd(), libc::POLLIN) != 0 {
+                continue;
+            }
+            let Ok(fd) = sys::async_fd(pidfd, Interest::READABLE) else {
+                continue;
+            };
+            if tokio::time::timeout(grace, fd.readable()).await.is_err() {
+                tracing::warn!("a command's supervisor did not exit after reporting; killing it");
+                sys::pidfd_send_signal(fd.get_ref(), libc::SIGKILL);
+                let _ = tokio::time::timeout(grace, fd.readable()).await;
+            }
         }
     }
 
@@ -322,6 +354,7 @@ impl SessionSlot {
     /// Hands the command's descriptors to the session's holder, starting (or restarting) it;
     /// the session it went to.
     pub async fn launch(&self, fds: [&OwnedFd; 3]) -> Result<Arc<Session>, ExecError> {
+        self.settled(STOP_GRACE).await;
         for attempt in 0..2 {
             let session = self.running().await?;
             match session.launch(fds).await {
@@ -346,6 +379,11 @@ impl SessionSlot {
 /// namespace: see [`sys::enter_mount_namespace`].
 pub fn enter_mount_namespace(ns: &OwnedFd) -> io::Result<()> {
     sys::enter_mount_namespace(ns)
+}
+
+/// `m` locked, whether or not a thread panicked holding it (a list of descriptors stays whole).
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
@@ -376,5 +414,62 @@ pub(super) async fn recv_pidfd(ctl: &tokio::net::UnixStream) -> io::Result<Optio
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot() -> SessionSlot {
+        let request = SessionRequest {
+            parent: std::process::id(),
+            userns: None,
+            pid_namespace: false,
+            cgroup_procs: Vec::new(),
+            network: None,
+            disk: None,
+            overlay: None,
+            view: super::super::protocol::View::default(),
+            landlock: None,
+        };
+        SessionSlot::new(PathBuf::from("/nonexistent"), request, None)
+    }
+
+    /// A process that exits after `secs`, and its pidfd.
+    fn exits_after(secs: &str) -> (std::process::Child, OwnedFd) {
+        let child = std::process::Command::new("sleep")
+            .arg(secs)
+            .spawn()
+            .unwrap();
+        let pidfd = sys::pidfd_open(child.id() as i32).unwrap();
+        (child, pidfd)
+    }
+
+    #[tokio::test]
+    async fn the_next_command_waits_for_a_reported_supervisor_to_exit() {
+        let slot = slot();
+        let (mut child, pidfd) = exits_after("0.3");
+        slot.settle(pidfd);
+        assert_eq!(lock(&slot.settling).len(), 1);
+        slot.settled(Duration::from_secs(10)).await;
+        // Exited (a zombie until reaped here): `settled` returned no sooner.
+        assert!(child.try_wait().unwrap().is_some());
+        assert!(lock(&slot.settling).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_supervisor_gone_already_is_not_kept_and_one_that_stays_is_killed() {
+        let slot = slot();
+        let (mut gone, pidfd) = exits_after("0");
+        let _ = gone.wait();
+        slot.settle(pidfd);
+        assert!(lock(&slot.settling).is_empty());
+        let (mut stuck, pidfd) = exits_after("60");
+        slot.settle(pidfd);
+        slot.settled(Duration::from_millis(200)).await;
+        let status = stuck.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
     }
 }
