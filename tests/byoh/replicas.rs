@@ -496,12 +496,16 @@ async fn a_replica_cut_off_past_its_lease_writes_nothing_and_kills_its_commands(
         !process_with(&marker)
     })
     .await;
-    let logs = rs[0].logs();
-    assert!(
+    // Said before the command is killed; the log reaches the test through a pipe and a reader,
+    // which may not have caught up yet.
+    let lost = |logs: &str| {
         logs.contains("lease was lost")
-            || logs.contains("no lease renewal for a whole lease period"),
-        "{logs}"
-    );
+            || logs.contains("no lease renewal for a whole lease period")
+    };
+    until("the resumed replica says its lease was lost", T, || {
+        lost(&rs[0].logs())
+    })
+    .await;
     // It wrote nothing: the transcript is the taking-over replica's, and it serves on.
     let (_, out) = rs[0].collect("i").await;
     assert_eq!(
