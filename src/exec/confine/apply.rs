@@ -62,6 +62,40 @@ pub const ROOT_KEEPS: [u32; 12] = [
     31, // CAP_SETFCAP
 ];
 
+/// Drops from this process's bounding set every capability no command keeps (all but
+/// [`ROOT_KEEPS`]), for a session's holder before its first command: every command it starts
+/// drops them anyway (a root one keeps [`ROOT_KEEPS`] at most, a capability-less one none), and
+/// each drop is a credentials copy the kernel makes and frees, about a microsecond and a half,
+/// 32 of them a command; a command then finds them gone and skips them. The bounding set only
+/// bounds what an `exec` may gain, so the holder's own work (mounts, forks) keeps what it had.
+/// Without `CAP_SETPCAP` there is nothing to drop; each command then drops what it must.
+#[allow(unsafe_code)]
+pub fn shed_bounding_set_ahead() {
+    for cap in (0..=cap_last_cap()).filter(|c| !ROOT_KEEPS.contains(c)) {
+        // SAFETY: a plain prctl on integers; a refusal leaves the capability for each command.
+        unsafe {
+            libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0);
+        }
+    }
+}
+
+/// Drops `cap` from the bounding set unless it is gone already (reading it is cheap, dropping
+/// copies the credentials); EINVAL (a capability this kernel lacks) is fine. Async-signal-safe.
+#[allow(unsafe_code)]
+fn drop_from_bounding_set(cap: u32) -> io::Result<()> {
+    // SAFETY: plain prctls on integers.
+    unsafe {
+        if libc::prctl(libc::PR_CAPBSET_READ, cap as libc::c_ulong, 0, 0, 0) == 0 {
+            return Ok(());
+        }
+        let rc = libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0);
+        if rc != 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// A command's confinement, prepared in the supervisor before `fork` and applied in the child.
 #[derive(Debug)]
 pub struct Prepared {
@@ -210,11 +244,7 @@ impl Prepared {
             return Ok(());
         }
         for cap in 0..=last {
-            // SAFETY: a plain prctl on integers. EINVAL (a capability this kernel lacks) is fine.
-            let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
-            if rc != 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
-                return Err(io::Error::last_os_error());
-            }
+            drop_from_bounding_set(cap)?;
         }
         // Staying uid 0 (asked for): a later setuid must not bring capabilities back either.
         let stay_root = if self.user.is_none() {
@@ -267,11 +297,7 @@ impl Prepared {
     fn shed_root_capabilities(last: u32) -> io::Result<()> {
         let keep = |cap: u32| ROOT_KEEPS.contains(&cap);
         for cap in (0..=last).filter(|c| !keep(*c)) {
-            // SAFETY: a plain prctl on integers. EINVAL (a capability this kernel lacks) is fine.
-            let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
-            if rc != 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
-                return Err(io::Error::last_os_error());
-            }
+            drop_from_bounding_set(cap)?;
         }
         // SAFETY: a plain prctl on integers.
         unsafe {

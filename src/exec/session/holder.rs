@@ -312,15 +312,16 @@ fn holder(
 }
 
 /// What H does once for all its commands, its view built: their Landlock ruleset, built inside
-/// the view (an error is left for each command, which then builds its own and reports it); its
-/// own system-call filter; what each command adds to it, built into the memory every supervisor
-/// is forked with.
+/// the view (an error is left for each command, which then builds its own and reports it); the
+/// capabilities no command keeps, out of the bounding set; its own system-call filter; what each
+/// command adds to it, built into the memory every supervisor is forked with.
 fn prepare_commands(landlock: Option<&(Landlock, bool)>) {
     if let Some((spec, deny_network)) = landlock
         && let Ok(Some(prebuilt)) = crate::exec::confine::Prebuilt::build(spec, *deny_network)
     {
         prebuilt.keep();
     }
+    crate::exec::confine::shed_bounding_set_ahead();
     // From here on the holder makes no namespace and no mount but its sockets' covers: it runs
     // under the system-call filter but those, and each command adds the rest (where the
     // kernel refuses, each command installs the whole filter, as without a holder).
