@@ -186,12 +186,17 @@ pub(super) fn drop_thread_capabilities() -> io::Result<()> {
     capset(&[CapData::default(); 2])
 }
 
-/// The highest capability number of this kernel.
+/// The highest capability number of this kernel: read once per process (a session's holder
+/// reads it before its first command, see [`shed_bounding_set_ahead`], and every supervisor it
+/// forks finds it in memory instead of opening `/proc` again).
 fn cap_last_cap() -> u32 {
-    fs::read_to_string("/proc/sys/kernel/cap_last_cap")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(63)
+    static LAST: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *LAST.get_or_init(|| {
+        fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(63)
+    })
 }
 
 impl Prepared {
