@@ -220,6 +220,9 @@ async fn main() {
             (mib, t)
         })
         .collect();
+    // Written back now: a gigabyte of dirty pages otherwise goes to disk during the first
+    // level's sessions, which would measure the template's writeback, not their start.
+    nix::unistd::sync();
     println!(
         "workspace template benchmark: submit → first command's result, median of {rounds} \
          sessions ({})",
