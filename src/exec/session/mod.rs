@@ -17,6 +17,9 @@
 //!   command; a command never silently runs outside the view it was meant for.
 //! * The holder is spawned from an async worker thread (its parent-death signal is tied to the
 //!   spawning thread, and blocking-pool threads exit when idle).
+//! * A command is answered once its supervisor has reported, not once it has exited; the
+//!   session's next command starts only after that exit, so no command sees an earlier one's
+//!   supervisor ([`SessionSlot::settle`]).
 //!
 //! Non-goals: what the view holds (`Confinement::for_workspace`), the command's own supervision
 //! (`supervise`, unchanged inside a session).
