@@ -371,7 +371,7 @@ fn attempt_overlay(base: &Path, userns: bool, pid: bool) -> Result<(), String> {
         };
         in_child(0, "fork", "the probe died", || {
             if userns {
-                enter_user_namespace(uid, gid).map_err(|e| e.to_string())?;
+                sys::enter_user_namespace(uid, gid).map_err(|e| e.to_string())?;
             }
             let mut flags = libc::CLONE_NEWNS;
             if pid {
@@ -471,25 +471,9 @@ fn attempt(userns: bool, pid: bool, net: bool) -> Result<(), String> {
     })
 }
 
-/// Makes a user namespace that maps `uid` and `gid` to themselves, as a holder does.
-fn enter_user_namespace(uid: u32, gid: u32) -> Result<(), StepError> {
-    sys::unshare("unshare(CLONE_NEWUSER)", libc::CLONE_NEWUSER)?;
-    let write = |file: &str, text: String| {
-        std::fs::write(Path::new("/proc/self").join(file), text).map_err(|e| {
-            StepError::new(
-                format!("write /proc/self/{file}"),
-                e.raw_os_error().unwrap_or(libc::EIO),
-            )
-        })
-    };
-    write("uid_map", format!("{uid} {uid} 1\n"))?;
-    write("setgroups", "deny".to_owned())?;
-    write("gid_map", format!("{gid} {gid} 1\n"))
-}
-
 fn in_namespaces(userns: bool, pid: bool, net: bool, uid: u32, gid: u32) -> Result<(), String> {
     if userns {
-        enter_user_namespace(uid, gid).map_err(|e| e.to_string())?;
+        sys::enter_user_namespace(uid, gid).map_err(|e| e.to_string())?;
     }
     let mut flags = libc::CLONE_NEWNS | libc::CLONE_NEWIPC;
     if pid {

@@ -538,6 +538,24 @@ pub fn set_signal_ignored(signal: libc::c_int, ignore: bool) {
     unsafe { libc::signal(signal, handler) };
 }
 
+/// Makes a user namespace for this process and maps `uid` and `gid` (its own) to themselves in
+/// it, `setgroups` denied: what an unprivileged process may write (a session's holder, the
+/// probe's child, a non-root `serve`).
+pub fn enter_user_namespace(uid: u32, gid: u32) -> Res<()> {
+    unshare("make a user namespace", libc::CLONE_NEWUSER)?;
+    let write = |file: &str, text: String| {
+        std::fs::write(format!("/proc/self/{file}"), text).map_err(|e| {
+            StepError::new(
+                format!("write /proc/self/{file}"),
+                e.raw_os_error().unwrap_or(libc::EIO),
+            )
+        })
+    };
+    write("uid_map", format!("{uid} {uid} 1\n"))?;
+    write("setgroups", "deny".to_owned())?;
+    write("gid_map", format!("{gid} {gid} 1\n"))
+}
+
 /// Set once this process is in a user namespace of its own ([`enter_own_user_namespace`]).
 static OWN_USER_NAMESPACE: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
@@ -557,11 +575,8 @@ pub fn enter_own_user_namespace() -> std::io::Result<()> {
     if uid.is_root() {
         return Err(std::io::Error::other("podhost is root: it needs none"));
     }
-    unshare("make a user namespace", libc::CLONE_NEWUSER)
+    enter_user_namespace(uid.as_raw(), gid.as_raw())
         .map_err(|e| std::io::Error::other(e.to_string()))?;
-    std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1\n"))?;
-    std::fs::write("/proc/self/setgroups", "deny")?;
-    std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1\n"))?;
     OWN_USER_NAMESPACE.store(true, std::sync::atomic::Ordering::Relaxed);
     Ok(())
 }

@@ -263,15 +263,8 @@ impl Prebuilt {
 }
 
 /// The device and inode of an open file.
-#[allow(unsafe_code)]
 fn id_of_fd(fd: &OwnedFd) -> io::Result<FileId> {
-    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-    // SAFETY: fstat writes a stat into the live buffer; it is read only when the call succeeded.
-    if unsafe { libc::fstat(fd.as_raw_fd(), st.as_mut_ptr()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fstat succeeded, so `st` is initialized.
-    let st = unsafe { st.assume_init() };
+    let st = nix::sys::stat::fstat(fd)?;
     Ok((st.st_dev, st.st_ino))
 }
 

@@ -494,6 +494,17 @@ mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
 
+    /// The highest system-call number the tables list, allowed or refused.
+    fn highest_listed() -> u32 {
+        table::ALLOWED
+            .iter()
+            .chain(table::REFUSED.iter())
+            .flat_map(|c| c.iter())
+            .map(|(_, nr)| number(*nr))
+            .max()
+            .unwrap()
+    }
+
     const ALLOW: u32 = libc::SECCOMP_RET_ALLOW;
     const KILL: u32 = libc::SECCOMP_RET_KILL_PROCESS;
 
@@ -593,13 +604,7 @@ mod tests {
             table::SYS_personality,
         ]
         .map(number);
-        let highest = table::ALLOWED
-            .iter()
-            .chain(table::REFUSED.iter())
-            .flat_map(|c| c.iter())
-            .map(|(_, nr)| number(*nr))
-            .max()
-            .unwrap();
+        let highest = highest_listed();
         for nr in 0..=highest + 50 {
             let want = if allowed.contains(&nr) || checked_pass.contains(&nr) {
                 ALLOW
@@ -762,13 +767,7 @@ mod tests {
         );
         argument_sets.extend(PERSONALITIES.map(|p| [p, 0, 0, 0, 0, 0]));
         argument_sets.push([0x0040000, 0, 0, 0, 0, 0]);
-        let highest = table::ALLOWED
-            .iter()
-            .chain(table::REFUSED.iter())
-            .flat_map(|c| c.iter())
-            .map(|(_, nr)| number(*nr))
-            .max()
-            .unwrap();
+        let highest = highest_listed();
         for deny_network in [false, true] {
             let whole = syscall_filter(deny_network).unwrap();
             let rest = rest_filter(deny_network).unwrap();

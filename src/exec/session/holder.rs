@@ -170,18 +170,7 @@ fn start(req: &SessionRequest, sock: i32) -> Result<(libc::pid_t, OwnedFd), Step
     let (life_r, life_w) =
         sys::pipe().map_err(|e| StepError::new("pipe", e.raw_os_error().unwrap_or(libc::EIO)))?;
     if let Some(ids) = req.userns {
-        sys::unshare("make a user namespace", libc::CLONE_NEWUSER)?;
-        let write = |file: &str, text: String| {
-            std::fs::write(format!("/proc/self/{file}"), text).map_err(|e| {
-                StepError::new(
-                    format!("write /proc/self/{file}"),
-                    e.raw_os_error().unwrap_or(libc::EIO),
-                )
-            })
-        };
-        write("uid_map", format!("{0} {0} 1\n", ids.uid))?;
-        write("setgroups", "deny".to_owned())?;
-        write("gid_map", format!("{0} {0} 1\n", ids.gid))?;
+        sys::enter_user_namespace(ids.uid, ids.gid)?;
     }
     let mut flags = libc::CLONE_NEWNS | libc::CLONE_NEWIPC;
     if req.pid_namespace {
