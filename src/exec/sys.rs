@@ -633,6 +633,70 @@ pub fn kill_now(pid: libc::pid_t) {
     unsafe { libc::kill(pid, libc::SIGKILL) };
 }
 
+/// The read-only segments (code and constants) of this program and of its libraries, as
+/// page-aligned (start, length) ranges: a forked child faults their pages in again one by one
+/// (a fork copies no page-table entry of a file mapping the parent never wrote), unless it maps
+/// them at once ([`populate`]).
+#[allow(unsafe_code)]
+pub fn read_only_segments() -> Vec<(usize, usize)> {
+    unsafe extern "C" fn each(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut libc::c_void,
+    ) -> libc::c_int {
+        // SAFETY: `data` is the vector passed below, alive for the whole iteration, and `info`
+        // describes one loaded object, valid during this call; its program headers are
+        // `dlpi_phnum` entries at `dlpi_phdr`.
+        unsafe {
+            let out = &mut *data.cast::<Vec<(usize, usize)>>();
+            let info = &*info;
+            let page = page_size();
+            for i in 0..usize::from(info.dlpi_phnum) {
+                let ph = &*info.dlpi_phdr.add(i);
+                if ph.p_type != libc::PT_LOAD || ph.p_flags & libc::PF_W != 0 || ph.p_memsz == 0 {
+                    continue;
+                }
+                let start = (info.dlpi_addr as usize).wrapping_add(ph.p_vaddr as usize);
+                let end = start.saturating_add(ph.p_memsz as usize);
+                let start = start & !(page - 1);
+                let end = end.saturating_add(page - 1) & !(page - 1);
+                out.push((start, end - start));
+            }
+        }
+        0
+    }
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    // SAFETY: `each` only reads what the loader hands it and pushes onto `out`, which outlives
+    // the call.
+    unsafe {
+        libc::dl_iterate_phdr(Some(each), (&raw mut out).cast());
+    }
+    out
+}
+
+/// The page size.
+fn page_size() -> usize {
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    // SAFETY: sysconf reads a constant of the system.
+    *PAGE.get_or_init(|| {
+        usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096)
+    })
+}
+
+/// Maps `ranges` of this process's file mappings into its page tables now
+/// (`MADV_POPULATE_READ`, Linux 5.14): one system call per range instead of a page fault per
+/// page at first use. Best effort: where the kernel refuses, the pages fault in as before.
+#[allow(unsafe_code)]
+pub fn populate(ranges: &[(usize, usize)]) {
+    for &(start, len) in ranges {
+        // SAFETY: madvise with MADV_POPULATE_READ only fills page tables for the range (or fails
+        // on what is not mapped); it changes no memory.
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, len, libc::MADV_POPULATE_READ);
+        }
+    }
+}
+
 /// Ends the process at once (no destructors, no atexit handlers: right for a forked child).
 pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns and runs nothing of the process's own.
@@ -853,6 +917,25 @@ pub fn write_all(fd: RawFd, mut buf: &[u8]) -> io::Result<()> {
         buf = &buf[n as usize..];
     }
     Ok(())
+}
+
+/// Reads one byte from `fd` (a pipe), waiting for it; `None` at the end of the pipe.
+pub fn read_byte(fd: RawFd) -> io::Result<Option<u8>> {
+    let mut byte = 0u8;
+    loop {
+        // SAFETY: one writable byte, live for the call.
+        let n = unsafe { libc::read(fd, (&raw mut byte).cast(), 1) };
+        match n {
+            1 => return Ok(Some(byte)),
+            0 => return Ok(None),
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
 }
 
 /// The events pending on `fd` now (`poll` with a zero timeout); 0 for none.

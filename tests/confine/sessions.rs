@@ -101,9 +101,13 @@ async fn a_holder_that_died_is_started_again_and_none_outlives_its_toolbox() {
     )
     .unwrap();
     until("the holder did not die", || !alive(holder)).await;
-    // The next command gets a new session (its shell is again the first process but one).
+    // The next command gets a new session: a fresh PID namespace, where its shell is again one
+    // of the first processes (after the holder, the supervisor and the one forked ahead, which
+    // the holder forks as the shell starts).
+    let fresh = |out: &serde_json::Value| matches!(out["stdout"].as_str(), Some("3\n" | "4\n"));
+    assert!(fresh(&first), "{first}");
     let again = bash(&host, &tb, "echo $$").await;
-    assert_eq!(again, first);
+    assert!(fresh(&again), "{again}");
     let second = tb.executor().session_holder_pid().unwrap();
     assert_ne!(second, holder);
     // Parallel commands share the session.
@@ -125,4 +129,72 @@ async fn a_holder_that_died_is_started_again_and_none_outlives_its_toolbox() {
     }
     drop(tb);
     until("the holder outlived its toolbox", || !alive(second)).await;
+}
+
+/// The processes whose parent is `pid` (from each one's `/proc/<pid>/stat`).
+fn children_of(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        let parent = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.split(' ').nth(1)?.parse::<i32>().ok());
+        if parent == Some(pid) && alive(child) {
+            out.push(child);
+        }
+    }
+    out
+}
+
+/// The supervisor a session's holder keeps forked ahead for the next command, killed while it
+/// waits (twice, the second time at once), is replaced: the next commands run in the same
+/// session, under a new supervisor.
+#[tokio::test]
+async fn a_supervisor_killed_while_it_waits_is_replaced_and_the_session_serves_on() {
+    if !has_namespaces() {
+        return crate::fallback::check_landlock_level(&Host::new()).await;
+    }
+    let host = Host::new();
+    let tb = host.isolated(|_| {});
+    assert_eq!(bash(&host, &tb, "echo up").await["stdout"], json!("up\n"));
+    let outer = tb.executor().session_holder_pid().unwrap();
+    let holder = match children_of(outer)[..] {
+        [h] => h,
+        ref other => panic!("the session's outer process has children {other:?}"),
+    };
+    let mut killed = Vec::new();
+    for _ in 0..2 {
+        let ahead = || {
+            let mut c = children_of(holder);
+            c.retain(|p| !killed.contains(p));
+            c
+        };
+        until("no supervisor waits ahead", || ahead().len() == 1).await;
+        let waiting = ahead()[0];
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(waiting),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        until("the waiting supervisor did not die", || !alive(waiting)).await;
+        killed.push(waiting);
+    }
+    for i in 0..3 {
+        let out = bash(&host, &tb, &format!("echo {i}")).await;
+        assert_eq!(
+            out,
+            json!({"exitCode": 0, "stdout": format!("{i}\n"), "stderr": ""})
+        );
+    }
+    assert_eq!(
+        tb.executor().session_holder_pid(),
+        Some(outer),
+        "same session"
+    );
+    assert!(alive(holder));
 }

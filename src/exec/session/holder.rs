@@ -6,8 +6,9 @@
 //!   │  stdin: the session socket (SOCK_SEQPACKET)        │ [unshare(USER) + id maps]
 //!   │                                                     └─clone(NEWNS|NEWIPC[|NEWPID])─► H
 //!   │                                                           H = pid 1: builds the view,
-//!   │  per command: "c" + [control socket, stdout, stderr] ──►  forks S per message
-//!   │                                                           S = the command's supervisor
+//!   │                                                           keeps one S forked ahead
+//!   │  per command: "c" + [control socket, stdout, stderr] ──►  S takes it ("t" to H, which
+//!   │                                                           forks the next S) and runs it
 //!   └◄── S's pidfd, first thing on the control socket             (see `supervise`)
 //! ```
 //!
@@ -23,16 +24,22 @@
 //!   whose id map O makes) — and its network (`exec::net`), answers `ok` with its mount
 //!   namespace (and the network's listening socket) attached, or `error …`, on the socket,
 //!   ignores SIGCHLD (the kernel reaps its children and every orphan of the session),
-//!   and forks one supervisor per message. It dies with O (parent-death SIGKILL), and with it
-//!   every process of the session: the kernel kills a PID namespace whose init ends. It ends by
-//!   itself when podhost closes the socket.
-//! * **S** (one per command) puts the three descriptors it was sent in place (control socket on
-//!   stdin, the output pipes on stdout and stderr) and runs the ordinary supervisor, inside the
-//!   view: its Landlock ruleset is the one H built from inside once (while each rule's path
-//!   still names the same file, see `confine::Prebuilt`), its `/proc` walk sees the session's PID
-//!   namespace, the command's orphans come back to it (a child subreaper in the same PID
-//!   namespace). Its first message on the control socket is its own pidfd, so podhost can
-//!   signal it (timeout, cancellation) although it is not podhost's child.
+//!   and keeps one supervisor forked ahead of the next command: a fork and the new process's
+//!   first touches of its code (a fork copies no page-table entry of the binary's text, so each
+//!   code page would fault in again) cost a few hundred microseconds, paid while no command
+//!   waits. It forks the next as soon as one has taken a command, so a session's commands may
+//!   run side by side; between commands a session has one idle supervisor more. It dies with O
+//!   (parent-death SIGKILL), and with it every process of the session: the kernel kills a PID
+//!   namespace whose init ends. It ends by itself when podhost closes the socket.
+//! * **S** (one per command) maps its code into its page tables, waits on the session socket,
+//!   takes one command, covers the host's sockets bound since the last look (`sockets`), puts
+//!   the three descriptors it was sent in place (control socket on stdin, the output pipes on
+//!   stdout and stderr) and runs the ordinary supervisor, inside the view: its Landlock
+//!   ruleset is the one H built from inside once (while each rule's path still names the same
+//!   file, see `confine::Prebuilt`), its `/proc` walk sees the session's PID namespace, the
+//!   command's orphans come back to it (a child subreaper in the same PID namespace). Its first
+//!   message on the control socket is its own pidfd, so podhost can signal it (timeout,
+//!   cancellation) although it is not podhost's child.
 //!
 //! Invariants:
 //! * H and S are forked from single-threaded processes, so they may run any code.
@@ -223,8 +230,8 @@ fn wait_for(h: libc::pid_t, waited: &SigSet) -> u8 {
     }
 }
 
-/// H: builds the view (and the network, in its own namespace), says so, and starts a supervisor
-/// per message. Never returns.
+/// H: builds the view (and the network, in its own namespace), says so, and keeps a supervisor
+/// forked ahead of each command. Never returns.
 fn holder(
     sock: i32,
     prepared: &mut view::Prepared,
@@ -269,35 +276,108 @@ fn holder(
     }
     // podhost holds them now; the session's processes must not.
     drop((mntns, forward));
-    let mut buf = [0u8; 16];
+    keep_one_ahead(sock, &mut prepared.sockets, life)
+}
+
+/// H's loop: keeps one supervisor forked ahead of the next command, waiting for it on the
+/// session socket with its code already mapped (see [`ahead`]), and forks the next one as soon
+/// as it says it has taken a command (commands of a session may run side by side). One that
+/// ended without taking one (killed, or the fork failed: the session at its process limit) is
+/// replaced after a pause; one that saw the socket end ends the session. Never returns.
+fn keep_one_ahead(sock: i32, sockets: &mut view::SocketWatch, _life: OwnedFd) -> ! {
+    let mut code = sys::read_only_segments();
+    if code.iter().map(|(_, len)| len).sum::<usize>() > MAX_POPULATED {
+        code.clear();
+    }
+    let me = nix::unistd::getpid();
     loop {
-        let (n, fds) = match sys::recv_with_fds(sock, &mut buf) {
-            Ok(got) => got,
-            Err(_) => sys::exit_now(i32::from(EXIT_BROKEN)),
-        };
-        if n == 0 {
-            // podhost closed the session: the kernel ends every process in it with us.
-            sys::exit_now(0);
-        }
-        let Ok([ctl, out, err]) = <[OwnedFd; 3]>::try_from(fds) else {
-            continue;
-        };
-        if &buf[..n] != LAUNCH {
-            continue;
-        }
-        // Sockets the host bound since the last command are covered before this one starts.
-        for socket in prepared.sockets.scan() {
-            if let Ok(c) = sys::cpath(&socket) {
-                let _ = view::cover_file(&c);
+        let forked = sys::pipe().map_err(drop).and_then(|(said_r, said_w)| {
+            match sys::fork_with("fork a supervisor", 0) {
+                Ok(0) => {
+                    drop(said_r);
+                    ahead(me, sock, sockets, &code, said_w)
+                }
+                Ok(_) => Ok(said_r),
+                Err(_) => Err(()),
+            }
+        });
+        let said = forked.map(|said_r| sys::read_byte(said_r.as_raw_fd()));
+        match said {
+            Ok(Ok(Some(TAKEN))) => {}
+            Ok(Ok(Some(SOCKET_ENDED))) => sys::exit_now(0),
+            Ok(Ok(Some(_))) => sys::exit_now(i32::from(EXIT_BROKEN)),
+            // The next one after a pause, and the session ends here if podhost is gone.
+            Ok(Ok(None) | Err(_)) | Err(()) => {
+                if sys::poll_now(sock, 0) & (libc::POLLHUP | libc::POLLERR) != 0 {
+                    sys::exit_now(0);
+                }
+                std::thread::sleep(REFORK_PAUSE);
             }
         }
-        // The command's descriptors go with the forked supervisor; a failed fork drops them, and
-        // podhost sees the control socket close without a pidfd.
-        if let Ok(0) = sys::fork_with("fork a supervisor", 0) {
-            drop(life);
-            supervisor(sock, ctl, out, err)
+    }
+}
+
+/// What a supervisor says to H on its pipe: it has taken a command off the session socket, the
+/// socket has ended (podhost closed the session), or it failed.
+const TAKEN: u8 = b't';
+const SOCKET_ENDED: u8 = b'e';
+const SOCKET_FAILED: u8 = b'f';
+
+/// The most code a supervisor maps ahead ([`sys::populate`]): `podhost-exec` and its libraries
+/// are a few megabytes; the whole `podhost` (a holder started as `podhost __session`) is not
+/// worth it.
+const MAX_POPULATED: usize = 8 << 20;
+
+/// How long H waits before it forks again after a supervisor that ended without taking a
+/// command.
+const REFORK_PAUSE: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// A supervisor forked ahead: maps its code while no command waits on it, then takes the next
+/// command from the session socket, covers the host sockets bound since the last look, and
+/// supervises it ([`supervisor`]). Never returns.
+fn ahead(
+    holder: nix::unistd::Pid,
+    sock: i32,
+    sockets: &mut view::SocketWatch,
+    code: &[(usize, usize)],
+    said: OwnedFd,
+) -> ! {
+    if sys::set_parent_death_signal(libc::SIGKILL).is_err() || nix::unistd::getppid() != holder {
+        sys::exit_now(i32::from(EXIT_BROKEN));
+    }
+    sys::populate(code);
+    let mut buf = [0u8; 16];
+    let [ctl, out, err] = loop {
+        let (n, fds) = match sys::recv_with_fds(sock, &mut buf) {
+            Ok((0, _)) => {
+                // podhost closed the session: the kernel ends every process in it with H.
+                let _ = sys::write_all(said.as_raw_fd(), &[SOCKET_ENDED]);
+                sys::exit_now(0)
+            }
+            Ok(got) => got,
+            Err(_) => {
+                let _ = sys::write_all(said.as_raw_fd(), &[SOCKET_FAILED]);
+                sys::exit_now(i32::from(EXIT_BROKEN))
+            }
+        };
+        if let (LAUNCH, Ok(fds)) = (&buf[..n], <[OwnedFd; 3]>::try_from(fds)) {
+            break fds;
+        }
+    };
+    // H forks the next one now (or, failing to, ends: H's pipe is gone with its holder).
+    if sys::write_all(said.as_raw_fd(), &[TAKEN]).is_err() {
+        sys::exit_now(i32::from(EXIT_BROKEN));
+    }
+    drop(said);
+    // Sockets the host bound since the last command are covered before this one starts. This
+    // process's list of covered sockets is H's, which does not learn of the covers its
+    // supervisors made: a socket covered by an earlier one is a device here now, and skipped.
+    for socket in sockets.scan() {
+        if let Ok(c) = sys::cpath(&socket) {
+            let _ = view::cover_file(&c);
         }
     }
+    supervisor(ctl, out, err)
 }
 
 /// What H does once for all its commands, its view built: their Landlock ruleset, built inside
@@ -341,10 +421,9 @@ fn parent_gone(life: &OwnedFd) -> bool {
         != 0
 }
 
-/// S: the command's supervisor, forked inside the session. Never returns.
-fn supervisor(sock: i32, ctl: OwnedFd, out: OwnedFd, err: OwnedFd) -> ! {
+/// S: the command's supervisor, inside the session. Never returns.
+fn supervisor(ctl: OwnedFd, out: OwnedFd, err: OwnedFd) -> ! {
     sys::set_signal_ignored(libc::SIGCHLD, false);
-    let _ = sock;
     let placed = sys::dup2("control socket", ctl.as_raw_fd(), 0)
         .and_then(|()| sys::dup2("stdout", out.as_raw_fd(), 1))
         .and_then(|()| sys::dup2("stderr", err.as_raw_fd(), 2));

@@ -5,8 +5,10 @@
 //! Owns: reading the host's socket table (`/proc/net/unix`, opened before the session leaves
 //! the host's network namespace, so that it keeps showing the host's sockets) and telling which
 //! sockets are new since the last look ([`SocketWatch::scan`]). The holder covers what the first
-//! look finds while it builds the view, and what each later look finds before it starts a
-//! command.
+//! look finds while it builds the view; each command's supervisor, forked from it, what its own
+//! look finds before the command starts. The holder's list of covered sockets does not learn of
+//! its supervisors' covers: a socket an earlier command's supervisor covered is a device in the
+//! view now, not a socket, and skipped.
 //!
 //! Invariants: a socket is known by its socket inode, so one bound again at a covered path (its
 //! server restarted) is covered again; the session's own writable places keep their sockets
