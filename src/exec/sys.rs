@@ -963,4 +963,44 @@ mod tests {
         // The test harness runs each test on a thread of its own.
         assert!(!single_threaded());
     }
+
+    #[test]
+    fn the_read_only_segments_hold_this_programs_code_and_map_at_once() {
+        let segments = read_only_segments();
+        let page = page_size();
+        assert!(
+            segments
+                .iter()
+                .all(|&(start, len)| start % page == 0 && len % page == 0 && len > 0),
+            "{segments:x?}"
+        );
+        let here =
+            the_read_only_segments_hold_this_programs_code_and_map_at_once as *const () as usize;
+        assert!(
+            segments
+                .iter()
+                .any(|&(start, len)| (start..start + len).contains(&here)),
+            "{here:x} in none of {segments:x?}"
+        );
+        // Every page of the segment is in this process's page tables afterwards: its entry in
+        // `/proc/self/pagemap` has the present bit (63), readable without privilege.
+        populate(&segments);
+        let (start, len) = *segments
+            .iter()
+            .find(|&&(start, len)| (start..start + len).contains(&here))
+            .unwrap();
+        let mut entries = vec![0u8; len / page * 8];
+        let pagemap = std::fs::File::open("/proc/self/pagemap").unwrap();
+        std::os::unix::fs::FileExt::read_exact_at(
+            &pagemap,
+            &mut entries,
+            (start / page * 8) as u64,
+        )
+        .unwrap();
+        let absent = entries
+            .chunks_exact(8)
+            .filter(|e| u64::from_ne_bytes((*e).try_into().unwrap()) >> 63 == 0)
+            .count();
+        assert_eq!(absent, 0, "of {} pages", len / page);
+    }
 }
