@@ -227,8 +227,8 @@ fn control_pair(request: &[u8]) -> io::Result<(UnixStream, std::os::unix::net::U
 type Launched = (UnixStream, usize, Supervised, Stream, Stream);
 
 /// Hands the command to its session's holder, whose supervisor forked ahead takes it inside the
-/// session; the supervisor's pidfd is its first message on the control socket. A holder that died just
-/// as the command was handed over is started again, once.
+/// session; the supervisor's pidfd is its first message on the control socket. A holder that
+/// died just as the command was handed over is started again, once.
 async fn launch_in_session(slot: &SessionSlot, request: &[u8]) -> Result<Launched, ExecError> {
     let mut retried = false;
     loop {

@@ -24,10 +24,10 @@
 //!   whose id map O makes) — and its network (`exec::net`), answers `ok` with its mount
 //!   namespace (and the network's listening socket) attached, or `error …`, on the socket,
 //!   ignores SIGCHLD (the kernel reaps its children and every orphan of the session),
-//!   and keeps one supervisor forked ahead of the next command: a fork and the new process's
+//!   and keeps one supervisor forked ahead of the next command: the fork and the new process's
 //!   first touches of its code (a fork copies no page-table entry of the binary's text, so each
-//!   code page would fault in again) cost a few hundred microseconds, paid while no command
-//!   waits. It forks the next as soon as one has taken a command, so a session's commands may
+//!   code page would fault in again) cost about a tenth of a millisecond a command, paid while
+//!   no command waits. It forks the next as soon as one has taken a command, so a session's commands may
 //!   run side by side; between commands a session has one idle supervisor more. It dies with O
 //!   (parent-death SIGKILL), and with it every process of the session: the kernel kills a PID
 //!   namespace whose init ends. It ends by itself when podhost closes the socket.
@@ -275,8 +275,8 @@ fn holder(
         sys::exit_now(0);
     }
     // podhost holds them now; the session's processes must not.
-    drop((mntns, forward));
-    keep_one_ahead(sock, &mut prepared.sockets, life)
+    drop((mntns, forward, life));
+    keep_one_ahead(sock, &mut prepared.sockets)
 }
 
 /// H's loop: keeps one supervisor forked ahead of the next command, waiting for it on the
@@ -284,7 +284,7 @@ fn holder(
 /// as it says it has taken a command (commands of a session may run side by side). One that
 /// ended without taking one (killed, or the fork failed: the session at its process limit) is
 /// replaced after a pause; one that saw the socket end ends the session. Never returns.
-fn keep_one_ahead(sock: i32, sockets: &mut view::SocketWatch, _life: OwnedFd) -> ! {
+fn keep_one_ahead(sock: i32, sockets: &mut view::SocketWatch) -> ! {
     let mut code = sys::read_only_segments();
     if code.iter().map(|(_, len)| len).sum::<usize>() > MAX_POPULATED {
         code.clear();
