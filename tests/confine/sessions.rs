@@ -198,3 +198,40 @@ async fn a_supervisor_killed_while_it_waits_is_replaced_and_the_session_serves_o
     );
     assert!(alive(holder));
 }
+
+/// A session's commands run side by side: one waits for a file that a later one makes, and
+/// both end (were they taken one after the other, the first would run into its timeout).
+#[tokio::test]
+async fn a_sessions_commands_run_side_by_side() {
+    if !has_namespaces() {
+        return crate::fallback::check_landlock_level(&Host::new()).await;
+    }
+    let host = Host::new();
+    let tb = host.isolated(|_| {});
+    let flag = marker("side-by-side");
+    let waiting = {
+        let (tb, flag) = (tb.clone(), flag.clone());
+        tokio::spawn(async move {
+            run(
+                &tb,
+                ToolName::Bash,
+                json!({"command": format!("touch waiting; while [ ! -e {flag} ]; do sleep 0.01; done; echo seen"),
+                       "timeout": 10}),
+            )
+            .await
+        })
+    };
+    until("the first command never started", || {
+        host.ws.join("waiting").exists()
+    })
+    .await;
+    let out = bash(&host, &tb, &format!("touch {flag}; echo made")).await;
+    assert_eq!(
+        out,
+        json!({"exitCode": 0, "stdout": "made\n", "stderr": ""})
+    );
+    assert_eq!(
+        waiting.await.unwrap(),
+        ToolOutcome::completed(json!({"exitCode": 0, "stdout": "seen\n", "stderr": ""}))
+    );
+}
