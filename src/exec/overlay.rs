@@ -204,9 +204,7 @@ pub fn idmap(from: CommandUser, to: CommandUser) -> Res<OwnedFd> {
     let child = sys::fork_with("make the template's id map", libc::CLONE_NEWUSER)?;
     if child == 0 {
         drop(wait_w);
-        let mut b = [0u8; 1];
-        // SAFETY: a descriptor we own and a buffer of the length passed.
-        let _ = unsafe { libc::read(wait_r.as_raw_fd(), b.as_mut_ptr().cast(), 1) };
+        let _ = sys::read_byte(wait_r.as_raw_fd());
         sys::exit_now(0);
     }
     drop(wait_r);

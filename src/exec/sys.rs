@@ -637,7 +637,6 @@ pub fn kill_now(pid: libc::pid_t) {
 /// page-aligned (start, length) ranges: a forked child faults their pages in again one by one
 /// (a fork copies no page-table entry of a file mapping the parent never wrote), unless it maps
 /// them at once ([`populate`]).
-#[allow(unsafe_code)]
 pub fn read_only_segments() -> Vec<(usize, usize)> {
     unsafe extern "C" fn each(
         info: *mut libc::dl_phdr_info,
@@ -686,7 +685,6 @@ fn page_size() -> usize {
 /// Maps `ranges` of this process's file mappings into its page tables now
 /// (`MADV_POPULATE_READ`, Linux 5.14): one system call per range instead of a page fault per
 /// page at first use. Best effort: where the kernel refuses, the pages fault in as before.
-#[allow(unsafe_code)]
 pub fn populate(ranges: &[(usize, usize)]) {
     for &(start, len) in ranges {
         // SAFETY: madvise with MADV_POPULATE_READ only fills page tables for the range (or fails

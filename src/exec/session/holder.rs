@@ -285,10 +285,7 @@ fn holder(
 /// ended without taking one (killed, or the fork failed: the session at its process limit) is
 /// replaced after a pause; one that saw the socket end ends the session. Never returns.
 fn keep_one_ahead(sock: i32, sockets: &mut view::SocketWatch) -> ! {
-    let mut code = sys::read_only_segments();
-    if code.iter().map(|(_, len)| len).sum::<usize>() > MAX_POPULATED {
-        code.clear();
-    }
+    let code = worth_mapping(sys::read_only_segments());
     let me = nix::unistd::getpid();
     loop {
         let forked = sys::pipe().map_err(drop).and_then(|(said_r, said_w)| {
@@ -327,6 +324,15 @@ const SOCKET_FAILED: u8 = b'f';
 /// are a few megabytes; the whole `podhost` (a holder started as `podhost __session`) is not
 /// worth it.
 const MAX_POPULATED: usize = 8 << 20;
+
+/// The segments a supervisor maps ahead: all of them, or none when they add up to more than
+/// [`MAX_POPULATED`].
+fn worth_mapping(segments: Vec<(usize, usize)>) -> Vec<(usize, usize)> {
+    if segments.iter().map(|(_, len)| len).sum::<usize>() > MAX_POPULATED {
+        return Vec::new();
+    }
+    segments
+}
 
 /// How long H waits before it forks again after a supervisor that ended without taking a
 /// command.
@@ -437,4 +443,19 @@ fn supervisor(ctl: OwnedFd, out: OwnedFd, err: OwnedFd) -> ! {
         None => sys::close_from(3),
     }
     sys::exit_now(crate::exec::supervise::forked())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_supervisor_maps_its_code_ahead_up_to_a_bound() {
+        let small = vec![(0x1000, 2 << 20), (0x40_0000, 1 << 20)];
+        assert_eq!(worth_mapping(small.clone()), small);
+        let at_bound = vec![(0x1000, MAX_POPULATED)];
+        assert_eq!(worth_mapping(at_bound.clone()), at_bound);
+        let past = vec![(0x1000, MAX_POPULATED - 4096), (0x200_0000, 8192)];
+        assert_eq!(worth_mapping(past), Vec::new());
+    }
 }
