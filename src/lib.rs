@@ -15,7 +15,10 @@
 //!   for a Kubernetes exec probe.
 //!
 //! Above the fronts, [`config`] is the command line and the environment: the clap structs, each
-//! validated into one front's plain configuration. `main.rs` uses it; no front imports it.
+//! validated into one front's plain configuration. The binaries use it; no front imports it.
+//! `podhost` (`main.rs`) runs `podhost tool` itself and hands every other command, by `exec`,
+//! to `podhost-full` (`bin/podhost-full.rs`), the whole program; `podhost-exec` is the command
+//! supervisor alone.
 //!
 //! Below the fronts:
 //!
@@ -41,7 +44,7 @@
 //!
 //! # Layers
 //!
-//! Each layer imports only from the layers below it: the CLI (`main.rs`, [`config`]) → the
+//! Each layer imports only from the layers below it: the CLI (the binaries, [`config`]) → the
 //! fronts ([`local`], [`nylorun`], [`byoh`]; [`probe`] imports only [`floor`]) → [`chat`] →
 //! [`agent`] → [`tools`] → [`exec`] → [`floor`], with [`failpoints`] beside `floor`, importable
 //! from every layer. A front never imports another front or the CLI. Inside [`nylorun`] the wings

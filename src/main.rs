@@ -1,449 +1,79 @@
-//! The `podhost` binary: parse the command line, set up logging, run one front, map the result to
-//! an exit code.
+//! The `podhost` binary: runs `podhost tool` itself and becomes `podhost-full`, the whole
+//! program installed beside it, for every other command.
+//!
+//! A `podhost tool` process is one tool call, often one command, and a script may start
+//! thousands: much of its cost is the start of the binary itself. The dynamic loader relocates
+//! every pointer in a program's read-only data before `main`, each page of them a copy-on-write
+//! fault: about 40,000 pointers in the whole program (its servers, clients and store), 18,000
+//! here, where only the tools, their confinement and the command supervisor are. This binary
+//! starts with half the page faults, in about 0.7× the time, and a `podhost tool bash` call
+//! costs about 0.8× what it costs from the whole program (`cargo bench --bench tools process`
+//! measures the two in one loop).
+//!
+//! ```text
+//! podhost tool …      → runs here (config::startup::tool)
+//! podhost __exec …    → the supervisor's helpers, as in podhost-exec (exec::run_helper)
+//! podhost <anything else> ──exec──► podhost-full <the same arguments>
+//! ```
+//!
+//! Invariants:
+//! * The hand-over is an `exec`, not a child: the same process (its pid, so a container's PID
+//!   1 stays PID 1), the same arguments (`argv[0]` too), environment and descriptors; nothing
+//!   is read, logged or started before it.
+//! * `podhost-full` is found beside this binary's own executable (symbolic links resolved);
+//!   when it is missing, `podhost tool` still works and every other command says where it
+//!   looked.
+//!
+//! Non-goals: a command line of its own. `--help`, `--version` and every error about a command
+//! other than `tool` are `podhost-full`'s.
 
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
 use std::process::ExitCode;
 
-use anyhow::Context;
-use podhost::byoh::ServeConfig;
-use podhost::config::{self, Cli, Command, HealthArgs};
 use podhost::exec;
 use podhost::floor::codes::exit;
-use podhost::floor::text::error_chain;
-use podhost::local::{McpConfig, RunConfig, ToolConfig};
-use podhost::nylorun::host::pod::PodConfig;
-use tokio_util::sync::CancellationToken;
 
-/// jemalloc, for Rust and C allocations alike (SQLite's page cache): under glibc's malloc, the
-/// arenas of the runtime's blocking threads fragment, and a `serve` whose live heap stays flat
-/// still grows in RSS turn after turn; jemalloc's decay gives the unused pages back (the soak
-/// benchmark, `benches/soak.rs`, shows both).
-#[global_allocator]
-static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+/// The whole program's file name, beside this binary.
+const FULL: &str = "podhost-full";
 
 fn main() -> ExitCode {
-    // As a container's PID 1, podhost splits into a minimal init and itself (see exec::init).
-    if let Some(code) = exec::init::split_if_pid1() {
-        return code;
-    }
-    // A command's supervisor, a session holder, the probe: before clap, tracing or tokio,
-    // which they must not start.
-    if let Some(code) = exec::run_helper(std::env::args_os().nth(1).as_deref()) {
-        return code;
-    }
-    let cli = match Cli::parse_args(std::env::args_os().collect()) {
-        Ok(cli) => cli,
-        Err(e) => e.exit(),
-    };
-    // The configuration is checked before anything is logged: an error in it is the only thing
-    // printed, naming the flag or variable it came from.
-    let front = match Front::check(cli.command) {
-        Ok(Front::Done(code)) => return ExitCode::from(code as u8),
-        Ok(front) => front,
-        Err((command, e)) => {
-            eprintln!("podhost {command}: {e}");
-            return ExitCode::from(exit::USAGE as u8);
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let first = args.get(1).map(OsString::as_os_str);
+    if first.is_some_and(|a| a == "tool") {
+        // As a container's PID 1, podhost splits into a minimal init and itself (see exec::init).
+        if let Some(code) = exec::init::split_if_pid1() {
+            return code;
         }
-    };
-    let (own_userns, hardened) = before_threads(&front);
-    init_tracing();
-    report_own_user_namespace(own_userns);
-    if !hardened.non_dumpable {
-        tracing::warn!(
-            "could not make podhost non-dumpable: same-user processes can read its memory"
-        );
+        return ExitCode::from(podhost::config::startup::tool(&args) as u8);
     }
-    if front.is_long_running() {
-        tracing::info!(
-            version = env!("CARGO_PKG_VERSION"),
-            revision = env!("BUILD_GIT_REVISION"),
-            "podhost {}",
-            config::VERSION
-        );
+    // A command's supervisor, a session holder, the probe: `podhost tool`'s own commands may
+    // start them from this executable when `podhost-exec` is not beside it.
+    if let Some(code) = exec::run_helper(first) {
+        return code;
     }
-    // `podhost tool bash`, as root with CAP_SYS_ADMIN, makes its command's namespaces itself
-    // and falls back where the kernel refuses them: the probe's forks and namespaces would be on
-    // the command's path (see exec::probe::assume_root_namespaces).
-    if matches!(&front, Front::Tool(c) if c.name == podhost::tools::ToolName::Bash) {
-        exec::probe::assume_root_namespaces();
-    }
-    // One-shot fronts report their confinement now; long-running ones once their configuration
-    // is valid (a configuration error stays the only thing they print).
-    if let Some(exec) = front.exec()
-        && !front.is_long_running()
-        && !confinement_ok(exec, false)
-    {
-        return ExitCode::from(exit::FAILURE as u8);
-    }
-    // `podhost tool` runs one call and exits: it starts as small as the command supervisor,
-    // without the multi-threaded runtime (see `tool`).
-    let front = match front {
-        Front::Tool(config) => return ExitCode::from(tool(config) as u8),
-        front => front,
-    };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
+    hand_over(&args)
+}
+
+/// Becomes `podhost-full` with `args` (see the module doc); returns only when that fails, with
+/// the error on stderr.
+fn hand_over(args: &[OsString]) -> ExitCode {
+    let full = match std::env::current_exe() {
+        Ok(me) => me.with_file_name(FULL),
         Err(e) => {
-            eprintln!("podhost: could not start the async runtime: {e}");
+            eprintln!("podhost: cannot find its own executable to start {FULL} beside it: {e}");
             return ExitCode::from(exit::FAILURE as u8);
         }
     };
-    let code = match runtime.block_on(dispatch(front)) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("podhost: {}", error_chain(e.as_ref()));
-            exit::FAILURE
-        }
-    };
-    ExitCode::from(code as u8)
-}
-
-/// A front with its configuration checked.
-enum Front {
-    Tool(ToolConfig),
-    Serve(ServeConfig),
-    Run(RunConfig),
-    Mcp(McpConfig),
-    Pod(Box<PodConfig>),
-    Health(HealthArgs),
-    /// A command that already ran (completions, man pages), with its exit code.
-    Done(i32),
-}
-
-impl Front {
-    /// The front's configuration, or the command's name and what is wrong with it.
-    fn check(command: Command) -> Result<Front, (&'static str, Box<dyn std::error::Error>)> {
-        Ok(match command {
-            Command::Tool(args) => Front::Tool(args.config()),
-            Command::Serve(args) => Front::Serve(args.config().map_err(|e| ("serve", e.into()))?),
-            Command::Run(args) => Front::Run(
-                args.config(|name| std::env::var(name).ok())
-                    .map_err(|e| ("run", e.into()))?,
-            ),
-            Command::Mcp(args) => Front::Mcp(args.config().map_err(|e| ("mcp", e.into()))?),
-            Command::Pod(args) => {
-                Front::Pod(Box::new(args.validate().map_err(|e| ("pod", e.into()))?))
-            }
-            Command::Health(args) => Front::Health(args),
-            Command::Completions(args) => {
-                config::completions(args.shell, &mut std::io::stdout());
-                Front::Done(exit::OK)
-            }
-            Command::Man(args) => match args.dir {
-                None => match config::man_page(&mut std::io::stdout()) {
-                    Ok(()) => Front::Done(exit::OK),
-                    Err(e) => {
-                        eprintln!("podhost man: {e}");
-                        Front::Done(exit::FAILURE)
-                    }
-                },
-                Some(dir) => match config::man_pages(&dir) {
-                    Ok(pages) => {
-                        for page in pages {
-                            println!("{}", page.display());
-                        }
-                        Front::Done(exit::OK)
-                    }
-                    Err(e) => {
-                        eprintln!("podhost man: {}: {e}", dir.display());
-                        Front::Done(exit::FAILURE)
-                    }
-                },
-            },
-        })
+    let mut command = std::process::Command::new(&full);
+    if let Some((arg0, rest)) = args.split_first() {
+        command.arg0(arg0).args(rest);
     }
-
-    /// How this front runs commands (each front that runs tools answers).
-    fn exec(&self) -> Option<&exec::ExecSettings> {
-        match self {
-            Front::Tool(c) => Some(&c.exec),
-            Front::Serve(c) => Some(&c.exec),
-            Front::Run(c) => Some(&c.exec),
-            Front::Mcp(c) => Some(&c.exec),
-            Front::Pod(c) => Some(&c.exec),
-            Front::Health(_) | Front::Done(_) => None,
-        }
-    }
-
-    /// Whether this front runs for long (and so reports its confinement at `info`). `podhost
-    /// mcp` runs for long, but as a client's child: its start-up stays quiet.
-    fn is_long_running(&self) -> bool {
-        matches!(self, Front::Serve(_) | Front::Pod(_))
-    }
-}
-
-/// Logs the confinement commands will get (a warning when there is none); false when
-/// `PODHOST_REQUIRE_CONFINEMENT` asks for more than this kernel gives (the reason is printed).
-fn confinement_ok(exec: &exec::ExecSettings, loud: bool) -> bool {
-    let confinement = exec::Confinement::new(&exec.confine);
-    match exec::confine::report_startup(&confinement, exec.confine.require, loud) {
-        Ok(_) => true,
-        Err(e) => {
-            eprintln!("podhost: {}", error_chain(&e));
-            false
-        }
-    }
-}
-
-/// Logs to stderr: JSON lines with every field at the top level when `PODHOST_LOG_FORMAT=json`
-/// (pods), text otherwise; filtered by `RUST_LOG` (default `info`). A filter or format that
-/// cannot be used is warned about, once logging runs, and the default used instead.
-fn init_tracing() {
-    let mut warnings = Vec::new();
-    let filter = match std::env::var("RUST_LOG") {
-        Ok(spec) if !spec.trim().is_empty() => tracing_subscriber::EnvFilter::try_new(&spec)
-            .unwrap_or_else(|e| {
-                warnings.push(format!(
-                    "RUST_LOG {spec:?} is not a valid log filter ({e}); logging at info"
-                ));
-                tracing_subscriber::EnvFilter::new("info,rmcp=warn")
-            }),
-        // rmcp reports every session at `info`; podhost says what matters itself.
-        _ => tracing_subscriber::EnvFilter::new("info,rmcp=warn"),
-    };
-    let json = match std::env::var("PODHOST_LOG_FORMAT") {
-        Ok(f) if f == "json" => true,
-        Ok(f) if f.is_empty() || f == "text" => false,
-        Ok(f) => {
-            warnings.push(format!(
-                "PODHOST_LOG_FORMAT {f:?} is neither json nor text; writing text"
-            ));
-            false
-        }
-        Err(_) => false,
-    };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(!json && std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().flatten_event(true).init();
-    } else {
-        builder.init();
-    }
-    for w in warnings {
-        tracing::warn!("{w}");
-    }
-}
-
-async fn dispatch(front: Front) -> anyhow::Result<i32> {
-    // Orphans of commands whose supervisor died re-parent to podhost, which kills and reaps them.
-    if let Err(e) = exec::reaper::start() {
-        tracing::warn!("could not become a child subreaper: {e}");
-    }
-    match front {
-        Front::Tool(config) => {
-            let stop = on_signals()?;
-            Ok(local(
-                "tool",
-                podhost::local::tool::tool(config, stop).await,
-            ))
-        }
-        Front::Serve(config) => {
-            if !confinement_ok(&config.exec, true) {
-                return Ok(exit::FAILURE);
-            }
-            match podhost::byoh::serve(config).await {
-                Ok(code) => Ok(code),
-                Err(e) => {
-                    eprintln!("podhost serve: {}", error_chain(&e));
-                    Ok(exit::FAILURE)
-                }
-            }
-        }
-        Front::Run(config) => {
-            let stop = on_signals()?;
-            Ok(local("run", podhost::local::run::run(config, stop).await))
-        }
-        Front::Mcp(config) => {
-            let stop = on_signals()?;
-            Ok(local("mcp", podhost::local::mcp::mcp(config, stop).await))
-        }
-        Front::Pod(config) => pod(*config).await,
-        Front::Health(args) => Ok(health(&args)),
-        Front::Done(code) => Ok(code),
-    }
-}
-
-/// `podhost tool`: a `bash` call runs on this thread under a supervisor forked from podhost
-/// (no async runtime, no supervisor program, see `exec::oneshot`); any other call (or a command
-/// in a session) on a current-thread runtime. The exit code.
-fn tool(config: ToolConfig) -> i32 {
-    let call = match podhost::local::tool::prepare(config) {
-        Ok(call) => call,
-        Err(e) => return local("tool", Err(e)),
-    };
-    if let Some(result) = call.run_here() {
-        return local("tool", result);
-    }
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("podhost: could not start the async runtime: {e}");
-            return exit::FAILURE;
-        }
-    };
-    runtime.block_on(async {
-        // Orphans of commands whose supervisor died re-parent to podhost, which kills them.
-        if let Err(e) = exec::reaper::start() {
-            tracing::warn!("could not become a child subreaper: {e}");
-        }
-        match on_signals() {
-            Ok(stop) => local("tool", call.run(stop).await),
-            Err(e) => {
-                eprintln!("podhost tool: {}", error_chain(e.as_ref()));
-                exit::FAILURE
-            }
-        }
-    })
-}
-
-/// Stops a local command on SIGINT or SIGTERM (its command's process tree killed, exit 130 or
-/// 143); a second signal exits at once.
-fn on_signals() -> anyhow::Result<podhost::local::Stop> {
-    use podhost::local::{Stop, StopSignal};
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut int = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
-    let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
-    let stop = Stop::new();
-    let on_signal = stop.clone();
-    tokio::spawn(async move {
-        loop {
-            let which = tokio::select! {
-                Some(()) = int.recv() => StopSignal::Interrupt,
-                Some(()) = term.recv() => StopSignal::Terminate,
-                else => return,
-            };
-            if !on_signal.stop(which) {
-                std::process::exit(which.exit_code());
-            }
-        }
-    });
-    Ok(stop)
-}
-
-/// The exit code of a local command: 2 for bad input or configuration (nothing ran), 1 for a
-/// fault of podhost; its message on stderr.
-fn local(command: &str, result: Result<i32, podhost::local::LocalError>) -> i32 {
-    match result {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("podhost {command}: {}", error_chain(&e));
-            match e {
-                podhost::local::LocalError::Usage(_) => exit::USAGE,
-                _ => exit::FAILURE,
-            }
-        }
-    }
-}
-
-/// `podhost health`: exit 0 when the pod host answers `connected: true` (with `--live`: when it
-/// answers at all), 1 for anything else (not connected, nothing listening, no answer in time, an
-/// answer that is not the health JSON).
-fn health(args: &HealthArgs) -> i32 {
-    if args.port == 0 {
-        eprintln!("podhost health: port 0: the pod host's health listener is off");
-        return exit::FAILURE;
-    }
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], args.port));
-    let timeout = std::time::Duration::from_millis(args.timeout_ms);
-    match podhost::probe::check(addr, timeout) {
-        Ok(h) if args.live => {
-            println!(
-                "alive: {} answered HTTP {} on {addr} (connected: {})",
-                h.service, h.http_status, h.connected
-            );
-            exit::OK
-        }
-        Ok(h) => {
-            let verdict = if h.connected {
-                "connected"
-            } else {
-                "not connected"
-            };
-            println!(
-                "{verdict}: {} answered HTTP {} on {addr}",
-                h.service, h.http_status
-            );
-            if h.connected { exit::OK } else { exit::FAILURE }
-        }
-        Err(e) => {
-            eprintln!("podhost health: {e}");
-            exit::FAILURE
-        }
-    }
-}
-
-/// `podhost pod`: exit 0 after a clean shutdown (SIGTERM/SIGINT), 2 on a setting that cannot
-/// be used (a CA file), 1 when podhost itself fails.
-async fn pod(config: PodConfig) -> anyhow::Result<i32> {
-    use tokio::signal::unix::{SignalKind, signal};
-    if !confinement_ok(&config.exec, true) {
-        return Ok(exit::FAILURE);
-    }
-    let supervisor = exec::find_supervisor().context("finding podhost's own executable")?;
-    let shutdown = CancellationToken::new();
-    let mut term = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
-    let on_signal = shutdown.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-        }
-        on_signal.cancel();
-    });
-    let handler = podhost::nylorun::host::pod::Handler::Turns;
-    match podhost::nylorun::host::pod::serve(config, supervisor, handler, shutdown).await {
-        Ok(()) => Ok(exit::OK),
-        Err(e) => {
-            eprintln!("podhost pod: {}", error_chain(&e));
-            Ok(if e.is_setting() {
-                exit::USAGE
-            } else {
-                exit::FAILURE
-            })
-        }
-    }
-}
-
-/// What the process does once its configuration is read, before any thread starts: a user
-/// namespace of its own where `front` wants one ([`own_user_namespace`]), then the hardening:
-/// from here on, secrets live only in podhost's memory, which no process of the same user may
-/// read.
-fn before_threads(front: &Front) -> (Option<std::io::Result<()>>, exec::confine::Hardened) {
-    let own_userns = own_user_namespace(front);
-    (own_userns, exec::confine::harden_process())
-}
-
-/// A non-root `serve` with a workspace template whose overlay level the configuration does not
-/// rule out enters a user namespace of its own, while it is single-threaded and still dumpable
-/// (a non-dumpable process cannot write its id maps): its file tools can then join its sessions'
-/// views, where the template's overlay is (see `exec::enter_own_user_namespace`). `None`:
-/// not tried.
-fn own_user_namespace(front: &Front) -> Option<std::io::Result<()>> {
-    use podhost::exec::template::Level;
-    let Front::Serve(config) = front else {
-        return None;
-    };
-    let wanted = !nix::unistd::geteuid().is_root()
-        && config.template.is_some()
-        && matches!(config.template_level, None | Some(Level::Overlay));
-    wanted.then(exec::enter_own_user_namespace)
-}
-
-/// Logs why `serve` stays outside a user namespace of its own, when it tried one.
-fn report_own_user_namespace(tried: Option<std::io::Result<()>>) {
-    if let Some(Err(e)) = tried {
-        tracing::info!(
-            error = %e,
-            "podhost could not enter a user namespace of its own: sessions' workspaces cannot \
-             be overlays of the template"
-        );
-    }
+    let e = command.exec();
+    eprintln!(
+        "podhost: cannot start {}: {e} (every command but `podhost tool` runs in {FULL}, \
+         installed beside podhost)",
+        full.display()
+    );
+    ExitCode::from(exit::FAILURE as u8)
 }

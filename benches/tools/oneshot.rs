@@ -3,7 +3,9 @@
 //! `bash -c true` and against `bwrap --ro-bind / / --dev /dev --proc /proc bash -c true` (left
 //! out, and said so, where `bwrap` is not installed), interleaved call by call; then the same
 //! with 1,000 idle processes on the host (`sleep`s started for the part's duration). Every
-//! round's medians are printed, then the median of the rounds' ratios.
+//! round's medians are printed, then the median of the rounds' ratios. The same call through
+//! `podhost-full tool` (the whole program, which `podhost` hands every other command to) is
+//! measured in the same loop: what the smaller `podhost` binary saves a tool call.
 //!
 //! What it shows: what one tool call costs a script that runs `podhost tool` per command —
 //! podhost's start, its confinement and its supervision of the command — against a shell alone
@@ -34,6 +36,7 @@ pub fn main() {
     let dir = tempfile::tempdir().unwrap();
     let install = tempfile::tempdir().unwrap();
     let podhost = installed(&built, install.path());
+    let full = Some(podhost.with_file_name("podhost-full")).filter(|p| p.is_file());
     let bwrap = find_on_path("bwrap");
     if bwrap.is_none() {
         smoke::skipped("podhost tool vs bwrap", "bwrap is not installed");
@@ -51,6 +54,7 @@ pub fn main() {
     );
     let kinds = Kinds {
         podhost: &podhost,
+        full: full.as_deref(),
         shell: &shell,
         bwrap: bwrap.as_deref(),
         workspace: dir.path(),
@@ -67,19 +71,36 @@ pub fn main() {
     sleepers.stop();
 }
 
-/// The three ways of running `true`, and where.
+/// The ways of running `true`, and where.
 struct Kinds<'a> {
     podhost: &'a Path,
+    /// `podhost-full` beside `podhost`, when there is one.
+    full: Option<&'a Path>,
     shell: &'a Path,
     bwrap: Option<&'a Path>,
     workspace: &'a Path,
 }
 
 impl Kinds<'_> {
-    /// One call of each kind, in order: podhost tool, bare bash, bwrap (when installed).
-    fn once(&self) -> [Option<Sample>; 3] {
-        let tool = measure(|| {
-            let out = Command::new(self.podhost)
+    /// One call of each kind, in order: podhost tool, bare bash, bwrap (when installed),
+    /// podhost-full tool (when there is one).
+    fn once(&self) -> [Option<Sample>; 4] {
+        let tool = self.tool(self.podhost);
+        let bare = run(Command::new(self.shell).args(["-c", "true"]));
+        let bwrap = self.bwrap.map(|b| {
+            run(Command::new(b)
+                .args(["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"])
+                .arg(self.shell)
+                .args(["-c", "true"]))
+        });
+        let full = self.full.map(|f| self.tool(f));
+        [Some(tool), Some(bare), bwrap, full]
+    }
+
+    /// `<binary> tool bash` running `true`, checked.
+    fn tool(&self, binary: &Path) -> Sample {
+        measure(|| {
+            let out = Command::new(binary)
                 .args([
                     "tool",
                     "bash",
@@ -96,26 +117,18 @@ impl Kinds<'_> {
                 serde_json::from_slice(&out.stdout).unwrap_or_default();
             smoke::check(
                 out.status.success() && outcome["output"]["exitCode"] == 0,
-                format_args!("podhost tool bash ran `true`: {out:?}"),
+                format_args!("{} tool bash ran `true`: {out:?}", binary.display()),
             );
-        });
-        let bare = run(Command::new(self.shell).args(["-c", "true"]));
-        let bwrap = self.bwrap.map(|b| {
-            run(Command::new(b)
-                .args(["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"])
-                .arg(self.shell)
-                .args(["-c", "true"]))
-        });
-        [Some(tool), Some(bare), bwrap]
+        })
     }
 
     /// `rounds` rounds of `iterations` interleaved calls, each round's medians printed, then
     /// the median of the rounds.
     fn rounds(&self, label: &str, rounds: usize, iterations: usize) {
         println!("  {label}:");
-        let mut ratios = (Vec::new(), Vec::new());
+        let mut ratios = (Vec::new(), Vec::new(), Vec::new());
         for round in 1..=rounds {
-            let mut series: [Vec<Sample>; 3] = Default::default();
+            let mut series: [Vec<Sample>; 4] = Default::default();
             for _ in 0..iterations {
                 for (s, sample) in series.iter_mut().zip(self.once()) {
                     s.extend(sample);
@@ -131,9 +144,19 @@ impl Kinds<'_> {
                 ratios.1.push(t / w);
                 format!(", bwrap {w:.3} ms → podhost/bwrap {:.2}×", t / w)
             };
+            let vs_full = if series[3].is_empty() {
+                String::new()
+            } else {
+                let (f, _) = medians(&series[3]);
+                ratios.2.push(t / f);
+                format!(
+                    ", podhost-full tool {f:.3} ms → podhost/podhost-full {:.2}×",
+                    t / f
+                )
+            };
             println!(
                 "    round {round}: podhost tool {t:.3} ms, bash {b:.3} ms → podhost/bash {:.2}×\
-                 {vs_bwrap}",
+                 {vs_bwrap}{vs_full}",
                 t / b
             );
         }
@@ -142,8 +165,10 @@ impl Kinds<'_> {
             v.get(v.len() / 2).copied()
         };
         let bwrap = median(ratios.1).map_or(String::new(), |r| format!(", podhost/bwrap {r:.2}×"));
+        let full =
+            median(ratios.2).map_or(String::new(), |r| format!(", podhost/podhost-full {r:.2}×"));
         println!(
-            "    median of {rounds} rounds: podhost/bash {:.2}×{bwrap}",
+            "    median of {rounds} rounds: podhost/bash {:.2}×{bwrap}{full}",
             median(ratios.0).unwrap_or(f64::NAN)
         );
     }

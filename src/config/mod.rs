@@ -5,7 +5,8 @@
 //! front's plain configuration (`byoh::ServeConfig`, `nylorun::host::settings::PodConfig`,
 //! `local::RunConfig`, `local::ToolConfig`, `local::McpConfig`, with an `exec::ExecSettings`),
 //! purely (`podhost run` reads the `OPENAI_*` variables through a function it is given). No
-//! front imports this module.
+//! front imports this module. [`startup`] is what the binaries do before a front runs (logging,
+//! the confinement report), and the whole of a `podhost tool` process.
 
 mod exec;
 mod http;
@@ -13,6 +14,7 @@ mod local;
 mod origins;
 mod pod;
 mod serve;
+pub mod startup;
 mod tls;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -72,8 +74,9 @@ impl Cli {
 impl Cli {
     /// `podhost tool …`: only the `tool` subcommand is built and parsed (building the whole
     /// command line costs a one-shot call more than its command), with the same names, help and
-    /// errors as in the whole tree.
-    fn parse_tool(args: &[std::ffi::OsString]) -> Result<Cli, ParseError> {
+    /// errors as in the whole tree. `args[1]` is `tool`. The `podhost` binary calls this alone,
+    /// so the rest of the tree is not even linked into it.
+    pub fn parse_tool(args: &[std::ffi::OsString]) -> Result<Cli, ParseError> {
         let command = shaped(ToolCli::command());
         let matches = command
             .clone()

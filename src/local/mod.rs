@@ -129,6 +129,50 @@ impl Stop {
     pub fn signal(&self) -> Option<StopSignal> {
         self.by.get().copied()
     }
+
+    /// A stop that SIGINT or SIGTERM fires, listened for on the current tokio runtime (the
+    /// command's whole process tree is then killed and it exits 130 or 143); a second signal
+    /// exits the process at once.
+    pub fn on_signals() -> std::io::Result<Stop> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let listen = |kind: SignalKind, name: &str| {
+            signal(kind)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("listening for {name}: {e}")))
+        };
+        let mut int = listen(SignalKind::interrupt(), "SIGINT")?;
+        let mut term = listen(SignalKind::terminate(), "SIGTERM")?;
+        let stop = Stop::new();
+        let on_signal = stop.clone();
+        tokio::spawn(async move {
+            loop {
+                let which = tokio::select! {
+                    Some(()) = int.recv() => StopSignal::Interrupt,
+                    Some(()) = term.recv() => StopSignal::Terminate,
+                    else => return,
+                };
+                if !on_signal.stop(which) {
+                    std::process::exit(which.exit_code());
+                }
+            }
+        });
+        Ok(stop)
+    }
+}
+
+/// The exit code of a local command (`command`: `tool`, `run`, `mcp`): its own code when it ran,
+/// else 2 for bad input or configuration (nothing ran) and 1 for a fault of podhost, with the
+/// error on stderr.
+pub fn exit_code(command: &str, result: Result<i32, LocalError>) -> i32 {
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("podhost {command}: {}", crate::floor::text::error_chain(&e));
+            match e {
+                LocalError::Usage(_) => exit::USAGE,
+                _ => exit::FAILURE,
+            }
+        }
+    }
 }
 
 /// The toolbox of a local workspace (paths are host paths) and the variable names its commands

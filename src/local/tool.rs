@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use nix::sys::signal::Signal;
 use tokio_util::sync::CancellationToken;
 
-use super::{LocalEnv, LocalError, Stop, StopSignal, toolbox, withheld_note};
+use super::{LocalEnv, LocalError, Stop, StopSignal, exit_code, toolbox, withheld_note};
 use crate::exec::ExecSettings;
 use crate::floor::codes::exit;
 use crate::tools::{CallContext, ToolName, ToolOutcome, Toolbox, codes};
@@ -126,6 +126,43 @@ impl Call {
 /// Runs one call on the async runtime: [`prepare`], then [`Call::run`].
 pub async fn tool(args: ToolConfig, stop: Stop) -> Result<i32, LocalError> {
     prepare(args)?.run(stop).await
+}
+
+/// The whole of `podhost tool` once its configuration is checked: a `bash` call runs on this
+/// thread under a supervisor forked from this process (no async runtime, no supervisor
+/// program, see `exec::oneshot`); any other call (or a command in a session) on a
+/// current-thread runtime. The process's exit code. Call it single-threaded.
+pub fn main(config: ToolConfig) -> i32 {
+    let call = match prepare(config) {
+        Ok(call) => call,
+        Err(e) => return exit_code("tool", Err(e)),
+    };
+    if let Some(result) = call.run_here() {
+        return exit_code("tool", result);
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("podhost: could not start the async runtime: {e}");
+            return exit::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        // Orphans of commands whose supervisor died re-parent to podhost, which kills them.
+        if let Err(e) = crate::exec::reaper::start() {
+            tracing::warn!("could not become a child subreaper: {e}");
+        }
+        match Stop::on_signals() {
+            Ok(stop) => exit_code("tool", call.run(stop).await),
+            Err(e) => {
+                eprintln!("podhost tool: {e}");
+                exit::FAILURE
+            }
+        }
+    })
 }
 
 /// Prints the outcome on stdout (a call a stop signal ended as `sandbox.cancelled`); the exit

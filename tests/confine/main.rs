@@ -43,7 +43,7 @@ use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{executor, podhost_bin, supervisor_bin};
+use crate::support::{executor, installed_bins, podhost_bin, supervisor_bin};
 
 /// What every secret file holds; no output may ever contain it.
 pub const SECRET: &str = "s3cr3t-host-token-7f3a";
@@ -185,17 +185,14 @@ impl Host {
         let bin = self.root.join("bin");
         std::fs::create_dir(&bin).unwrap();
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let podhost = bin.join("podhost");
-        for (from, to) in [
-            (podhost_bin(), podhost.clone()),
-            (supervisor_bin(), bin.join("podhost-exec")),
-        ] {
+        for (from, name) in installed_bins() {
+            let to = bin.join(name);
             if std::fs::hard_link(from, &to).is_err() {
                 std::fs::copy(from, &to).unwrap();
             }
         }
         self.open_dirs();
-        podhost
+        bin.join("podhost")
     }
 
     fn open_dirs(&self) {

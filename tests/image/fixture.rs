@@ -145,23 +145,31 @@ async fn build() -> Image {
 
     let base = ensure_base(&podman, &dir).await;
 
-    // The binaries: PODHOST_IMAGE_BIN and the `podhost-exec` beside it, else the test build's.
-    let (binary, supervisor) = match std::env::var_os("PODHOST_IMAGE_BIN").map(PathBuf::from) {
+    // The binaries: PODHOST_IMAGE_BIN and the `podhost-full` and `podhost-exec` beside it, else
+    // the test build's.
+    let binaries: Vec<(PathBuf, &str)> = match std::env::var_os("PODHOST_IMAGE_BIN") {
         Some(bin) => {
-            let supervisor = bin.with_file_name("podhost-exec");
-            assert!(
-                supervisor.is_file(),
-                "PODHOST_IMAGE_BIN={}: no podhost-exec beside it",
-                bin.display()
-            );
-            (bin, supervisor)
+            let bin = PathBuf::from(bin);
+            ["podhost", "podhost-full", "podhost-exec"]
+                .into_iter()
+                .map(|name| {
+                    let from = bin.with_file_name(name);
+                    assert!(
+                        from.is_file(),
+                        "PODHOST_IMAGE_BIN={}: no {name} beside it",
+                        bin.display()
+                    );
+                    (from, name)
+                })
+                .collect()
         }
-        None => (
-            crate::support::podhost_bin().to_path_buf(),
-            crate::support::supervisor_bin().to_path_buf(),
-        ),
+        None => crate::support::installed_bins()
+            .into_iter()
+            .map(|(from, name)| (from.to_path_buf(), name))
+            .collect(),
     };
-    let context = build_context(&dir, &binary, &supervisor);
+    let binary = &binaries[0].0;
+    let context = build_context(&dir, &binaries);
     let shipped = context.path().join("target/release");
     let started = Instant::now();
     podman
@@ -220,12 +228,16 @@ async fn build() -> Image {
     };
     let report = format!(
         "image tests: image {IMAGE} built in {:.1} s; {base_line}\n\
-         image tests: image size {:.0} MB (base {:.0} MB, podhost binary {:.0} MB and \
-         podhost-exec {:.0} MB as shipped, stripped by image/strip-symbols, from {})\n",
+         image tests: image size {:.0} MB (base {:.0} MB; as shipped, stripped by \
+         image/strip-symbols: podhost {:.1} MB, podhost-full {:.0} MB, podhost-exec {:.1} MB; \
+         from {})\n",
         build_time.as_secs_f64(),
         mb(size(IMAGE).await),
         mb(size(BASE).await),
         mb(std::fs::metadata(shipped.join("podhost")).unwrap().len()),
+        mb(std::fs::metadata(shipped.join("podhost-full"))
+            .unwrap()
+            .len()),
         mb(std::fs::metadata(shipped.join("podhost-exec"))
             .unwrap()
             .len()),
@@ -327,9 +339,9 @@ fn assert_success(out: &Output, what: &str, log: &Path) {
 
 /// A build context like the one `podman build .` sees at the repository root after the README's
 /// build steps: the Containerfile, `.dockerignore`, `image/` and the binaries at
-/// `target/release/podhost` and `target/release/podhost-exec`, stripped by `image/strip-symbols`
+/// `target/release/{podhost,podhost-full,podhost-exec}`, stripped by `image/strip-symbols`
 /// as they are shipped (their symbols in `target/release/.debug`, which the image leaves out).
-fn build_context(dir: &Path, binary: &Path, supervisor: &Path) -> tempfile::TempDir {
+fn build_context(dir: &Path, binaries: &[(PathBuf, &str)]) -> tempfile::TempDir {
     let context = tempfile::tempdir_in(dir).unwrap();
     for file in ["Containerfile", ".dockerignore"] {
         std::fs::copy(repo().join(file), context.path().join(file)).unwrap();
@@ -345,7 +357,7 @@ fn build_context(dir: &Path, binary: &Path, supervisor: &Path) -> tempfile::Temp
     }
     let release = context.path().join("target/release");
     std::fs::create_dir_all(&release).unwrap();
-    for (from, name) in [(binary, "podhost"), (supervisor, "podhost-exec")] {
+    for (from, name) in binaries {
         if std::fs::hard_link(from, release.join(name)).is_err() {
             std::fs::copy(from, release.join(name)).unwrap();
         }
@@ -359,7 +371,7 @@ fn build_context(dir: &Path, binary: &Path, supervisor: &Path) -> tempfile::Temp
         "image/strip-symbols failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for name in ["podhost", "podhost-exec"] {
+    for (from, name) in binaries {
         let sections = elf_sections(&release.join(name));
         assert!(
             sections.iter().any(|s| s == ".gnu_debuglink")
@@ -376,11 +388,6 @@ fn build_context(dir: &Path, binary: &Path, supervisor: &Path) -> tempfile::Temp
             "{name}'s symbols file lacks its line tables or symbol table: {symbols:?}"
         );
         // The build's own binary is left as it was (a hard link is replaced, not rewritten).
-        let from = if name == "podhost" {
-            binary
-        } else {
-            supervisor
-        };
         assert!(
             elf_sections(from).iter().any(|s| s == ".debug_line"),
             "{} lost its debug info",

@@ -8,9 +8,25 @@ use podhost::floor::workspace::Workspace;
 use podhost::tools::{CallContext, ToolName, ToolOutcome, Toolbox};
 use tokio_util::sync::CancellationToken;
 
-/// The podhost binary built for these tests (it is each command's supervisor).
+/// The podhost binary built for these tests: it runs `podhost tool` and hands every other
+/// command to [`full_bin`] beside it.
 pub fn podhost_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_podhost"))
+}
+
+/// The whole program built for these tests (`podhost-full`), beside [`podhost_bin`].
+pub fn full_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_podhost-full"))
+}
+
+/// The binaries an installation has side by side, each under its installed name: `podhost`,
+/// `podhost-full` and `podhost-exec`.
+pub fn installed_bins() -> [(&'static Path, &'static str); 3] {
+    [
+        (podhost_bin(), "podhost"),
+        (full_bin(), "podhost-full"),
+        (supervisor_bin(), "podhost-exec"),
+    ]
 }
 
 /// The dedicated supervisor built for these tests (`podhost-exec`), which podhost finds beside

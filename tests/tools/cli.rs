@@ -7,7 +7,7 @@ use std::process::{Command, Output, Stdio};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use crate::support::{podhost_bin, supervisor_bin};
+use crate::support::{full_bin, installed_bins, podhost_bin};
 
 fn tool(dir: &std::path::Path, args: &[&str], stdin: Option<&str>) -> Output {
     let mut child = Command::new(podhost_bin())
@@ -147,15 +147,16 @@ fn supervisor_of_a_command(bin: &std::path::Path, read_only: &str) -> String {
     outcome["output"]["stdout"].as_str().unwrap().to_owned()
 }
 
-/// A copy of the test build of podhost in a directory of its own, with `podhost-exec` beside it
-/// or not.
-fn installed(with_supervisor: bool) -> (tempfile::TempDir, std::path::PathBuf) {
+/// A copy of the test build of podhost in a directory of its own, with those of `beside` (of
+/// `podhost-full`, `podhost-exec`) beside it.
+fn installed(beside: &[&str]) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
-    let podhost = dir.path().join("podhost");
-    std::fs::copy(podhost_bin(), &podhost).unwrap();
-    if with_supervisor {
-        std::fs::copy(supervisor_bin(), dir.path().join("podhost-exec")).unwrap();
+    for (from, name) in installed_bins() {
+        if name == "podhost" || beside.contains(&name) {
+            std::fs::copy(from, dir.path().join(name)).unwrap();
+        }
     }
+    let podhost = dir.path().join("podhost");
     (dir, podhost)
 }
 
@@ -195,7 +196,7 @@ fn expected_parent(podhost: &std::path::Path, dir: &std::path::Path, on: bool) -
 
 #[test]
 fn commands_run_under_a_fork_of_podhost_tool_with_podhost_exec_beside_it() {
-    let (dir, podhost) = installed(true);
+    let (dir, podhost) = installed(&["podhost-full", "podhost-exec"]);
     for (setting, on) in [("off", false), ("on", true)] {
         let parent = supervisor_of_a_command(&podhost, setting);
         let want = expected_parent(&podhost, dir.path(), on);
@@ -208,7 +209,7 @@ fn commands_run_under_a_fork_of_podhost_tool_with_podhost_exec_beside_it() {
 
 #[test]
 fn commands_run_under_a_fork_of_podhost_tool_without_podhost_exec() {
-    let (dir, podhost) = installed(false);
+    let (dir, podhost) = installed(&[]);
     let parent = supervisor_of_a_command(&podhost, "off");
     let want = expected_parent(&podhost, dir.path(), false);
     assert!(parent.starts_with(&want), "{parent:?} vs {want:?}");
@@ -288,4 +289,146 @@ fn a_root_podhost_tool_falls_back_where_the_kernel_refuses_the_view() {
             "{f}: the command runs in podhost's own namespace"
         );
     }
+}
+
+/// `podhost` hands every command but `tool` to `podhost-full` beside it, by `exec`: the same
+/// process, with the same arguments, `argv[0]` included. Seen from outside, on a `podhost mcp`
+/// that has answered (only the whole program can).
+#[test]
+fn every_command_but_tool_becomes_podhost_full_in_the_same_process() {
+    use std::io::BufRead;
+    let (install, podhost) = installed(&["podhost-full", "podhost-exec"]);
+    let ws = tempfile::tempdir().unwrap();
+    let mut child = Command::new(&podhost)
+        .args(["mcp", "--workspace"])
+        .arg(ws.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "cli-test", "version": "1"}}});
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{initialize}").unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let answer = rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("podhost mcp answered initialize");
+    let answer: Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(answer["id"], 1, "{answer}");
+    assert_eq!(
+        answer["result"]["serverInfo"]["name"], "podhost",
+        "{answer}"
+    );
+    let pid = child.id();
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let args: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    drop(stdin);
+    let status = child.wait().unwrap();
+    assert_eq!(comm, "podhost-full\n");
+    assert_eq!(
+        args,
+        [
+            podhost.to_str().unwrap(),
+            "mcp",
+            "--workspace",
+            ws.path().to_str().unwrap()
+        ]
+    );
+    assert!(status.success(), "{status:?}");
+    drop(install);
+}
+
+/// What `podhost` prints for every command line but `tool …` is `podhost-full`'s own, word for
+/// word and with its exit code (as run under the name `podhost`); `tool --help` is the same in
+/// either.
+#[test]
+fn podhost_prints_what_podhost_full_prints() {
+    use std::os::unix::process::CommandExt;
+    let lines: [&[&str]; 7] = [
+        &["--version"],
+        &["--help"],
+        &[],
+        &["serve", "--help"],
+        &["serve", "--no-such-flag"],
+        &["no-such-command"],
+        &["tool", "--help"],
+    ];
+    for args in lines {
+        let front = Command::new(podhost_bin()).args(args).output().unwrap();
+        let full = Command::new(full_bin())
+            .arg0(podhost_bin())
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(
+            (
+                front.status.code(),
+                String::from_utf8_lossy(&front.stdout),
+                String::from_utf8_lossy(&front.stderr)
+            ),
+            (
+                full.status.code(),
+                String::from_utf8_lossy(&full.stdout),
+                String::from_utf8_lossy(&full.stderr)
+            ),
+            "{args:?}"
+        );
+        assert!(
+            !front.stdout.is_empty() || !front.stderr.is_empty(),
+            "{args:?} printed nothing"
+        );
+    }
+}
+
+/// Without `podhost-full` beside it, `podhost` says where it looked for every command but
+/// `tool`, which still runs.
+#[test]
+fn without_podhost_full_podhost_says_where_it_looked_and_tool_still_runs() {
+    let (install, podhost) = installed(&[]);
+    let out = Command::new(&podhost).arg("serve").output().unwrap();
+    assert_eq!(
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned()
+        ),
+        (
+            Some(1),
+            String::new(),
+            format!(
+                "podhost: cannot start {}: No such file or directory (os error 2) (every \
+                 command but `podhost tool` runs in podhost-full, installed beside podhost)\n",
+                install.path().join("podhost-full").display()
+            )
+        )
+    );
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("a.txt"), "one\n").unwrap();
+    let out = Command::new(&podhost)
+        .args([
+            "tool",
+            "read",
+            "--input",
+            r#"{"path":"a.txt"}"#,
+            "--workspace",
+        ])
+        .arg(ws.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(stdout_json(&out)["kind"], "completed", "{out:?}");
 }

@@ -1,0 +1,108 @@
+//! What the binaries do once their command line is read and before a front runs: logging as
+//! the environment asks for it, the report of the confinement commands will get, and the whole
+//! of a `podhost tool` process ([`tool`]).
+//!
+//! Shared by `podhost`, which runs `podhost tool` itself and hands every other command to
+//! `podhost-full`, and by `podhost-full`: a tool call parses, logs and refuses the same under
+//! either.
+
+use std::ffi::OsString;
+
+use super::{Cli, Command, ToolArgs};
+use crate::exec;
+use crate::floor::codes::exit;
+use crate::floor::text::error_chain;
+use crate::tools::ToolName;
+
+/// The whole `podhost tool …` process from its arguments (`args[1]` is `tool`; a command line
+/// clap refuses exits as clap does): no multi-threaded runtime, and of the command line only the
+/// `tool` subcommand built ([`Cli::parse_tool`]). The exit code.
+pub fn tool(args: &[OsString]) -> i32 {
+    match Cli::parse_tool(args) {
+        Ok(Cli {
+            command: Command::Tool(tool),
+        }) => run_tool(&tool),
+        Ok(_) => exit::USAGE,
+        Err(e) => e.exit(),
+    }
+}
+
+/// `podhost tool` with its command line parsed: hardened and logging like every front, then
+/// the call ([`crate::local::tool::main`]).
+pub fn run_tool(args: &ToolArgs) -> i32 {
+    let config = args.config();
+    // From here on, secrets live only in podhost's memory, which no process of the same user may
+    // read.
+    let hardened = exec::confine::harden_process();
+    init_tracing();
+    if !hardened.non_dumpable {
+        tracing::warn!(
+            "could not make podhost non-dumpable: same-user processes can read its memory"
+        );
+    }
+    // `podhost tool bash`, as root with CAP_SYS_ADMIN, makes its command's namespaces itself
+    // and falls back where the kernel refuses them: the probe's forks and namespaces would be on
+    // the command's path (see exec::probe::assume_root_namespaces).
+    if config.name == ToolName::Bash {
+        exec::probe::assume_root_namespaces();
+    }
+    // A one-shot front reports its confinement now, quietly unless it is missing.
+    if !confinement_ok(&config.exec, false) {
+        return exit::FAILURE;
+    }
+    crate::local::tool::main(config)
+}
+
+/// Logs to stderr: JSON lines with every field at the top level when `PODHOST_LOG_FORMAT=json`
+/// (pods), text otherwise; filtered by `RUST_LOG` (default `info`). A filter or format that
+/// cannot be used is warned about, once logging runs, and the default used instead.
+pub fn init_tracing() {
+    let mut warnings = Vec::new();
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(spec) if !spec.trim().is_empty() => tracing_subscriber::EnvFilter::try_new(&spec)
+            .unwrap_or_else(|e| {
+                warnings.push(format!(
+                    "RUST_LOG {spec:?} is not a valid log filter ({e}); logging at info"
+                ));
+                tracing_subscriber::EnvFilter::new("info,rmcp=warn")
+            }),
+        // rmcp reports every session at `info`; podhost says what matters itself.
+        _ => tracing_subscriber::EnvFilter::new("info,rmcp=warn"),
+    };
+    let json = match std::env::var("PODHOST_LOG_FORMAT") {
+        Ok(f) if f == "json" => true,
+        Ok(f) if f.is_empty() || f == "text" => false,
+        Ok(f) => {
+            warnings.push(format!(
+                "PODHOST_LOG_FORMAT {f:?} is neither json nor text; writing text"
+            ));
+            false
+        }
+        Err(_) => false,
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(!json && std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().flatten_event(true).init();
+    } else {
+        builder.init();
+    }
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
+}
+
+/// Logs the confinement commands will get (a warning when there is none); false when
+/// `PODHOST_REQUIRE_CONFINEMENT` asks for more than this kernel gives (the reason is printed).
+pub fn confinement_ok(exec: &exec::ExecSettings, loud: bool) -> bool {
+    let confinement = exec::Confinement::new(&exec.confine);
+    match exec::confine::report_startup(&confinement, exec.confine.require, loud) {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("podhost: {}", error_chain(&e));
+            false
+        }
+    }
+}
