@@ -27,27 +27,31 @@ pub fn tool(args: &[OsString]) -> i32 {
     }
 }
 
-/// `podhost tool` with its command line parsed: hardened and logging like every front, then
+/// `podhost tool` with its command line parsed: logging and hardened like every front, then
 /// the call ([`crate::local::tool::main`]).
 pub fn run_tool(args: &ToolArgs) -> i32 {
     let config = args.config();
-    // From here on, secrets live only in podhost's memory, which no process of the same user may
-    // read.
-    let hardened = exec::confine::harden_process();
     init_tracing();
-    if !hardened.non_dumpable {
-        tracing::warn!(
-            "could not make podhost non-dumpable: same-user processes can read its memory"
-        );
-    }
     // `podhost tool bash`, as root with CAP_SYS_ADMIN, makes its command's namespaces itself
     // and falls back where the kernel refuses them: the probe's forks and namespaces would be on
     // the command's path (see exec::probe::assume_root_namespaces).
     if config.name == ToolName::Bash {
         exec::probe::assume_root_namespaces();
     }
+    // Before the hardening: not as root, the confinement probes the namespaces of the read-only
+    // system in forks of this process, which must write their user namespace's id maps, and
+    // the forks of a non-dumpable process cannot (the answer is kept for the call).
+    let confinement = exec::Confinement::new(&config.exec.confine);
+    // From here on, secrets live only in podhost's memory, which no process of the same user may
+    // read.
+    let hardened = exec::confine::harden_process();
+    if !hardened.non_dumpable {
+        tracing::warn!(
+            "could not make podhost non-dumpable: same-user processes can read its memory"
+        );
+    }
     // A one-shot front reports its confinement now, quietly unless it is missing.
-    if !confinement_ok(&config.exec, false) {
+    if !reported_ok(&confinement, &config.exec, false) {
         return exit::FAILURE;
     }
     crate::local::tool::main(config)
@@ -97,8 +101,12 @@ pub fn init_tracing() {
 /// Logs the confinement commands will get (a warning when there is none); false when
 /// `PODHOST_REQUIRE_CONFINEMENT` asks for more than this kernel gives (the reason is printed).
 pub fn confinement_ok(exec: &exec::ExecSettings, loud: bool) -> bool {
-    let confinement = exec::Confinement::new(&exec.confine);
-    match exec::confine::report_startup(&confinement, exec.confine.require, loud) {
+    reported_ok(&exec::Confinement::new(&exec.confine), exec, loud)
+}
+
+/// [`confinement_ok`] of a confinement already made.
+fn reported_ok(confinement: &exec::Confinement, exec: &exec::ExecSettings, loud: bool) -> bool {
+    match exec::confine::report_startup(confinement, exec.confine.require, loud) {
         Ok(_) => true,
         Err(e) => {
             eprintln!("podhost: {}", error_chain(&e));

@@ -164,13 +164,16 @@ pub fn probe_host(helper: &Path) -> Probe {
 }
 
 /// The namespaces level alone (no network, no disk: see [`run_namespaces`]), asked once
-/// per process: what local use's read-only system needs. A single-threaded process (a one-shot
-/// `podhost tool`) tries it in forks of itself, without loading the helper; any other asks the
-/// helper, since only a single-threaded process may run code in a fork.
+/// per process: what local use's read-only system needs. A single-threaded process that is
+/// still dumpable (a one-shot `podhost tool`, which asks before it hardens itself) tries it in
+/// forks of itself, without loading the helper; any other asks the helper, since only a
+/// single-threaded process may run code in a fork, and the forks of a non-dumpable one cannot
+/// write their user namespace's id maps (they would find none where the helper finds one).
 pub fn probe_namespaces(helper: &Path) -> Probe {
     NAMESPACES_PROBE
         .get_or_init(|| {
-            if sys::single_threaded() {
+            let dumpable = nix::sys::prctl::get_dumpable().unwrap_or(false);
+            if dumpable && sys::single_threaded() {
                 run_namespaces()
             } else {
                 run_probe(helper, &[NAMESPACES_ONLY])

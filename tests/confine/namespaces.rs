@@ -594,6 +594,75 @@ fn an_unprivileged_podhost_isolates_in_a_user_namespace() {
     );
 }
 
+/// An unprivileged `podhost tool bash` (nobody, no `--isolate`: local use) runs its command in
+/// the read-only system, inside a user namespace, wherever the kernel lets nobody make one: a
+/// file nobody owns outside the workspace keeps its mode and time, which Landlock alone would
+/// not keep. The kernel's answer comes from the probe helper run as nobody (`podhost-exec
+/// __probe namespaces`, a fresh process); where it makes none, the Landlock-only fallback is
+/// checked instead, and said so.
+#[test]
+fn an_unprivileged_podhost_tool_runs_its_command_in_the_read_only_system() {
+    use std::os::unix::process::CommandExt;
+    let _nobody = crate::nobody_lock();
+    let host = Host::new();
+    let podhost = host.open_to_everyone();
+    let outside = elsewhere();
+    std::fs::set_permissions(outside.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let owned = outside.path().join("nobodys.txt");
+    std::fs::write(&owned, "mine").unwrap();
+    std::os::unix::fs::chown(&owned, Some(crate::NOBODY), Some(crate::NOBODY)).unwrap();
+    let before = std::fs::metadata(&owned).unwrap();
+    let probe = std::process::Command::new(podhost.with_file_name("podhost-exec"))
+        .args(["__probe", "namespaces"])
+        .uid(crate::NOBODY)
+        .gid(crate::NOBODY)
+        .output()
+        .unwrap();
+    let probe: serde_json::Value = serde_json::from_slice(&probe.stdout)
+        .unwrap_or_else(|e| panic!("the probe printed no JSON ({e}): {probe:?}"));
+    let ours = std::fs::read_link("/proc/self/ns/mnt").unwrap();
+    let (outcome, stderr, code) = crate::podhost_tool(
+        "bash",
+        &host.tool_args(),
+        &json!({"command": format!(
+            "f={0}; {{ chmod 777 $f; touch -d 2001-01-01 $f; echo x >> $f; }} 2>&1 \
+             | sed 's/^.*: //'; [ \"$(readlink /proc/self/ns/mnt)\" != '{1}' ] && echo own view",
+            owned.display(),
+            ours.display()
+        )}),
+        &[],
+        Some(&podhost),
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let after = std::fs::metadata(&owned).unwrap();
+    if probe["namespaces"] == "none" {
+        eprintln!(
+            "nobody may make no namespaces here ({}): the Landlock-only fallback is checked",
+            probe["refused"]
+        );
+        // Landlock still refuses the write; nothing refuses the metadata changes.
+        assert_eq!(
+            crate::completed(&outcome),
+            &json!({"exitCode": 1, "stdout": "Permission denied\n", "stderr": ""})
+        );
+        return;
+    }
+    assert_eq!(
+        crate::completed(&outcome),
+        &json!({
+            "exitCode": 0,
+            "stdout": format!("{}own view\n", "Read-only file system\n".repeat(3)),
+            "stderr": ""
+        }),
+        "the probe found {probe}"
+    );
+    assert_eq!(
+        (after.mode(), after.mtime()),
+        (before.mode(), before.mtime()),
+        "the file kept its mode and time"
+    );
+}
+
 /// A command past the session's memory limit is killed by the kernel (root or not), and the
 /// outcome says which limit it met.
 #[tokio::test]
