@@ -3,7 +3,8 @@
 //!
 //! Also measured, to show where the tool's overhead goes: starting the supervisor binary alone
 //! (given no request it exits at once), which is the cost of a supervisor per command — both
-//! `podhost-exec`, the one podhost uses, and `podhost __exec`, its fallback;
+//! `podhost-exec`, the one podhost uses, and `podhost-full __exec`, its fallback (the whole
+//! program, which runs the commands of `serve`, `pod`, `mcp` and `run`);
 //! and CPU time (user + system, of this process and its waited-for descendants) per call, which
 //! unlike wall time does not grow when other work competes for the CPUs.
 //!
@@ -60,7 +61,7 @@ fn scale() -> (usize, usize, usize) {
 pub fn main() {
     let (rounds, iterations, warm_up) = scale();
     let supervisor = PathBuf::from(env!("CARGO_BIN_EXE_podhost-exec"));
-    let fallback = PathBuf::from(env!("CARGO_BIN_EXE_podhost"));
+    let fallback = PathBuf::from(env!("CARGO_BIN_EXE_podhost-full"));
     let shell = podhost::exec::find_shell(None);
     let dir = tempfile::tempdir().unwrap();
     let ws = Workspace::new(dir.path(), None).unwrap();
@@ -152,7 +153,7 @@ pub fn main() {
     let ((s, sc), (f, fc)) = (medians(&all_sup), medians(&all_fallback));
     println!(
         "supervisor start alone: podhost-exec wall {s:.3} ms, cpu {sc:.3} ms; \
-         `podhost __exec` (the fallback) wall {f:.3} ms, cpu {fc:.3} ms"
+         `podhost-full __exec` (the fallback) wall {f:.3} ms, cpu {fc:.3} ms"
     );
 
     println!(

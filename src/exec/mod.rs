@@ -140,7 +140,8 @@ fn oom_first() {
 }
 
 /// The supervisor for this process's commands: `podhost-exec` beside podhost's own executable
-/// when it is there (it starts faster), else podhost itself, as `podhost __exec`.
+/// when it is there (it starts faster), else the running binary itself, as `<it> __exec`
+/// (`podhost-full __exec` for `serve`, `pod`, `mcp` and `run`).
 pub fn find_supervisor() -> std::io::Result<PathBuf> {
     let me = std::env::current_exe()?;
     Ok(supervisor_beside(&me).unwrap_or(me))
