@@ -123,11 +123,6 @@ impl Call {
     }
 }
 
-/// Runs one call on the async runtime: [`prepare`], then [`Call::run`].
-pub async fn tool(args: ToolConfig, stop: Stop) -> Result<i32, LocalError> {
-    prepare(args)?.run(stop).await
-}
-
 /// The whole of `podhost tool` once its configuration is checked: a `bash` call runs on this
 /// thread under a supervisor forked from this process (no async runtime, no supervisor
 /// program, see `exec::oneshot`); any other call (or a command in a session) on a
