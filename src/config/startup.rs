@@ -32,11 +32,16 @@ pub fn tool(args: &[OsString]) -> i32 {
 pub fn run_tool(args: &ToolArgs) -> i32 {
     let config = args.config();
     init_tracing();
-    // `podhost tool bash`, as root with CAP_SYS_ADMIN, makes its command's namespaces itself
-    // and falls back where the kernel refuses them: the probe's forks and namespaces would be on
-    // the command's path (see exec::probe::assume_root_namespaces).
-    if config.name == ToolName::Bash {
-        exec::probe::assume_root_namespaces();
+    // `podhost tool bash` makes its command's namespaces itself and falls back where the kernel
+    // refuses them: the probe's forks and namespaces, or a session holder, would be on the
+    // command's path. As root with CAP_SYS_ADMIN (see exec::probe::assume_root_namespaces);
+    // else in a user namespace of its own, entered now, while this process may still write its
+    // id maps (see exec::probe::assume_own_namespaces).
+    if config.name == ToolName::Bash
+        && !exec::probe::assume_root_namespaces()
+        && config.exec.confine.local_view_wanted()
+    {
+        exec::probe::assume_own_namespaces();
     }
     // Before the hardening: not as root, the confinement probes the namespaces of the read-only
     // system in forks of this process, which must write their user namespace's id maps, and

@@ -30,9 +30,12 @@
 //! * "The command exited 1" and "the supervisor failed" cannot be confused: the first is a
 //!   status on the report socket, the second is none.
 //!
-//! Local use's read-only system (a session whose holder would build a view alone, podhost
-//! root): this process enters fresh mount and IPC namespaces and builds the same view itself
-//! (`session::view`) before it forks the supervisor.
+//! Local use's read-only system (a session whose holder would build a view alone: podhost is
+//! root, or in a user namespace of its own, see `probe::assume_own_namespaces`): this process
+//! enters fresh mount and IPC namespaces and builds the same view itself (`session::view`)
+//! before it forks the supervisor. In a user namespace of its own a view that fails half-built
+//! is an error, not a fallback: the process cannot go back to the host's mount namespace,
+//! which its user namespace does not own.
 //!
 //! Non-goals: sessions with a user or PID namespace, a network, a disk, a cgroup or a quota
 //! (their holder forks a supervisor; such an executor uses
@@ -280,7 +283,9 @@ fn enter_view(session: &SessionRequest) -> Result<(), ExecError> {
     let failed = |e: super::sys::StepError| ExecError::Session {
         message: format!("could not build the command view: {e}"),
     };
-    let prepared = view::prepare(&session.view, false, false).map_err(failed)?;
+    // In a user namespace of this process's own, device nodes can only be bound, not made.
+    let prepared =
+        view::prepare(&session.view, false, super::sys::in_own_user_namespace()).map_err(failed)?;
     let make = || {
         if crate::failpoint_fails!("oneshot.view_refused") {
             return Err(super::sys::StepError::new(

@@ -184,7 +184,7 @@ pub fn probe_namespaces(helper: &Path) -> Probe {
 
 /// The answer of [`probe_namespaces`], or the level [`assume_root_namespaces`] set.
 static NAMESPACES_PROBE: OnceLock<Probe> = OnceLock::new();
-/// Whether [`assume_root_namespaces`] set the level.
+/// Whether [`assume_root_namespaces`] or [`assume_own_namespaces`] set the level.
 static NAMESPACES_ASSUMED: AtomicBool = AtomicBool::new(false);
 
 /// For a root process that makes its commands' namespaces itself, in this process, and falls
@@ -204,8 +204,40 @@ pub fn assume_root_namespaces() -> bool {
     if !nix::unistd::geteuid().is_root() || !sys_admin() {
         return false;
     }
+    assume(Namespaces::Root)
+}
+
+/// For a process that is not root and makes its commands' namespaces itself, in this process,
+/// as a root one does ([`assume_root_namespaces`]; `podhost tool bash`): enters a user
+/// namespace of its own that maps its uid and gid to themselves
+/// ([`sys::enter_own_user_namespace`]), where it holds the capabilities to make a mount and an
+/// IPC namespace, without the probe's forks or a session holder. The level of
+/// [`probe_namespaces`] is then taken to be [`Namespaces::UsernsNoproc`] (a user, mount and
+/// IPC namespace: local use makes no PID namespace) and assumed, so that the kernel's refusal
+/// of the mount namespace is a fallback to Landlock alone, as for root. The command, run as the
+/// same uid, starts without a capability (an `execve` by a uid other than 0 keeps none).
+///
+/// Returns whether it was. Not for root, nor once the level was probed, nor in a process that
+/// has threads or is no longer dumpable (it could not write its id maps), nor where the kernel
+/// refuses the user namespace: then the probe decides, as before.
+pub fn assume_own_namespaces() -> bool {
+    let dumpable = nix::sys::prctl::get_dumpable().unwrap_or(false);
+    if nix::unistd::geteuid().is_root()
+        || NAMESPACES_PROBE.get().is_some()
+        || !dumpable
+        || !sys::single_threaded()
+        || sys::enter_own_user_namespace().is_err()
+    {
+        return false;
+    }
+    assume(Namespaces::UsernsNoproc)
+}
+
+/// Sets the level of [`probe_namespaces`] to `namespaces`, assumed rather than probed; whether
+/// it was (not once the level was probed).
+fn assume(namespaces: Namespaces) -> bool {
     let assumed = Probe {
-        namespaces: Namespaces::Root,
+        namespaces,
         refused: Vec::new(),
         network: false,
         disk: Err("not probed".to_owned()),
@@ -228,8 +260,8 @@ fn effective_capabilities(status: &str) -> Option<u64> {
 }
 
 /// Whether the namespaces level was assumed rather than probed (see
-/// [`assume_root_namespaces`]): then the kernel's refusal to make them is a fallback, not a
-/// fault.
+/// [`assume_root_namespaces`], [`assume_own_namespaces`]): then the kernel's refusal to make
+/// them is a fallback, not a fault.
 pub fn namespaces_assumed() -> bool {
     NAMESPACES_ASSUMED.load(Ordering::Relaxed)
 }

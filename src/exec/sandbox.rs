@@ -103,9 +103,14 @@ impl Sandbox {
                 (rules.view.clone(), confinement.local_namespaces())
             {
                 let helper = executor.config().supervisor.clone();
+                // Where this process makes the namespaces itself (root, or in a user namespace
+                // of its own: see `probe::assume_own_namespaces`), the view needs no user
+                // namespace of its own.
+                let makes_them_itself =
+                    namespaces == Namespaces::Root || crate::exec::sys::in_own_user_namespace();
                 let request = SessionRequest {
                     parent: std::process::id(),
-                    userns: (namespaces != Namespaces::Root).then(|| CommandUser {
+                    userns: (!makes_them_itself).then(|| CommandUser {
                         uid: nix::unistd::geteuid().as_raw(),
                         gid: nix::unistd::getegid().as_raw(),
                     }),

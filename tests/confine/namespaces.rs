@@ -595,9 +595,10 @@ fn an_unprivileged_podhost_isolates_in_a_user_namespace() {
 }
 
 /// An unprivileged `podhost tool bash` (nobody, no `--isolate`: local use) runs its command in
-/// the read-only system, inside a user namespace, wherever the kernel lets nobody make one: a
-/// file nobody owns outside the workspace keeps its mode and time, which Landlock alone would
-/// not keep. The kernel's answer comes from the probe helper run as nobody (`podhost-exec
+/// the read-only system, wherever the kernel lets nobody make a user namespace: a file nobody
+/// owns outside the workspace keeps its mode and time, which Landlock alone would not keep.
+/// podhost builds the view in its own process, in a user namespace of its own, and forks the
+/// command's supervisor from there; the command holds no capability. The kernel's answer comes from the probe helper run as nobody (`podhost-exec
 /// __probe namespaces`, a fresh process); where it makes none, the Landlock-only fallback is
 /// checked instead, and said so.
 #[test]
@@ -626,7 +627,8 @@ fn an_unprivileged_podhost_tool_runs_its_command_in_the_read_only_system() {
         &host.tool_args(),
         &json!({"command": format!(
             "f={0}; {{ chmod 777 $f; touch -d 2001-01-01 $f; echo x >> $f; }} 2>&1 \
-             | sed 's/^.*: //'; [ \"$(readlink /proc/self/ns/mnt)\" != '{1}' ] && echo own view",
+             | sed 's/^.*: //'; [ \"$(readlink /proc/self/ns/mnt)\" != '{1}' ] && echo own view; \
+             grep CapEff /proc/self/status; cat /proc/$(cut -d' ' -f4 /proc/$PPID/stat)/comm",
             owned.display(),
             ours.display()
         )}),
@@ -643,7 +645,11 @@ fn an_unprivileged_podhost_tool_runs_its_command_in_the_read_only_system() {
         // Landlock still refuses the write; nothing refuses the metadata changes.
         assert_eq!(
             crate::completed(&outcome),
-            &json!({"exitCode": 1, "stdout": "Permission denied\n", "stderr": ""})
+            &json!({
+                "exitCode": 0,
+                "stdout": "Permission denied\nCapEff:\t0000000000000000\npodhost\n",
+                "stderr": ""
+            })
         );
         return;
     }
@@ -651,7 +657,12 @@ fn an_unprivileged_podhost_tool_runs_its_command_in_the_read_only_system() {
         crate::completed(&outcome),
         &json!({
             "exitCode": 0,
-            "stdout": format!("{}own view\n", "Read-only file system\n".repeat(3)),
+            // Built by podhost itself, in a user namespace of its own (no session holder
+            // between it and the supervisor), and the command holds no capability in it.
+            "stdout": format!(
+                "{}own view\nCapEff:\t0000000000000000\npodhost\n",
+                "Read-only file system\n".repeat(3)
+            ),
             "stderr": ""
         }),
         "the probe found {probe}"

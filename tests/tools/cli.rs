@@ -160,62 +160,26 @@ fn installed(beside: &[&str]) -> (tempfile::TempDir, std::path::PathBuf) {
     (dir, podhost)
 }
 
-/// How the supervisor is started with the read-only system on: under a session holder where
-/// the kernel allows a mount namespace (the command's mount namespace is then not this
-/// process's), else on its own.
-fn read_only_verb() -> &'static str {
-    let out = Command::new(podhost_bin())
-        .args(["tool", "bash", "--input"])
-        .arg(json!({"command": "readlink /proc/self/ns/mnt"}).to_string())
-        .output()
-        .unwrap();
-    let theirs = stdout_json(&out)["output"]["stdout"]
-        .as_str()
-        .unwrap()
-        .trim()
-        .to_owned();
-    let ours = std::fs::read_link("/proc/self/ns/mnt").unwrap();
-    if theirs != ours.to_string_lossy() {
-        "__session"
-    } else {
-        println!("no mount namespace here: commands run without the read-only system");
-        "__exec"
-    }
-}
-
 /// `podhost tool bash`'s command runs under a supervisor forked from podhost (its command line
 /// podhost's), whether `podhost-exec` lies beside it or not, with the read-only system off or
-/// on (built in podhost's own process where it may make a mount namespace as root; a session
-/// holder's supervisor otherwise).
-fn expected_parent(podhost: &std::path::Path, dir: &std::path::Path, on: bool) -> String {
-    if on && read_only_verb() == "__session" && !nix::unistd::geteuid().is_root() {
-        return format!("{} __session ", dir.join("podhost-exec").display());
-    }
+/// on (which podhost builds in its own process, as root or in a user namespace of its own).
+fn expected_parent(podhost: &std::path::Path) -> String {
     format!("{} tool bash --workspace ", podhost.display())
 }
 
 #[test]
-fn commands_run_under_a_fork_of_podhost_tool_with_podhost_exec_beside_it() {
-    let (dir, podhost) = installed(&["podhost-full", "podhost-exec"]);
-    for (setting, on) in [("off", false), ("on", true)] {
-        let parent = supervisor_of_a_command(&podhost, setting);
-        let want = expected_parent(&podhost, dir.path(), on);
-        assert!(
-            parent.starts_with(&want),
-            "{setting}: {parent:?} vs {want:?}"
-        );
-    }
-}
-
-#[test]
-fn commands_run_under_a_fork_of_podhost_tool_without_podhost_exec() {
-    let (dir, podhost) = installed(&[]);
-    let parent = supervisor_of_a_command(&podhost, "off");
-    let want = expected_parent(&podhost, dir.path(), false);
-    assert!(parent.starts_with(&want), "{parent:?} vs {want:?}");
-    if nix::unistd::geteuid().is_root() {
-        let parent = supervisor_of_a_command(&podhost, "on");
-        assert!(parent.starts_with(&want), "{parent:?} vs {want:?}");
+fn commands_run_under_a_fork_of_podhost_tool_with_or_without_podhost_exec() {
+    let beside: [&[&str]; 2] = [&["podhost-full", "podhost-exec"], &[]];
+    for with in beside {
+        let (_dir, podhost) = installed(with);
+        for setting in ["off", "on"] {
+            let parent = supervisor_of_a_command(&podhost, setting);
+            let want = expected_parent(&podhost);
+            assert!(
+                parent.starts_with(&want),
+                "{with:?}, read-only system {setting}: {parent:?} vs {want:?}"
+            );
+        }
     }
 }
 
@@ -266,17 +230,7 @@ fn a_root_podhost_tool_falls_back_where_the_kernel_refuses_the_view() {
         .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
         .is_some_and(|caps| caps & (1 << 21) != 0);
     if !nix::unistd::geteuid().is_root() || !sys_admin {
-        println!(
-            "not root with CAP_SYS_ADMIN: podhost tool probes the namespaces as before (the \
-             fallback is such a root's); checked that the failpoints change nothing"
-        );
-        for f in ["oneshot.view_refused=fail", "oneshot.view_fails=fail"] {
-            assert_eq!(
-                mount_namespace_of_a_command(Some(f)) == ours,
-                normal == ours,
-                "{f}"
-            );
-        }
+        not_root_falls_back(&ours, &normal);
         return;
     }
     if normal == ours {
@@ -289,6 +243,42 @@ fn a_root_podhost_tool_falls_back_where_the_kernel_refuses_the_view() {
             "{f}: the command runs in podhost's own namespace"
         );
     }
+}
+
+/// The fallback of a podhost tool that is not root with CAP_SYS_ADMIN: it makes its command's
+/// namespaces in a user namespace of its own where the kernel gives one. Refused at once, the
+/// command runs without the read-only system; a step of the view refused once the mount
+/// namespace is made cannot be undone there (podhost's user namespace does not own the host's
+/// mount namespace, so it cannot go back), and the call fails, saying so.
+fn not_root_falls_back(ours: &str, normal: &str) {
+    assert_eq!(
+        mount_namespace_of_a_command(Some("oneshot.view_refused=fail")),
+        ours,
+        "refused at once: the command runs in podhost's own namespace"
+    );
+    if normal == ours {
+        println!("no user namespace for this user here: the fallback is the normal path");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(podhost_bin())
+        .env("PODHOST_FAILPOINTS", "oneshot.view_fails=fail")
+        .args(["tool", "bash", "--workspace"])
+        .arg(dir.path())
+        .args(["--input", r#"{"command":"true"}"#])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    assert!(
+        stderr.contains(
+            "could not build the command view (build the view (the failpoint \
+             oneshot.view_fails): Function not implemented (os error 38)), nor return to \
+             podhost's namespaces"
+        ),
+        "{stderr}"
+    );
 }
 
 /// `podhost` hands every command but `tool` to `podhost-full` beside it, by `exec`: the same

@@ -242,6 +242,14 @@ impl Default for Settings {
     }
 }
 
+impl Settings {
+    /// Whether commands get local use's read-only system where the kernel allows it (not
+    /// isolated, the read-only system on, namespaces not turned off).
+    pub fn local_view_wanted(&self) -> bool {
+        !self.isolate && self.read_only_system && self.namespaces
+    }
+}
+
 /// The Landlock ABI of the running kernel (0 without Landlock), asked once.
 #[allow(unsafe_code)]
 pub fn kernel_abi() -> u8 {
@@ -309,7 +317,8 @@ impl Confinement {
         let isolation = settings
             .isolate
             .then(|| Arc::new(Isolation::find(settings)));
-        let local_view = (!settings.isolate && settings.read_only_system && settings.namespaces)
+        let local_view = settings
+            .local_view_wanted()
             .then(|| Isolation::local_namespaces(settings))
             .flatten();
         let mut c = Confinement {
