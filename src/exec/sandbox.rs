@@ -103,11 +103,12 @@ impl Sandbox {
                 (rules.view.clone(), confinement.local_namespaces())
             {
                 let helper = executor.config().supervisor.clone();
-                // Where this process makes the namespaces itself (root, or in a user namespace
-                // of its own: see `probe::assume_own_namespaces`), the view needs no user
-                // namespace of its own.
-                let makes_them_itself =
-                    namespaces == Namespaces::Root || crate::exec::sys::in_own_user_namespace();
+                // Where this process makes the namespaces itself (root, or a one-shot call in a
+                // user namespace of its own: see `probe::assume_own_namespaces`), the view needs
+                // no user namespace of its own.
+                let makes_them_itself = namespaces == Namespaces::Root
+                    || (crate::exec::sys::in_own_user_namespace()
+                        && crate::exec::probe::namespaces_assumed());
                 let request = SessionRequest {
                     parent: std::process::id(),
                     userns: (!makes_them_itself).then(|| CommandUser {
