@@ -315,15 +315,29 @@ fn enter_view(session: &SessionRequest) -> Result<(), ExecError> {
             "no read-only system for the command: {e}; Landlock alone confines its writes"
         );
     };
-    let home = Home::here().map_err(|e| ExecError::Session {
-        message: format!("could not note this process's namespaces: {e}"),
-    })?;
+    // In a user namespace of its own, this process could not go back to the host's mount
+    // namespace, which that user namespace does not own: nothing to note.
+    let home = if super::sys::in_own_user_namespace() {
+        None
+    } else {
+        Some(Home::here().map_err(|e| ExecError::Session {
+            message: format!("could not note this process's namespaces: {e}"),
+        })?)
+    };
     // Refused at once: nothing changed.
     if let Err(e) = make() {
         refused(e);
         return Ok(());
     }
     if let Err(e) = build() {
+        let Some(home) = home else {
+            return Err(ExecError::Session {
+                message: format!(
+                    "could not build the command view ({e}); in a user namespace of its own, \
+                     podhost cannot return to the host's mount namespace"
+                ),
+            });
+        };
         home.go_back().map_err(|back| ExecError::Session {
             message: format!(
                 "could not build the command view ({e}), nor return to podhost's namespaces: \

@@ -674,6 +674,41 @@ fn an_unprivileged_podhost_tool_runs_its_command_in_the_read_only_system() {
     );
 }
 
+/// The same from a working directory nobody may not even search (a root-owned `0700`
+/// directory): podhost notes nothing of its own namespaces to go back to there, so it needs no
+/// access to where it was started; the command still starts in its workspace, in the view.
+#[test]
+fn an_unprivileged_podhost_tool_started_where_it_cannot_look_still_runs_its_command() {
+    let _nobody = crate::nobody_lock();
+    let host = Host::new();
+    let podhost = host.open_to_everyone();
+    let closed = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(closed.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    // Started there as root, then nobody (util-linux's setpriv): nobody could not enter it.
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&podhost)
+        .args(["tool", "bash"])
+        .args(host.tool_args())
+        .arg("--input")
+        .arg(json!({"command": "pwd; touch made && echo made"}).to_string())
+        .current_dir(closed.path())
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let outcome: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        crate::completed(&outcome),
+        &json!({
+            "exitCode": 0,
+            "stdout": format!("{}\nmade\n", host.ws.display()),
+            "stderr": ""
+        })
+    );
+}
+
 /// A command past the session's memory limit is killed by the kernel (root or not), and the
 /// outcome says which limit it met.
 #[tokio::test]

@@ -274,8 +274,8 @@ fn not_root_falls_back(ours: &str, normal: &str) {
     assert!(
         stderr.contains(
             "could not build the command view (build the view (the failpoint \
-             oneshot.view_fails): Function not implemented (os error 38)), nor return to \
-             podhost's namespaces"
+             oneshot.view_fails): Function not implemented (os error 38)); in a user namespace \
+             of its own, podhost cannot return to the host's mount namespace"
         ),
         "{stderr}"
     );
