@@ -53,7 +53,9 @@ impl Cli {
     /// names the variable; `--help` and `--version` are errors too, as with clap.
     pub fn parse_args(args: Vec<std::ffi::OsString>) -> Result<Cli, ParseError> {
         if args.get(1).is_some_and(|a| a == "tool") {
-            return Cli::parse_tool(&args);
+            return Cli::parse_tool(&args).map(|tool| Cli {
+                command: Command::Tool(tool),
+            });
         }
         let command = command();
         let matches = command
@@ -76,7 +78,7 @@ impl Cli {
     /// command line costs a one-shot call more than its command), with the same names, help and
     /// errors as in the whole tree. `args[1]` is `tool`. The `podhost` binary calls this alone,
     /// so the rest of the tree is not even linked into it.
-    pub fn parse_tool(args: &[std::ffi::OsString]) -> Result<Cli, ParseError> {
+    pub fn parse_tool(args: &[std::ffi::OsString]) -> Result<ToolArgs, ParseError> {
         let command = shaped(ToolCli::command());
         let matches = command
             .clone()
@@ -85,9 +87,7 @@ impl Cli {
         let ToolCli {
             command: ToolOnly::Tool(tool),
         } = ToolCli::from_arg_matches(&matches).map_err(|e| ParseError::new(e, &command, args))?;
-        Ok(Cli {
-            command: Command::Tool(tool),
-        })
+        Ok(tool)
     }
 }
 

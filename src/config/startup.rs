@@ -8,7 +8,7 @@
 
 use std::ffi::OsString;
 
-use super::{Cli, Command, ToolArgs};
+use super::{Cli, ToolArgs};
 use crate::exec;
 use crate::floor::codes::exit;
 use crate::floor::text::error_chain;
@@ -19,10 +19,7 @@ use crate::tools::ToolName;
 /// `tool` subcommand built ([`Cli::parse_tool`]). The exit code.
 pub fn tool(args: &[OsString]) -> i32 {
     match Cli::parse_tool(args) {
-        Ok(Cli {
-            command: Command::Tool(tool),
-        }) => run_tool(&tool),
-        Ok(_) => exit::USAGE,
+        Ok(tool) => run_tool(&tool),
         Err(e) => e.exit(),
     }
 }

@@ -514,6 +514,18 @@ async fn commands_hold_no_capabilities_and_the_file_tools_share_their_uid() {
     );
 }
 
+/// A file nobody owns, in a directory outside the workspace and outside `/tmp` (which a pod's
+/// commands, and so `--isolate` without `--tmp-dir`, may write); the directory lives as long as
+/// the returned guard.
+fn nobodys_file_elsewhere() -> (tempfile::TempDir, std::path::PathBuf) {
+    let outside = elsewhere();
+    std::fs::set_permissions(outside.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let owned = outside.path().join("nobodys.txt");
+    std::fs::write(&owned, "mine").unwrap();
+    std::os::unix::fs::chown(&owned, Some(crate::NOBODY), Some(crate::NOBODY)).unwrap();
+    (outside, owned)
+}
+
 /// An unprivileged podhost (nobody) makes the same view inside a user namespace: a file the
 /// command's own uid owns outside the workspace still cannot be changed, nor can podhost's own
 /// data directory (which that uid owns too: DAC alone would allow it), which is an empty mount,
@@ -532,12 +544,7 @@ fn an_unprivileged_podhost_isolates_in_a_user_namespace() {
         let m = std::fs::metadata(&host.data).unwrap();
         (m.mode(), m.uid(), m.mtime())
     };
-    // Outside /tmp, which a pod's commands (and so `--isolate` without `--tmp-dir`) may write.
-    let outside = elsewhere();
-    std::fs::set_permissions(outside.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let owned = outside.path().join("nobodys.txt");
-    std::fs::write(&owned, "mine").unwrap();
-    std::os::unix::fs::chown(&owned, Some(crate::NOBODY), Some(crate::NOBODY)).unwrap();
+    let (_outside, owned) = nobodys_file_elsewhere();
     let mut args: Vec<OsString> = vec!["--workspace".into(), host.ws.clone().into()];
     for p in [&host.harness, &host.join, &host.data] {
         args.extend(["--confine-deny".into(), p.clone().into()]);
@@ -598,20 +605,16 @@ fn an_unprivileged_podhost_isolates_in_a_user_namespace() {
 /// the read-only system, wherever the kernel lets nobody make a user namespace: a file nobody
 /// owns outside the workspace keeps its mode and time, which Landlock alone would not keep.
 /// podhost builds the view in its own process, in a user namespace of its own, and forks the
-/// command's supervisor from there; the command holds no capability. The kernel's answer comes from the probe helper run as nobody (`podhost-exec
-/// __probe namespaces`, a fresh process); where it makes none, the Landlock-only fallback is
-/// checked instead, and said so.
+/// command's supervisor from there; the command holds no capability. The kernel's answer comes
+/// from the probe helper run as nobody (`podhost-exec __probe namespaces`, a fresh process);
+/// where it makes none, the Landlock-only fallback is checked instead, and said so.
 #[test]
 fn an_unprivileged_podhost_tool_runs_its_command_in_the_read_only_system() {
     use std::os::unix::process::CommandExt;
     let _nobody = crate::nobody_lock();
     let host = Host::new();
     let podhost = host.open_to_everyone();
-    let outside = elsewhere();
-    std::fs::set_permissions(outside.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let owned = outside.path().join("nobodys.txt");
-    std::fs::write(&owned, "mine").unwrap();
-    std::os::unix::fs::chown(&owned, Some(crate::NOBODY), Some(crate::NOBODY)).unwrap();
+    let (_outside, owned) = nobodys_file_elsewhere();
     let before = std::fs::metadata(&owned).unwrap();
     let probe = std::process::Command::new(podhost.with_file_name("podhost-exec"))
         .args(["__probe", "namespaces"])

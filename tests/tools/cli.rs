@@ -128,9 +128,8 @@ fn a_missing_workspace_is_refused() {
 }
 
 /// The command line of the process that ran a `podhost tool bash` command (its supervisor), as
-/// the command sees it, with `podhost` run from `bin`: `__exec`, podhost's child; or, with the
-/// read-only system where the kernel allows a mount namespace, `__session`, forked by the
-/// session holder that built the namespace (both the same supervisor binary).
+/// the command sees it, with `podhost` run from `bin` and the read-only system `read_only`
+/// (`on`, `off`).
 fn supervisor_of_a_command(bin: &std::path::Path, read_only: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(bin)
