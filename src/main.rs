@@ -5,10 +5,12 @@
 //! thousands: much of its cost is the start of the binary itself. The dynamic loader relocates
 //! every pointer in a program's read-only data before `main`, each page of them a copy-on-write
 //! fault: about 40,000 pointers in the whole program (its servers, clients and store), 18,000
-//! here, where only the tools, their confinement and the command supervisor are. This binary
-//! starts with half the page faults, in about 0.7× the time, and a `podhost tool bash` call
-//! costs about 0.8× what it costs from the whole program (`cargo bench --bench tools process`
-//! measures the two in one loop).
+//! here, where only the tools, their confinement and the command supervisor are. This binary is
+//! also linked statically, as a position-independent executable (`.cargo/link-podhost`): no
+//! loader and no shared library to map or resolve (it still relocates its own pointers, to load
+//! at a random address), and the command's supervisor, a fork of it, copies and tears down fewer
+//! mappings. `cargo bench --bench tools process` measures a
+//! `podhost tool bash` call from here against one from the whole program in the same loop.
 //!
 //! ```text
 //! podhost tool …      → runs here (config::startup::tool)

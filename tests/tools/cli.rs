@@ -421,3 +421,49 @@ fn without_podhost_full_podhost_says_where_it_looked_and_tool_still_runs() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     assert_eq!(stdout_json(&out)["kind"], "completed", "{out:?}");
 }
+
+/// Whether the ELF executable at `path` names a program interpreter (the dynamic loader), and
+/// whether it is position-independent (`ET_DYN`). x86-64 and aarch64 are little-endian ELF64.
+fn elf_interpreter_and_pie(path: &std::path::Path) -> (bool, bool) {
+    let elf = std::fs::read(path).unwrap();
+    assert_eq!(
+        &elf[..5],
+        b"\x7fELF\x02",
+        "{} is a 64-bit ELF",
+        path.display()
+    );
+    let u16_at = |o: usize| u16::from_le_bytes(elf[o..o + 2].try_into().unwrap());
+    let u32_at = |o: usize| u32::from_le_bytes(elf[o..o + 4].try_into().unwrap());
+    let u64_at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().unwrap());
+    const ET_DYN: u16 = 3;
+    const PT_INTERP: u32 = 3;
+    let (phoff, phentsize, phnum) = (u64_at(0x20) as usize, u16_at(0x36), u16_at(0x38));
+    let interp =
+        (0..usize::from(phnum)).any(|i| u32_at(phoff + i * usize::from(phentsize)) == PT_INTERP);
+    (interp, u16_at(0x10) == ET_DYN)
+}
+
+/// `podhost` (the front that runs `podhost tool`) is linked static and position-independent by
+/// `.cargo/link-podhost`: no dynamic loader, no shared libraries to map and relocate at each
+/// start, still loaded at a random address. `podhost-full` stays dynamic (its DNS and user
+/// lookups go through the host's NSS modules).
+#[test]
+fn podhost_is_a_static_pie_and_podhost_full_is_dynamic() {
+    assert_eq!(
+        elf_interpreter_and_pie(podhost_bin()),
+        (false, true),
+        "podhost: (has an interpreter, is position-independent); .cargo/link-podhost did not \
+         make it a static PIE"
+    );
+    assert_eq!(
+        elf_interpreter_and_pie(full_bin()),
+        (true, true),
+        "podhost-full"
+    );
+    let out = tool(
+        tempfile::tempdir().unwrap().path(),
+        &["bash", "--input", r#"{"command":"echo static"}"#],
+        None,
+    );
+    assert_eq!(stdout_json(&out)["output"]["stdout"], "static\n", "{out:?}");
+}
