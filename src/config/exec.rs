@@ -44,6 +44,40 @@ pub struct ExecArgs {
     pub confine: ConfineArgs,
 }
 
+impl ExecArgs {
+    /// What clap makes of these flags when none is given and none of their variables is set
+    /// (for `ToolArgs::plain`; a test holds the two to the same values).
+    pub(super) fn defaults() -> ExecArgs {
+        ExecArgs {
+            limit_open_files: 4096,
+            limit_processes: 4096,
+            limit_file_size_mb: 8192,
+            limit_cpu_seconds: 0,
+            limit_memory_mb: 8192,
+            cpu_weight: 100,
+            shell: None,
+            confine: ConfineArgs {
+                confine: true,
+                require_confinement: false,
+                deny_network: false,
+                confine_deny: Vec::new(),
+                tmp_dir: None,
+                command_user: None,
+                namespaces: true,
+                session_network: true,
+                session_allow_networks: Vec::new(),
+                read_only_system: true,
+                uid_pool: UidRange {
+                    first: 400_000,
+                    last: 465_535,
+                },
+                landlock_abi_max: None,
+                isolate: false,
+            },
+        }
+    }
+}
+
 /// Background processes (`bash` with `run_in_background`, `bash_output`, `bash_kill`): `serve`,
 /// `run` and `mcp` offer them, a pod never does.
 #[derive(Clone, Debug, Args)]

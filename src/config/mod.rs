@@ -76,9 +76,13 @@ impl Cli {
 impl Cli {
     /// `podhost tool …`: only the `tool` subcommand is built and parsed (building the whole
     /// command line costs a one-shot call more than its command), with the same names, help and
-    /// errors as in the whole tree. `args[1]` is `tool`. The `podhost` binary calls this alone,
-    /// so the rest of the tree is not even linked into it.
+    /// errors as in the whole tree; the plainest calls skip even that ([`ToolArgs::plain`]).
+    /// `args[1]` is `tool`. The `podhost` binary calls this alone, so the rest of the tree is
+    /// not even linked into it.
     pub fn parse_tool(args: &[std::ffi::OsString]) -> Result<ToolArgs, ParseError> {
+        if let Some(tool) = ToolArgs::plain(args, |name| std::env::var_os(name).is_some()) {
+            return Ok(tool);
+        }
         let command = shaped(ToolCli::command());
         let matches = command
             .clone()
@@ -360,6 +364,106 @@ mod tests {
             panic!("not tool")
         };
         assert_eq!((tool.name.as_str(), tool.input.as_str()), ("read", "{}"));
+    }
+
+    /// The command lines `ToolArgs::plain` takes become what clap makes of them, field for
+    /// field; any other is left to clap, as is every one while a variable of the subcommand's
+    /// is set.
+    #[test]
+    fn the_plainest_tool_command_lines_skip_clap_and_get_what_clap_gives() {
+        let set: Vec<_> = local::TOOL_ENV
+            .iter()
+            .filter(|v| std::env::var_os(v).is_some())
+            .collect();
+        assert!(
+            set.is_empty(),
+            "this test compares against clap with {set:?} unset"
+        );
+        let by_clap = |line: &[&str]| {
+            let matches = ToolCli::command().try_get_matches_from(args(line)).unwrap();
+            let ToolCli {
+                command: ToolOnly::Tool(tool),
+            } = ToolCli::from_arg_matches(&matches).unwrap();
+            format!("{tool:?}")
+        };
+        let mut plain_lines: Vec<Vec<&str>> = crate::tools::ToolName::ALL
+            .iter()
+            .map(|n| vec!["podhost", "tool", n.as_str(), "--input", r#"{"a":1}"#])
+            .collect();
+        plain_lines.extend([
+            vec!["podhost", "tool", "bash", r#"--input={"command":"x=1"}"#],
+            vec!["podhost", "tool", "read", "--input", "-"],
+            vec![
+                "podhost",
+                "tool",
+                "glob",
+                "--workspace",
+                "/w",
+                "--input",
+                "{}",
+            ],
+            vec![
+                "podhost",
+                "tool",
+                "grep",
+                "--input",
+                "{}",
+                "--workspace=rel/dir",
+            ],
+            vec!["podhost", "tool", "write", "--input=--not-a-flag"],
+        ]);
+        for line in &plain_lines {
+            let plain = ToolArgs::plain(&args(line), |_| false)
+                .unwrap_or_else(|| panic!("{line:?} is plain"));
+            assert_eq!(format!("{plain:?}"), by_clap(line), "{line:?}");
+            let with_env = ToolArgs::plain(&args(line), |v| v == "PODHOST_SHELL");
+            assert!(with_env.is_none(), "{line:?} with PODHOST_SHELL set");
+        }
+        for line in [
+            &["podhost", "tool", "bash"][..],
+            &["podhost", "tool", "bash", "--input"],
+            &["podhost", "tool", "bash", "--input", "{}", "--input", "{}"],
+            &["podhost", "tool", "bash", "--input", "-x"],
+            &["podhost", "tool", "bash", "--input="],
+            &["podhost", "tool", "bash", "--input", "{}", "--bogus", "x"],
+            &["podhost", "tool", "bash", "--input", "{}", "extra"],
+            &["podhost", "tool", "bash", "--input", "{}", "--", "x"],
+            &["podhost", "tool", "bash", "--workspace", "/w"],
+            &["podhost", "tool", "Bash", "--input", "{}"],
+            &["podhost", "tool", "--input", "{}", "bash"],
+            &[
+                "podhost",
+                "tool",
+                "bash",
+                "--input",
+                "{}",
+                "--limit-open-files",
+                "9",
+            ],
+            &["podhost", "run", "bash", "--input", "{}"],
+        ] {
+            assert!(
+                ToolArgs::plain(&args(line), |_| false).is_none(),
+                "{line:?}"
+            );
+        }
+    }
+
+    /// `TOOL_ENV` is every variable the `tool` subcommand's flags read, and nothing else.
+    #[test]
+    fn the_plain_tool_path_knows_every_variable_of_the_tool_subcommand() {
+        let mut command = ToolCli::command();
+        command.build();
+        let tool = command.find_subcommand("tool").unwrap();
+        let mut read: Vec<String> = tool
+            .get_arguments()
+            .filter_map(|a| a.get_env())
+            .map(|v| v.to_string_lossy().into_owned())
+            .collect();
+        read.sort();
+        let mut known: Vec<String> = local::TOOL_ENV.iter().map(|v| v.to_string()).collect();
+        known.sort();
+        assert_eq!(known, read);
     }
 
     #[test]

@@ -62,18 +62,32 @@ pub fn run_tool(args: &ToolArgs) -> i32 {
 /// Logs to stderr: JSON lines with every field at the top level when `PODHOST_LOG_FORMAT=json`
 /// (pods), text otherwise; filtered by `RUST_LOG` (default `info`). A filter or format that
 /// cannot be used is warned about, once logging runs, and the default used instead.
+///
+/// The default filter is a plain table of levels: `RUST_LOG`'s directives are parsed with
+/// regular expressions compiled at the first use, a cost every `podhost tool` call would pay.
 pub fn init_tracing() {
+    use tracing_subscriber::filter::{EnvFilter, LevelFilter, Targets};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{Layer, fmt};
     let mut warnings = Vec::new();
-    let filter = match std::env::var("RUST_LOG") {
-        Ok(spec) if !spec.trim().is_empty() => tracing_subscriber::EnvFilter::try_new(&spec)
-            .unwrap_or_else(|e| {
+    // rmcp reports every session at `info`; podhost says what matters itself.
+    let default = || {
+        Targets::new()
+            .with_default(LevelFilter::INFO)
+            .with_target("rmcp", LevelFilter::WARN)
+    };
+    let (env_filter, targets) = match std::env::var("RUST_LOG") {
+        Ok(spec) if !spec.trim().is_empty() => match EnvFilter::try_new(&spec) {
+            Ok(filter) => (Some(filter), None),
+            Err(e) => {
                 warnings.push(format!(
                     "RUST_LOG {spec:?} is not a valid log filter ({e}); logging at info"
                 ));
-                tracing_subscriber::EnvFilter::new("info,rmcp=warn")
-            }),
-        // rmcp reports every session at `info`; podhost says what matters itself.
-        _ => tracing_subscriber::EnvFilter::new("info,rmcp=warn"),
+                (None, Some(default()))
+            }
+        },
+        _ => (None, Some(default())),
     };
     let json = match std::env::var("PODHOST_LOG_FORMAT") {
         Ok(f) if f == "json" => true,
@@ -86,15 +100,19 @@ pub fn init_tracing() {
         }
         Err(_) => false,
     };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let layer = fmt::layer()
         .with_ansi(!json && std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
-    if json {
-        builder.json().flatten_event(true).init();
+    let layer = if json {
+        layer.json().flatten_event(true).boxed()
     } else {
-        builder.init();
-    }
+        layer.boxed()
+    };
+    tracing_subscriber::registry()
+        .with(env_filter)
+        .with(targets)
+        .with(layer)
+        .init();
     for w in warnings {
         tracing::warn!("{w}");
     }
