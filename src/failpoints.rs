@@ -2,7 +2,7 @@
 //! to check what survives a crash or a full disk there.
 //!
 //! Owns: the list of every failpoint ([`POD`], [`SERVE`], [`POD_TOOL_GATE`], [`COMPACTION`],
-//! [`STORE`], [`SANDBOX`], [`RUN`]), the `PODHOST_FAILPOINTS`
+//! [`STORE`], [`SANDBOX`], [`PROBE`], [`RUN`]), the `PODHOST_FAILPOINTS`
 //! configuration, and the [`failpoint!`](crate::failpoint) and
 //! [`failpoint_fails!`](crate::failpoint_fails) macros placed at each boundary.
 //!
@@ -68,6 +68,10 @@ pub const SANDBOX: &[&str] = &[
     "oneshot.view_refused",
     "oneshot.view_fails",
 ];
+
+/// The probe of the namespaces commands may get (`kill` there shows which calls probe): a
+/// `podhost tool` call that runs no command must not.
+pub const PROBE: &[&str] = &["probe.namespaces"];
 
 /// Faults of `podhost run`'s own tasks: its progress task is scheduled late (it waits a moment
 /// between reading a model call's byte count and reporting it), as a loaded machine may.
@@ -158,6 +162,7 @@ mod armed {
             .chain(super::COMPACTION)
             .chain(super::STORE)
             .chain(super::SANDBOX)
+            .chain(super::PROBE)
             .chain(super::RUN)
             .any(|n| *n == name);
         if !known {

@@ -27,8 +27,14 @@ pub fn tool(args: &[OsString]) -> i32 {
 /// `podhost tool` with its command line parsed: logging and hardened like every front, then
 /// the call ([`crate::local::tool::main`]).
 pub fn run_tool(args: &ToolArgs) -> i32 {
-    let config = args.config();
+    let mut config = args.config();
     init_tracing();
+    // The read-only system is a view for commands; the file tools run in this process, under
+    // Landlock. A call that runs no command has no use for one, nor for the probe of the
+    // namespaces it would need (forks and throw-away namespaces: most of such a call's time).
+    if config.name != ToolName::Bash {
+        config.exec.confine.read_only_system = false;
+    }
     // `podhost tool bash` makes its command's namespaces itself and falls back where the kernel
     // refuses them: the probe's forks and namespaces, or a session holder, would be on the
     // command's path. As root with CAP_SYS_ADMIN (see exec::probe::assume_root_namespaces);

@@ -172,6 +172,7 @@ pub fn probe_host(helper: &Path) -> Probe {
 pub fn probe_namespaces(helper: &Path) -> Probe {
     NAMESPACES_PROBE
         .get_or_init(|| {
+            crate::failpoint!("probe.namespaces");
             let dumpable = nix::sys::prctl::get_dumpable().unwrap_or(false);
             if dumpable && sys::single_threaded() {
                 run_namespaces()

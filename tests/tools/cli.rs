@@ -467,3 +467,50 @@ fn podhost_is_a_static_pie_and_podhost_full_is_dynamic() {
     );
     assert_eq!(stdout_json(&out)["output"]["stdout"], "static\n", "{out:?}");
 }
+
+/// A call that runs no command never probes the namespaces a command would get (that probe's
+/// forks and throw-away namespaces were most of a file tool call's time): with the probe made to
+/// kill podhost, every file tool still answers. `podhost mcp`, whose commands may run in them,
+/// does probe: the same failpoint kills it, so the failpoint is on the probe's path.
+#[test]
+fn only_calls_that_run_a_command_probe_the_namespaces() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.txt"), "one\ntwo\n").unwrap();
+    let calls = [
+        ("read", json!({"path": "a.txt"})),
+        ("grep", json!({"pattern": "two"})),
+        ("glob", json!({"pattern": "*.txt"})),
+        ("write", json!({"path": "b.txt", "content": "b\n"})),
+        (
+            "edit",
+            json!({"path": "b.txt", "old_string": "b", "new_string": "c"}),
+        ),
+    ];
+    for (name, input) in calls {
+        let out = Command::new(podhost_bin())
+            .args(["tool", name, "--input", &input.to_string(), "--workspace"])
+            .arg(dir.path())
+            .env("PODHOST_FAILPOINTS", "probe.namespaces=kill")
+            .env_remove("PODHOST_WORKSPACE")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{name}: {out:?}");
+        assert_eq!(stdout_json(&out)["kind"], "completed", "{name}: {out:?}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("b.txt")).unwrap(),
+        "c\n"
+    );
+    let mcp = Command::new(podhost_bin())
+        .args(["mcp", "--workspace"])
+        .arg(dir.path())
+        .env("PODHOST_FAILPOINTS", "probe.namespaces=kill")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(mcp.signal(), Some(libc::SIGKILL), "podhost mcp: {mcp:?}");
+}
