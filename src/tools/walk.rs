@@ -2,7 +2,8 @@
 //!
 //! Owns: the search root a call names ([`SearchRoot`]), one ignore policy for both tools, the
 //! parallel walk (ripgrep's `ignore` crate, one visitor per thread, no sorting, a quit that stops
-//! every thread), and [`PathGlob`].
+//! every thread; a tree of a few hundred entries is walked on the caller's thread instead), and
+//! [`PathGlob`].
 //!
 //! Invariants:
 //! * Ignore files are honoured from the allowed root down, never from above it: the workspace is
@@ -205,12 +206,14 @@ impl Walk<'_> {
             cancelled: AtomicBool::new(false),
             visitors: Mutex::new(Vec::new()),
         };
-        builder.build_parallel().visit(&mut Workers {
-            make,
-            state: &state,
-            cancel,
-            target_depth,
-        });
+        if !self.small(&builder, &state, cancel, make, target_depth) {
+            builder.build_parallel().visit(&mut Workers {
+                make,
+                state: &state,
+                cancel,
+                target_depth,
+            });
+        }
         let ended = if state.cancelled.load(Ordering::Relaxed) || cancel.is_cancelled() {
             Ended::Cancelled
         } else if state.quit.load(Ordering::Relaxed) {
@@ -228,6 +231,56 @@ impl Walk<'_> {
         }
     }
 }
+
+impl Walk<'_> {
+    /// Walks a small tree on this thread, with one visitor: true when the tree had at most
+    /// [`SMALL_WALK`] entries (or the walk was cancelled meanwhile) and `state` holds the
+    /// outcome; false, having visited nothing, when it has more (the caller walks it in
+    /// parallel, from the start). The parallel walk's threads cost a small tree more than its
+    /// entries do, and it ends only once every idle thread wakes from its millisecond's nap:
+    /// most of a `glob` or `grep` call in a workspace of a few files.
+    fn small<V, F>(
+        &self,
+        builder: &WalkBuilder,
+        state: &RunState<V>,
+        cancel: &CancellationToken,
+        make: &F,
+        target_depth: usize,
+    ) -> bool
+    where
+        V: FileVisitor,
+        F: Fn() -> V + Sync,
+    {
+        let mut entries = Vec::new();
+        for entry in builder.build() {
+            if cancel.is_cancelled() {
+                state.cancelled.store(true, Ordering::Relaxed);
+                return true;
+            }
+            if entries.len() == SMALL_WALK {
+                return false;
+            }
+            entries.push(entry);
+        }
+        let mut worker = Worker {
+            visitor: Some(make()),
+            state,
+            cancel,
+            target_depth,
+        };
+        for entry in entries {
+            if let WalkState::Quit = worker.visit(entry) {
+                break;
+            }
+        }
+        true
+    }
+}
+
+/// The most entries (files, directories, links) a walk takes on its own thread before it
+/// walks in parallel instead (see [`Walk::small`]): a few hundred microseconds of walking at
+/// most, done again when the tree turns out bigger.
+const SMALL_WALK: usize = 512;
 
 /// Whether the walk descends into (or reports) `e`: never `.git`; above the target, only the
 /// directories on the way to it.
@@ -459,6 +512,53 @@ mod tests {
             .collect();
         want.sort();
         assert_eq!(files, want);
+    }
+
+    /// The same files whichever way the tree is walked: on the caller's thread (one visitor)
+    /// below `SMALL_WALK` entries, in parallel past it; ignore files and a hidden file alike.
+    #[test]
+    fn small_trees_are_walked_on_one_thread_and_big_ones_in_parallel_alike() {
+        for files in [40, SMALL_WALK * 3] {
+            let dir = tree(files);
+            std::fs::write(dir.path().join(".gitignore"), "d1/\n*.log\n").unwrap();
+            std::fs::write(dir.path().join(".hidden"), "x").unwrap();
+            std::fs::write(dir.path().join("d2/skip.log"), "x").unwrap();
+            let w = Walk {
+                base: dir.path(),
+                target: dir.path(),
+                include_ignored: false,
+            };
+            let (ended, visitors) = w.visit(&CancellationToken::new(), || Seen {
+                files: Vec::new(),
+                on_first: &|| Flow::Continue,
+            });
+            assert_eq!(ended, Ended::Finished);
+            if files < SMALL_WALK {
+                assert_eq!(visitors.len(), 1, "a small tree is walked by one visitor");
+            }
+            let mut seen: Vec<PathBuf> = visitors.into_iter().flat_map(|v| v.files).collect();
+            seen.sort();
+            let mut want: Vec<PathBuf> = (0..files)
+                .filter(|i| i % 10 != 1)
+                .map(|i| dir.path().join(format!("d{}/f{i}", i % 10)))
+                .chain([".gitignore", ".hidden"].map(|f| dir.path().join(f)))
+                .collect();
+            want.sort();
+            assert_eq!(seen, want, "{files} files");
+        }
+    }
+
+    #[test]
+    fn a_quit_or_a_cancel_stops_a_small_walk_too() {
+        let dir = tree(50);
+        let (ended, files) = walk(dir.path(), &CancellationToken::new(), &|| Flow::Quit);
+        assert_eq!((ended, files.len()), (Ended::Quit, 1));
+        let cancel = CancellationToken::new();
+        let (ended, files) = walk(dir.path(), &cancel, &|| {
+            cancel.cancel();
+            Flow::Continue
+        });
+        assert_eq!((ended, files.len()), (Ended::Cancelled, 1));
     }
 
     #[test]
