@@ -146,7 +146,7 @@ struct TempFile {
 impl TempFile {
     fn create(dir: &Path) -> io::Result<Self> {
         // A short name: the target's name may already be near the file system's limit.
-        let path = dir.join(format!(".podhost-{}.tmp", uuid::Uuid::new_v4().simple()));
+        let path = dir.join(format!(".podhost-{:016x}.tmp", unguessable()));
         let file = OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -165,6 +165,15 @@ impl TempFile {
     }
 }
 
+/// 64 bits nobody can predict, for a temporary file's name: from the keys std draws for its
+/// hash tables (the `getrandom` system call, made directly), so that naming a file needs no
+/// random-number crate, whose fallback to opening `/dev/urandom` the file tools' Landlock domain
+/// refuses. `create_new` refuses a name that exists either way.
+fn unguessable() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::process::id())
+}
+
 impl Drop for TempFile {
     fn drop(&mut self) {
         if !self.kept {
@@ -177,6 +186,16 @@ impl Drop for TempFile {
 mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
+
+    #[test]
+    fn temporary_names_differ_call_to_call_and_thread_to_thread() {
+        let here: Vec<u64> = (0..100).map(|_| unguessable()).collect();
+        let there = std::thread::spawn(|| (0..100).map(|_| unguessable()).collect::<Vec<_>>())
+            .join()
+            .unwrap();
+        let all: std::collections::HashSet<u64> = here.iter().chain(&there).copied().collect();
+        assert_eq!(all.len(), 200);
+    }
 
     fn names(dir: &Path) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(dir)
