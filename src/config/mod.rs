@@ -447,6 +447,15 @@ mod tests {
                 "{line:?}"
             );
         }
+        // Text that is not UTF-8, in a value or in place of the tool's name.
+        use std::os::unix::ffi::OsStringExt;
+        let not_utf8 = || std::ffi::OsString::from_vec(vec![b'{', 0xff, b'}']);
+        let mut line = args(&["podhost", "tool", "bash", "--input"]);
+        line.push(not_utf8());
+        assert!(ToolArgs::plain(&line, |_| false).is_none());
+        let mut line = args(&["podhost", "tool"]);
+        line.extend([not_utf8(), "--input".into(), "{}".into()]);
+        assert!(ToolArgs::plain(&line, |_| false).is_none());
     }
 
     /// `TOOL_ENV` is every variable the `tool` subcommand's flags read, and nothing else.

@@ -35,15 +35,12 @@ pub fn run_tool(args: &ToolArgs) -> i32 {
     if config.name != ToolName::Bash {
         config.exec.confine.read_only_system = false;
     }
-    // `podhost tool bash` makes its command's namespaces itself and falls back where the kernel
-    // refuses them: the probe's forks and namespaces, or a session holder, would be on the
-    // command's path. As root with CAP_SYS_ADMIN (see exec::probe::assume_root_namespaces);
-    // else in a user namespace of its own, entered now, while this process may still write its
-    // id maps (see exec::probe::assume_own_namespaces).
-    if config.name == ToolName::Bash
-        && !exec::probe::assume_root_namespaces()
-        && config.exec.confine.local_view_wanted()
-    {
+    // A command that gets the read-only system: `podhost tool bash` makes its namespaces itself
+    // and falls back where the kernel refuses them: the probe's forks and namespaces, or a
+    // session holder, would be on the command's path. As root with CAP_SYS_ADMIN (see
+    // exec::probe::assume_root_namespaces); else in a user namespace of its own, entered now,
+    // while this process may still write its id maps (see exec::probe::assume_own_namespaces).
+    if config.exec.confine.local_view_wanted() && !exec::probe::assume_root_namespaces() {
         exec::probe::assume_own_namespaces();
     }
     // Before the hardening: not as root, the confinement probes the namespaces of the read-only
