@@ -6,11 +6,15 @@
 //! every pointer in a program's read-only data before `main`, each page of them a copy-on-write
 //! fault: about 40,000 pointers in the whole program (its servers, clients and store), 18,000
 //! here, where only the tools, their confinement and the command supervisor are. This binary is
-//! also linked statically, as a position-independent executable (`.cargo/link-podhost`): no
-//! loader and no shared library to map or resolve (it still relocates its own pointers, to load
-//! at a random address), and the command's supervisor, a fork of it, copies and tears down fewer
-//! mappings. `cargo bench --bench tools process` measures a
-//! `podhost tool bash` call from here against one from the whole program in the same loop.
+//! also linked statically, at a fixed address (`.cargo/link-podhost`): no loader, no shared
+//! library to map or resolve and no pointer to relocate, so its read-only data stay shared pages
+//! of the file, and the command's supervisor, a fork of it, copies and tears down fewer
+//! mappings. The price is the image's own address: its stack, heap and every mapping are still
+//! placed at random, but its code and data are not. Only short-lived processes run from it (one
+//! tool call, one command's supervisor); every server (`serve`, `mcp`, `pod`) runs from
+//! `podhost-full`, which stays position-independent. `cargo bench --bench tools process`
+//! measures a `podhost tool bash` call from here against one from the whole program in the same
+//! loop.
 //!
 //! ```text
 //! podhost tool …      → runs here (config::startup::tool)

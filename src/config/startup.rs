@@ -7,6 +7,7 @@
 //! either.
 
 use std::ffi::OsString;
+use std::sync::{Mutex, OnceLock};
 
 use super::{Cli, ToolArgs};
 use crate::exec;
@@ -62,6 +63,10 @@ pub fn run_tool(args: &ToolArgs) -> i32 {
     crate::local::tool::main(config)
 }
 
+/// The most verbose level the default filter lets through (its default; `rmcp` gets less).
+const DEFAULT_MAX_LEVEL: tracing::level_filters::LevelFilter =
+    tracing::level_filters::LevelFilter::INFO;
+
 /// Logs to stderr: JSON lines with every field at the top level when `PODHOST_LOG_FORMAT=json`
 /// (pods), text otherwise; filtered by `RUST_LOG` (default `info`). A filter or format that
 /// cannot be used is warned about, once logging runs, and the default used instead.
@@ -72,25 +77,24 @@ pub fn init_tracing() {
     use tracing_subscriber::filter::{EnvFilter, LevelFilter, Targets};
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    use tracing_subscriber::{Layer, fmt};
     let mut warnings = Vec::new();
     // rmcp reports every session at `info`; podhost says what matters itself.
     let default = || {
         Targets::new()
-            .with_default(LevelFilter::INFO)
+            .with_default(DEFAULT_MAX_LEVEL)
             .with_target("rmcp", LevelFilter::WARN)
     };
-    let (env_filter, targets) = match std::env::var("RUST_LOG") {
+    let env_filter = match std::env::var("RUST_LOG") {
         Ok(spec) if !spec.trim().is_empty() => match EnvFilter::try_new(&spec) {
-            Ok(filter) => (Some(filter), None),
+            Ok(filter) => Some(filter),
             Err(e) => {
                 warnings.push(format!(
                     "RUST_LOG {spec:?} is not a valid log filter ({e}); logging at info"
                 ));
-                (None, Some(default()))
+                None
             }
         },
-        _ => (None, Some(default())),
+        _ => None,
     };
     let json = match std::env::var("PODHOST_LOG_FORMAT") {
         Ok(f) if f == "json" => true,
@@ -103,21 +107,148 @@ pub fn init_tracing() {
         }
         Err(_) => false,
     };
+    match env_filter {
+        Some(filter) => tracing_subscriber::registry()
+            .with(filter)
+            .with(fmt_layer(json))
+            .init(),
+        None => Deferred {
+            filter: default(),
+            build: Mutex::new(Some(Box::new(move || {
+                tracing::Dispatch::new(
+                    tracing_subscriber::registry()
+                        .with(default())
+                        .with(fmt_layer(json)),
+                )
+            }))),
+            built: OnceLock::new(),
+        }
+        .init(),
+    }
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
+}
+
+/// The layer that writes the log to stderr: JSON lines with the event's fields at the top level,
+/// or text (coloured on a terminal).
+fn fmt_layer<S>(json: bool) -> Box<dyn tracing_subscriber::Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    use tracing_subscriber::{Layer, fmt};
     let layer = fmt::layer()
         .with_ansi(!json && std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
-    let layer = if json {
+    if json {
         layer.json().flatten_event(true).boxed()
     } else {
         layer.boxed()
-    };
-    tracing_subscriber::registry()
-        .with(env_filter)
-        .with(targets)
-        .with(layer)
-        .init();
-    for w in warnings {
-        tracing::warn!("{w}");
+    }
+}
+
+/// The subscriber [`init_tracing`] installs under the default filter: it answers which spans
+/// and events pass from that filter alone, and builds the subscriber that writes them (`fmt`'s
+/// layer on a registry, whose slab of span slots is pages to fault in and time a `podhost tool`
+/// call would pay) at the first span or event that passes. A process that logs nothing never
+/// builds it; one that does logs exactly what the built subscriber alone would.
+struct Deferred {
+    filter: tracing_subscriber::filter::Targets,
+    build: Mutex<Option<BuildDispatch>>,
+    built: OnceLock<tracing::Dispatch>,
+}
+
+type BuildDispatch = Box<dyn FnOnce() -> tracing::Dispatch + Send>;
+
+impl Deferred {
+    fn real(&self) -> &tracing::Dispatch {
+        self.built.get_or_init(|| {
+            let build = self
+                .build
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take();
+            match build {
+                Some(build) => build(),
+                // Only a panic inside the first build leaves it taken: log nothing.
+                None => tracing::Dispatch::none(),
+            }
+        })
+    }
+}
+
+impl tracing::Subscriber for Deferred {
+    fn register_callsite(
+        &self,
+        metadata: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        if self.enabled(metadata) {
+            tracing::subscriber::Interest::sometimes()
+        } else {
+            tracing::subscriber::Interest::never()
+        }
+    }
+
+    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
+        Some(DEFAULT_MAX_LEVEL)
+    }
+
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        self.filter
+            .would_enable(metadata.target(), metadata.level())
+    }
+
+    fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        self.real().new_span(span)
+    }
+
+    fn record(&self, span: &tracing::span::Id, values: &tracing::span::Record<'_>) {
+        if let Some(real) = self.built.get() {
+            real.record(span, values);
+        }
+    }
+
+    fn record_follows_from(&self, span: &tracing::span::Id, follows: &tracing::span::Id) {
+        if let Some(real) = self.built.get() {
+            real.record_follows_from(span, follows);
+        }
+    }
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        self.real().event(event);
+    }
+
+    fn enter(&self, span: &tracing::span::Id) {
+        if let Some(real) = self.built.get() {
+            real.enter(span);
+        }
+    }
+
+    fn exit(&self, span: &tracing::span::Id) {
+        if let Some(real) = self.built.get() {
+            real.exit(span);
+        }
+    }
+
+    fn clone_span(&self, id: &tracing::span::Id) -> tracing::span::Id {
+        match self.built.get() {
+            Some(real) => real.clone_span(id),
+            None => id.clone(),
+        }
+    }
+
+    fn try_close(&self, id: tracing::span::Id) -> bool {
+        match self.built.get() {
+            Some(real) => real.try_close(id),
+            None => false,
+        }
+    }
+
+    fn current_span(&self) -> tracing_core::span::Current {
+        match self.built.get() {
+            Some(real) => real.current_span(),
+            None => tracing_core::span::Current::none(),
+        }
     }
 }
 
@@ -135,5 +266,75 @@ fn reported_ok(confinement: &exec::Confinement, exec: &exec::ExecSettings, loud:
             eprintln!("podhost: {}", error_chain(&e));
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Counts what reaches it.
+    #[derive(Default)]
+    struct Counted {
+        events: AtomicUsize,
+        spans: AtomicUsize,
+    }
+
+    struct Counter(Arc<Counted>);
+
+    impl tracing::Subscriber for Counter {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            let n = self.0.spans.fetch_add(1, Ordering::SeqCst) as u64;
+            tracing::span::Id::from_u64(n + 1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, _: &tracing::Event<'_>) {
+            self.0.events.fetch_add(1, Ordering::SeqCst);
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    /// Under the default filter the writing subscriber is built at the first span or event that
+    /// passes, not before (nothing that is filtered out builds it), and then gets everything
+    /// that passes.
+    #[test]
+    fn the_default_subscriber_is_built_at_the_first_event_that_passes() {
+        let counted = Arc::new(Counted::default());
+        let builds = Arc::new(AtomicUsize::new(0));
+        let deferred = Deferred {
+            filter: tracing_subscriber::filter::Targets::new()
+                .with_default(DEFAULT_MAX_LEVEL)
+                .with_target("quiet", tracing::Level::WARN),
+            build: Mutex::new(Some(Box::new({
+                let (counted, builds) = (counted.clone(), builds.clone());
+                move || {
+                    builds.fetch_add(1, Ordering::SeqCst);
+                    tracing::Dispatch::new(Counter(counted))
+                }
+            }))),
+            built: OnceLock::new(),
+        };
+        tracing::subscriber::with_default(deferred, || {
+            tracing::debug!("below the default level");
+            tracing::info!(target: "quiet", "below this target's level");
+            tracing::trace!("far below");
+            assert_eq!(builds.load(Ordering::SeqCst), 0, "built for nothing");
+            tracing::info!("passes");
+            tracing::warn!(target: "quiet", "passes too");
+            tracing::debug!("still filtered");
+            let span = tracing::info_span!("a span");
+            span.in_scope(|| tracing::info!("inside"));
+        });
+        assert_eq!(builds.load(Ordering::SeqCst), 1);
+        assert_eq!(counted.events.load(Ordering::SeqCst), 3);
+        assert_eq!(counted.spans.load(Ordering::SeqCst), 1);
     }
 }

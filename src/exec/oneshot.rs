@@ -63,8 +63,12 @@ use super::{ExecConfig, ExecError, ExecOutput, ExecRequest};
 /// How long the output pipes may stay open once no descendant is left (only a process stuck in
 /// the kernel could hold them) before podhost stops reading, as on the supervisor's path.
 const DRAIN_BOUND: Duration = Duration::from_secs(2);
-/// How much one read of a pipe takes.
+/// How much one read of a pipe takes at most (a pipe's whole default capacity).
 const READ_CHUNK: usize = 64 * 1024;
+/// How much the first read takes: most commands print little, and each 4 KiB of a bigger
+/// buffer is a page to fault in for nothing. The buffer doubles, up to [`READ_CHUNK`], each
+/// time a read fills it.
+const FIRST_READ: usize = 4 * 1024;
 /// How long podhost keeps killing what a supervisor killed outright left (as the supervisor's
 /// own cap: what is left then is stuck in the kernel and dies when it returns).
 const KILL_CAP: Duration = Duration::from_secs(10);
@@ -128,7 +132,7 @@ pub fn execute(
         deadline: Instant::now() + req.timeout,
         stopped: None,
         hurried: false,
-        buf: vec![0; READ_CHUNK],
+        buf: vec![0; FIRST_READ],
     };
     let ended = watch.supervised(supervisor);
     // podhost's only child was the supervisor; any other is an orphan it left.
@@ -460,6 +464,7 @@ struct Watch {
     stopped: Option<Stop>,
     /// A stop signal came after the tree was already being stopped: no grace.
     hurried: bool,
+    /// Where a read lands: [`FIRST_READ`] bytes at first, doubled by each read that fills it.
     buf: Vec<u8>,
 }
 
@@ -559,7 +564,12 @@ impl Watch {
                         ended = true;
                         break;
                     }
-                    Ok(n) => self.captures[i].push(&self.buf[..n]),
+                    Ok(n) => {
+                        self.captures[i].push(&self.buf[..n]);
+                        if n == self.buf.len() && n < READ_CHUNK {
+                            self.buf.resize((2 * n).min(READ_CHUNK), 0);
+                        }
+                    }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     // A read error ends the stream: what was read so far is kept.

@@ -183,6 +183,12 @@ pub fn probe_namespaces(helper: &Path) -> Probe {
         .clone()
 }
 
+/// The answer of [`probe_namespaces`] when it is already known (probed or assumed): what
+/// it would return without needing the probe's helper.
+pub fn namespaces_known() -> Option<Probe> {
+    NAMESPACES_PROBE.get().cloned()
+}
+
 /// The answer of [`probe_namespaces`], or the level [`assume_root_namespaces`] set.
 static NAMESPACES_PROBE: OnceLock<Probe> = OnceLock::new();
 /// Whether [`assume_root_namespaces`] or [`assume_own_namespaces`] set the level.
@@ -197,10 +203,8 @@ static NAMESPACES_ASSUMED: AtomicBool = AtomicBool::new(false);
 /// be allowed a user namespace, which only the probe finds).
 pub fn assume_root_namespaces() -> bool {
     let sys_admin = || {
-        std::fs::read_to_string("/proc/self/status")
-            .ok()
-            .and_then(|status| effective_capabilities(&status))
-            .is_some_and(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
+        crate::exec::confine::effective_capabilities()
+            .is_ok_and(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
     };
     if !nix::unistd::geteuid().is_root() || !sys_admin() {
         return false;
@@ -253,12 +257,6 @@ fn assume(namespaces: Namespaces) -> bool {
 
 /// The capability to make namespaces (and mount) as root, `<linux/capability.h>`.
 const CAP_SYS_ADMIN: u32 = 21;
-
-/// The effective capability set (`CapEff`) of a `/proc/<pid>/status` text.
-fn effective_capabilities(status: &str) -> Option<u64> {
-    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
-    u64::from_str_radix(hex.trim(), 16).ok()
-}
 
 /// Whether the namespaces level was assumed rather than probed (see
 /// [`assume_root_namespaces`], [`assume_own_namespaces`]): then the kernel's refusal to make
@@ -568,22 +566,17 @@ fn mounts(pid: bool) -> Result<(), StepError> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
+    /// The effective set read with `capget` is the kernel's `CapEff` line for this process.
     #[test]
-    fn the_effective_capabilities_are_read_from_a_status_text() {
-        let status = "Name:\tpodhost\nCapInh:\t0000000000000000\nCapPrm:\t000001ffffffffff\n\
-                      CapEff:\t000001ffffffffff\nCapBnd:\t000001ffffffffff\n";
-        let caps = effective_capabilities(status).unwrap();
-        assert_eq!(caps, 0x1ff_ffff_ffff);
-        assert_ne!(caps & (1 << CAP_SYS_ADMIN), 0);
-        // A container's root without CAP_SYS_ADMIN (Docker's default set).
-        let docker = "CapEff:\t00000000a80425fb\n";
+    fn the_effective_capabilities_are_the_ones_proc_shows() {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let hex = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .unwrap();
         assert_eq!(
-            effective_capabilities(docker).map(|c| c & (1 << CAP_SYS_ADMIN)),
-            Some(0)
+            crate::exec::confine::effective_capabilities().unwrap(),
+            u64::from_str_radix(hex.trim(), 16).unwrap()
         );
-        assert_eq!(effective_capabilities("Name:\tx\n"), None);
-        assert_eq!(effective_capabilities("CapEff:\tzz\n"), None);
     }
 }

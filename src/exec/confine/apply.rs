@@ -137,6 +137,13 @@ struct CapData {
 
 const CAP_V3: u32 = 0x2008_0522;
 
+/// The calling thread's effective capability set, one bit per capability number (as `CapEff`
+/// in `/proc/self/status`, without reading it).
+pub fn effective_capabilities() -> io::Result<u64> {
+    let [low, high] = capget()?;
+    Ok(u64::from(high.effective) << 32 | u64::from(low.effective))
+}
+
 /// The calling thread's capability sets.
 #[allow(unsafe_code)]
 fn capget() -> io::Result<[CapData; 2]> {

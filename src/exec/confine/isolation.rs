@@ -118,11 +118,17 @@ impl Isolation {
     /// Local use: the namespaces this host allows for a read-only system (a mount namespace,
     /// inside a user namespace unless podhost is root); `None` where it allows none.
     pub(super) fn local_namespaces(settings: &Settings) -> Option<Namespaces> {
-        let helper = settings
-            .helper
-            .clone()
-            .or_else(|| crate::exec::find_supervisor().ok())?;
-        let probe = crate::exec::probe::probe_namespaces(&helper);
+        // Known (assumed by `podhost tool`, or probed before): no helper to look for.
+        let probe = match crate::exec::probe::namespaces_known() {
+            Some(probe) => probe,
+            None => {
+                let helper = settings
+                    .helper
+                    .clone()
+                    .or_else(|| crate::exec::find_supervisor().ok())?;
+                crate::exec::probe::probe_namespaces(&helper)
+            }
+        };
         probe.namespaces.any().then_some(probe.namespaces)
     }
 }
