@@ -13,7 +13,8 @@
 //! * Inert unless `PODHOST_FAILPOINTS` names a failpoint: `name=action;name2=action`, read once.
 //!   Actions: `kill` (SIGKILL at the first pass: no unwinding, no destructors, no flush — as a
 //!   power cut or the OOM killer), `kill(N)` (at the N-th pass), `fail` (every pass fails),
-//!   `fail-while(PATH)` (passes fail while PATH exists: a disk that fills and empties).
+//!   `fail-while(PATH)` (passes fail while PATH exists: a disk that fills and empties), `panic`
+//!   (a panic at the first pass, which unwinds as a bug's would).
 //! * Every name passed to the macros is in one of the lists, so a suite can enumerate them.
 //!
 //! Non-goals: faults of peers (the fakes in `tests/support` script those).
@@ -117,6 +118,8 @@ mod armed {
         Kill(u64),
         Fail,
         FailWhile(PathBuf),
+        /// A panic at the first pass.
+        Panic,
     }
 
     struct Point {
@@ -178,6 +181,7 @@ mod armed {
         let action = match action.trim() {
             "kill" => Action::Kill(1),
             "fail" => Action::Fail,
+            "panic" => Action::Panic,
             _ => {
                 if let Some(n) = arg("kill") {
                     Action::Kill(n.parse().map_err(|_| format!("bad count {n:?}"))?)
@@ -197,6 +201,9 @@ mod armed {
             return;
         };
         let n = point.passes.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Action::Panic = point.action {
+            panic!("failpoint {name}: panic");
+        }
         if let Action::Kill(at) = point.action
             && n >= at
         {
@@ -217,6 +224,7 @@ mod armed {
         match &point.action {
             Action::Fail => true,
             Action::FailWhile(path) => path.exists(),
+            Action::Panic => panic!("failpoint {name}: panic"),
             Action::Kill(_) => false,
         }
     }

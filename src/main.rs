@@ -30,10 +30,21 @@
 //!   when it is missing, `podhost tool` still works and every other command says where it
 //!   looked.
 //!
+//! Its entry is the C library's `main`, not std's (`#![no_main]`): std's start-up reads
+//! `/proc/self/maps` to find the main thread's stack guard, maps a signal stack and installs the
+//! stack-overflow handler, about 60 µs of every tool call. What of it matters is done here: the
+//! standard descriptors are opened on `/dev/null` when a parent left one closed (so no pipe or
+//! file of podhost's takes their numbers), SIGPIPE is ignored (a write to a closed reader fails
+//! with `EPIPE` instead of killing podhost), a panic ends the process with status 101, and
+//! stdout is flushed at the end. A stack overflow is a plain SIGSEGV, without std's message.
+//!
 //! Non-goals: a command line of its own. `--help`, `--version` and every error about a command
 //! other than `tool` are `podhost-full`'s.
 
-use std::ffi::OsString;
+#![no_main]
+
+use std::ffi::{OsString, c_char, c_int};
+use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::process::ExitCode;
 
@@ -43,7 +54,54 @@ use podhost::floor::codes::exit;
 /// The whole program's file name, beside this binary.
 const FULL: &str = "podhost-full";
 
-fn main() -> ExitCode {
+/// The process's entry, called by the C library's start-up (see the module doc for what std's
+/// would have done).
+#[allow(unsafe_code)]
+#[unsafe(no_mangle)]
+extern "C" fn main(_argc: c_int, _argv: *const *const c_char) -> c_int {
+    if !standard_fds_open() {
+        return exit::FAILURE;
+    }
+    // SAFETY: SIG_IGN installs no handler; no other thread exists yet.
+    let _ = unsafe {
+        nix::sys::signal::signal(
+            nix::sys::signal::SIGPIPE,
+            nix::sys::signal::SigHandler::SigIgn,
+        )
+    };
+    let code = std::panic::catch_unwind(run).unwrap_or(ExitCode::from(101));
+    let _ = std::io::stdout().flush();
+    status(code)
+}
+
+/// Opens `/dev/null` on each of stdin, stdout and stderr that is closed, as std's start-up does;
+/// false when one cannot be (then nothing may be written: the number is free for anything).
+#[allow(unsafe_code)]
+fn standard_fds_open() -> bool {
+    for fd in 0..=2 {
+        // SAFETY: F_GETFD reads a descriptor's flags and changes nothing; the number may be
+        // closed, which is what is asked.
+        if unsafe { libc::fcntl(fd, libc::F_GETFD) } != -1 {
+            continue;
+        }
+        // SAFETY: a NUL-terminated path. The descriptor is left open on purpose: it is that
+        // standard stream now (the lowest free number is `fd`, the lower ones being open).
+        if unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) } != fd {
+            return false;
+        }
+    }
+    true
+}
+
+/// The exit status `code` stands for: std keeps it private, so it is found by comparison.
+fn status(code: ExitCode) -> c_int {
+    (0..=u8::MAX)
+        .find(|&n| ExitCode::from(n) == code)
+        .map_or(exit::FAILURE, c_int::from)
+}
+
+/// What the binary does with its arguments (see the module doc).
+fn run() -> ExitCode {
     let args: Vec<OsString> = std::env::args_os().collect();
     let first = args.get(1).map(OsString::as_os_str);
     if first.is_some_and(|a| a == "tool") {

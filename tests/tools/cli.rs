@@ -422,6 +422,67 @@ fn without_podhost_full_podhost_says_where_it_looked_and_tool_still_runs() {
     assert_eq!(stdout_json(&out)["kind"], "completed", "{out:?}");
 }
 
+/// `podhost`'s entry is the C library's `main`, not std's: a panic still ends the process with
+/// status 101 and the panic's message, as std's start-up would make it (here a failpoint on the
+/// one-shot path panics).
+#[test]
+fn a_panic_in_podhost_tool_exits_101_with_its_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(podhost_bin())
+        .args([
+            "tool",
+            "bash",
+            "--input",
+            r#"{"command":"true"}"#,
+            "--workspace",
+        ])
+        .arg(dir.path())
+        .env("PODHOST_FAILPOINTS", "oneshot.view_refused=panic")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(101), "{stderr}");
+    assert!(
+        stderr.contains("failpoint oneshot.view_refused: panic"),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "{out:?}");
+}
+
+/// Started with stdin, stdout or stderr closed, `podhost tool` first opens `/dev/null` there (as
+/// std's start-up does, which `podhost` skips), so none of its own descriptors (pipes, the
+/// signal descriptor) takes a standard number: the call runs, answers where stdout is open,
+/// and exits 0.
+#[test]
+fn closed_standard_descriptors_are_opened_on_dev_null_first() {
+    let dir = tempfile::tempdir().unwrap();
+    for (closed, stdout_open) in [
+        ("<&-", true),
+        (">&-", false),
+        ("2>&-", true),
+        ("<&- 2>&-", true),
+        ("<&- >&- 2>&-", false),
+    ] {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                r#"exec "$0" tool bash --input '{{"command":"echo out; echo err >&2"}}' --workspace "$1" {closed}"#
+            ))
+            .arg(podhost_bin())
+            .arg(dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{closed}: {out:?}");
+        if stdout_open {
+            let v = stdout_json(&out);
+            assert_eq!(v["output"]["stdout"], "out\n", "{closed}: {v}");
+            assert_eq!(v["output"]["stderr"], "err\n", "{closed}: {v}");
+        }
+    }
+}
+
 /// `podhost tool bash` reads the output pipes with a small buffer that grows while reads fill
 /// it: output of every size, from a few bytes to many full pipes on both streams at once, is
 /// captured whole up to the cap and counted exactly past it.
