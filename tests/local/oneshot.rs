@@ -1,7 +1,8 @@
-//! `podhost tool bash` supervises its one command itself (no supervisor process): what that
-//! process newly owns — killing the whole tree on a stop signal and on the timeout (also a tree
-//! that ignores SIGTERM), killing what the command left behind before podhost exits, the
-//! command's stdin at its end, and podhost's environment closed to the command.
+//! `podhost tool bash` runs its one command under a supervisor forked from its own process (no
+//! second program to load, no control socket): what that path owns — killing the whole tree on a
+//! stop signal and on the timeout (also a tree that ignores SIGTERM), killing what the command
+//! left behind before podhost exits, the command's stdin at its end, and podhost's environment
+//! closed to the command.
 
 use std::process::Stdio;
 
