@@ -32,7 +32,7 @@
 //!
 //! Its entry is the C library's `main`, not std's (`#![no_main]`): std's start-up reads
 //! `/proc/self/maps` to find the main thread's stack guard, maps a signal stack and installs the
-//! stack-overflow handler, about 60 µs of every tool call. What of it matters is done here: the
+//! stack-overflow handler, some 40-60 µs of every tool call. What of it matters is done here: the
 //! standard descriptors are opened on `/dev/null` when a parent left one closed (so no pipe or
 //! file of podhost's takes their numbers), SIGPIPE is ignored (a write to a closed reader fails
 //! with `EPIPE` instead of killing podhost), a panic ends the process with status 101, and
