@@ -202,10 +202,8 @@ static NAMESPACES_ASSUMED: AtomicBool = AtomicBool::new(false);
 /// a process that is not root or lacks `CAP_SYS_ADMIN` (a container's root without it may still
 /// be allowed a user namespace, which only the probe finds).
 pub fn assume_root_namespaces() -> bool {
-    let sys_admin = || {
-        crate::exec::confine::effective_capabilities()
-            .is_ok_and(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
-    };
+    let sys_admin =
+        || sys::effective_capabilities().is_ok_and(|caps| caps & (1 << CAP_SYS_ADMIN) != 0);
     if !nix::unistd::geteuid().is_root() || !sys_admin() {
         return false;
     }
@@ -575,7 +573,7 @@ mod tests {
             .find_map(|l| l.strip_prefix("CapEff:"))
             .unwrap();
         assert_eq!(
-            crate::exec::confine::effective_capabilities().unwrap(),
+            crate::exec::sys::effective_capabilities().unwrap(),
             u64::from_str_radix(hex.trim(), 16).unwrap()
         );
     }

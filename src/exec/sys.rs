@@ -1002,3 +1002,49 @@ mod tests {
         assert_eq!(absent, 0, "of {} pages", len / page);
     }
 }
+
+/// The kernel's version-3 capability header and two 32-bit words per set (`capget`, `capset`).
+#[repr(C)]
+pub struct CapHeader {
+    pub version: u32,
+    pub pid: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct CapData {
+    pub effective: u32,
+    pub permitted: u32,
+    pub inheritable: u32,
+}
+
+pub const CAP_V3: u32 = 0x2008_0522;
+
+/// The calling thread's effective capability set, one bit per capability number (as `CapEff`
+/// in `/proc/self/status`, without reading it).
+pub fn effective_capabilities() -> io::Result<u64> {
+    let [low, high] = capget()?;
+    Ok(u64::from(high.effective) << 32 | u64::from(low.effective))
+}
+
+/// The calling thread's capability sets.
+#[allow(unsafe_code)]
+pub fn capget() -> io::Result<[CapData; 2]> {
+    let mut header = CapHeader {
+        version: CAP_V3,
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: capget fills two `CapData` words for a version-3 header; both are live.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_capget,
+            &mut header as *mut CapHeader,
+            data.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(data)
+}

@@ -17,6 +17,7 @@ use seccompiler::BpfProgram;
 
 use super::{ConfineError, Prebuilt, ruleset, syscalls};
 use crate::exec::protocol::{CommandUser, Confine};
+use crate::exec::sys::{CAP_V3, CapData, CapHeader, capget};
 
 /// Takes `user`'s file-system identity on the calling thread only: no supplementary groups, its
 /// fsgid and fsuid (which also drops the thread's file-system capabilities). Raw system calls:
@@ -119,52 +120,6 @@ const SECBIT_NO_SETUID_FIXUP_LOCKED: u64 = 1 << 3;
 const SECBIT_KEEP_CAPS_LOCKED: u64 = 1 << 5;
 const SECBIT_NO_CAP_AMBIENT_RAISE: u64 = 1 << 6;
 const SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED: u64 = 1 << 7;
-
-/// The kernel's version-3 capability header and two 32-bit words per set.
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: i32,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
-const CAP_V3: u32 = 0x2008_0522;
-
-/// The calling thread's effective capability set, one bit per capability number (as `CapEff`
-/// in `/proc/self/status`, without reading it).
-pub fn effective_capabilities() -> io::Result<u64> {
-    let [low, high] = capget()?;
-    Ok(u64::from(high.effective) << 32 | u64::from(low.effective))
-}
-
-/// The calling thread's capability sets.
-#[allow(unsafe_code)]
-fn capget() -> io::Result<[CapData; 2]> {
-    let mut header = CapHeader {
-        version: CAP_V3,
-        pid: 0,
-    };
-    let mut data = [CapData::default(); 2];
-    // SAFETY: capget fills two `CapData` words for a version-3 header; both are live.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_capget,
-            &mut header as *mut CapHeader,
-            data.as_mut_ptr(),
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(data)
-}
 
 /// Sets the calling thread's capability sets.
 #[allow(unsafe_code)]
