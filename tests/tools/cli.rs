@@ -423,8 +423,8 @@ fn without_podhost_full_podhost_says_where_it_looked_and_tool_still_runs() {
 }
 
 /// `podhost`'s entry is the C library's `main`, not std's: a panic still ends the process with
-/// status 101 and the panic's message, as std's start-up would make it (here a failpoint on the
-/// one-shot path panics).
+/// status 101 and the panic's message, as std's start-up would make it (here a failpoint that
+/// every `podhost tool` call passes, where the workspace's sandbox is made, panics).
 #[test]
 fn a_panic_in_podhost_tool_exits_101_with_its_message() {
     let dir = tempfile::tempdir().unwrap();
@@ -437,13 +437,13 @@ fn a_panic_in_podhost_tool_exits_101_with_its_message() {
             "--workspace",
         ])
         .arg(dir.path())
-        .env("PODHOST_FAILPOINTS", "oneshot.view_refused=panic")
+        .env("PODHOST_FAILPOINTS", "sandbox.refused=panic")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(101), "{stderr}");
     assert!(
-        stderr.contains("failpoint oneshot.view_refused: panic"),
+        stderr.contains("failpoint sandbox.refused: panic"),
         "{stderr}"
     );
     assert!(out.stdout.is_empty(), "{out:?}");
