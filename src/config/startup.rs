@@ -7,7 +7,7 @@
 //! either.
 
 use std::ffi::OsString;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use super::{Cli, ToolArgs};
 use crate::exec;
@@ -114,13 +114,13 @@ pub fn init_tracing() {
             .init(),
         None => Deferred {
             filter: default(),
-            build: Mutex::new(Some(Box::new(move || {
+            build: Box::new(move || {
                 tracing::Dispatch::new(
                     tracing_subscriber::registry()
                         .with(default())
                         .with(fmt_layer(json)),
                 )
-            }))),
+            }),
             built: OnceLock::new(),
         }
         .init(),
@@ -154,26 +154,13 @@ where
 /// builds it; one that does logs exactly what the built subscriber alone would.
 struct Deferred {
     filter: tracing_subscriber::filter::Targets,
-    build: Mutex<Option<BuildDispatch>>,
+    build: Box<dyn Fn() -> tracing::Dispatch + Send + Sync>,
     built: OnceLock<tracing::Dispatch>,
 }
 
-type BuildDispatch = Box<dyn FnOnce() -> tracing::Dispatch + Send>;
-
 impl Deferred {
     fn real(&self) -> &tracing::Dispatch {
-        self.built.get_or_init(|| {
-            let build = self
-                .build
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .take();
-            match build {
-                Some(build) => build(),
-                // Only a panic inside the first build leaves it taken: log nothing.
-                None => tracing::Dispatch::none(),
-            }
-        })
+        self.built.get_or_init(&self.build)
     }
 }
 
@@ -313,13 +300,13 @@ mod tests {
             filter: tracing_subscriber::filter::Targets::new()
                 .with_default(DEFAULT_MAX_LEVEL)
                 .with_target("quiet", tracing::Level::WARN),
-            build: Mutex::new(Some(Box::new({
+            build: Box::new({
                 let (counted, builds) = (counted.clone(), builds.clone());
                 move || {
                     builds.fetch_add(1, Ordering::SeqCst);
-                    tracing::Dispatch::new(Counter(counted))
+                    tracing::Dispatch::new(Counter(counted.clone()))
                 }
-            }))),
+            }),
             built: OnceLock::new(),
         };
         tracing::subscriber::with_default(deferred, || {
