@@ -5,7 +5,7 @@
 //!   stdio (a minimal JSON-RPC client: one line out, read until the answer's line), the session
 //!   started once;
 //! * **tool**: `podhost tool bash --input '{"command":"true"}'`, a fresh process per call (what a
-//!   script pays: podhost's start-up, the supervisor, the shell);
+//!   script pays: podhost's start-up, the command's sandbox, the shell);
 //! * **bare**: `bash -c true` spawned with `std::process`.
 //!
 //! podhost runs from a copy of the build (see `support/installed.rs`), as it would be installed.

@@ -62,12 +62,14 @@ pub const STORE: &[&str] = &["serve.store_full", "serve.renew_fails"];
 /// Faults of the host's sandboxes (the process goes on): a workspace's sandbox cannot be made
 /// (as when the host refuses a cgroup), a session holder cannot make its namespaces, and a
 /// one-shot `podhost tool` cannot make its command's (refused at once, or a step of the view
-/// refused once they were made).
+/// refused once they were made; its PID namespace refused, or that namespace's `/proc`).
 pub const SANDBOX: &[&str] = &[
     "sandbox.refused",
     "sandbox.session_refused",
     "oneshot.view_refused",
     "oneshot.view_fails",
+    "oneshot.pid_namespace_refused",
+    "oneshot.proc_refused",
 ];
 
 /// The probe of the namespaces commands may get (`kill` there shows which calls probe): a

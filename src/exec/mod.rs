@@ -33,11 +33,15 @@
 //!   confinement ([`confine`]: Landlock, the network filter, the command user) applied in a child
 //!   that shares its memory until the exec (`vspawn`, as `posix_spawn` does), reaps, and kills
 //!   every descendant ([`procs`]) before reporting the shell's status and exiting.
-//! * [`oneshot`]: `podhost tool bash`'s one command, its supervisor a fork of podhost running
-//!   the same code (`supervise::in_fork`) — no supervisor program, no control socket, no async
-//!   runtime; it also reads the pipes and keeps the timeout and the stop signals itself:
+//! * [`oneshot`]: `podhost tool bash`'s one command, with no async runtime and no supervisor
+//!   program; it reads the pipes and keeps the timeout and the stop signals itself. Where it
+//!   built the command's view, the shell is its own child in a PID namespace whose init
+//!   ([`nsinit`]) shares its memory: the kernel kills the tree. Elsewhere its supervisor is a
+//!   fork of podhost running the same code (`supervise::in_fork`), with no control socket:
 //!
 //! ```text
+//! podhost tool ──clone(VM, NEWPID)──► init (pid 1), then setns into its namespace
+//!      └──vspawn, confine, exec──► <shell> -c <command> (pid 2) ──► …
 //! podhost tool ──fork──► supervisor ──vspawn, confine, exec──► <shell> -c <command> ──► …
 //! ```
 //!
@@ -76,6 +80,7 @@ pub(crate) mod env;
 pub mod init;
 pub(crate) mod limits;
 pub mod net;
+pub(crate) mod nsinit;
 pub mod oneshot;
 pub(crate) mod overlay;
 pub mod probe;

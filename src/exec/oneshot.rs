@@ -1,44 +1,65 @@
-//! One command of `podhost tool bash`, which runs one command and exits: its supervisor is a
-//! fork of podhost's own process — no second program to load, no control socket, no async
-//! runtime.
+//! One command of `podhost tool bash`, which runs one command and exits: no supervisor program
+//! to load, no control socket, no async runtime.
 //!
-//! Owns: forking the supervisor (which then runs the supervisor binary's own code,
-//! `supervise::in_fork`: the shell in a session of its own, confined, every descendant reaped
-//! and killed before it reports), plus what podhost's side of a command owns elsewhere
-//! ([`spawn`](super::spawn)): the timeout, the stop signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT,
-//! waited for on a `signalfd`, never by handlers) and the bounded capture of stdout and stderr
-//! ([`StreamCapture`], the same caps as the bash tool's).
+//! Owns: running the command in one of two ways, plus what podhost's side of a command owns
+//! elsewhere ([`spawn`](super::spawn)): the timeout, the stop signals (SIGINT, SIGTERM, SIGHUP,
+//! SIGQUIT, waited for on a `signalfd`, never by handlers) and the bounded capture of stdout
+//! and stderr ([`StreamCapture`], the same caps as the bash tool's).
+//!
+//! * **In a PID namespace**, where this process built the command's view (see below): it
+//!   starts the init of a new PID namespace ([`nsinit`](super::nsinit), a process sharing this
+//!   one's memory), which mounts the namespace's `/proc` (read-only) over the host's; then it
+//!   moves its next children into that namespace and starts the shell itself, as a supervisor
+//!   would (`supervise::spawn_shell`: a session of its own, confined). It then does what the
+//!   supervisor does: what the shell left gets a moment to end, then SIGTERM to every process
+//!   of the namespace, a grace, and the init's end, which kills them all.
+//! * **Under a forked supervisor** everywhere else (no view, the kernel refuses the PID
+//!   namespace or its `/proc`, a request with cgroups): the supervisor runs the supervisor
+//!   binary's own code (`supervise::in_fork`: the shell in a session of its own, confined, every
+//!   descendant reaped and killed before it reports).
 //!
 //! ```text
+//! podhost tool ──clone(VM, NEWPID)──► init (pid 1: mounts /proc; kill(-1) on request; its end
+//!   │                                   ends the namespace)
+//!   └──setns, vspawn, confine, exec──► <shell> -c <command> (pid 2) ──► …
 //! podhost tool ──fork──► supervisor ──vspawn, confine, exec──► <shell> -c <command> ──► …
 //!   │  poll: signalfd (SIGCHLD, stop signals), stdout and stderr pipes, the deadline
-//!   └─ a stop (the timeout, a signal) → SIGTERM to the supervisor, which kills the tree and
-//!      reports; a second stop signal → SIGKILL to it, and podhost kills what it left
+//!   └─ a stop (the timeout, a signal) → SIGTERM to the tree (by the init, or by the
+//!      supervisor, which then reports); a second stop signal → SIGKILL to it
 //! ```
 //!
 //! Invariants:
 //! * The process is single-threaded when [`execute`] is called (no async runtime was started):
-//!   the forked supervisor runs ordinary code, and the blocked signals rely on it.
-//! * The command's tree dies with podhost, however podhost dies: the supervisor gets SIGTERM
-//!   from the kernel when podhost ends (its parent-death signal) and kills every descendant,
-//!   as under the supervisor binary. podhost is a child subreaper, so what a supervisor killed
-//!   outright left is re-parented to podhost, which kills it before it answers.
-//! * The command gets the same walls as under the supervisor binary: the same request (built by
-//!   `spawn::request`) run by the same code, a fresh session keyring, descriptors above stderr
-//!   closed at its exec, and `oom_score_adj` 1000. podhost's own environment stays unreadable
-//!   to it (podhost is non-dumpable, see `confine::harden_process`).
-//! * "The command exited 1" and "the supervisor failed" cannot be confused: the first is a
-//!   status on the report socket, the second is none.
+//!   the forked supervisor runs ordinary code, the init runs beside this process in its memory,
+//!   and the blocked signals rely on it.
+//! * The command's tree dies with podhost, however podhost dies. In a PID namespace the init's
+//!   parent-death signal is SIGKILL, and the kernel kills every process of a namespace whose
+//!   init ends. Under a supervisor, the supervisor gets SIGTERM from the kernel when podhost
+//!   ends (its parent-death signal) and kills every descendant, as under the supervisor binary;
+//!   podhost is a child subreaper, so what a supervisor killed outright left is re-parented to
+//!   podhost, which kills it before it answers.
+//! * podhost answers only once nothing of the command runs: the shell is reaped and the init
+//!   has no child left (every orphan of the namespace is the init's), or the supervisor has
+//!   reported. In a PID namespace the init itself is then left to end with podhost (its
+//!   parent-death signal), so the teardown of what it shares with podhost is not on the call's
+//!   path.
+//! * The command gets the same walls either way, and as under the supervisor binary: the same
+//!   request (built by `spawn::request`) run by the same code, a fresh session keyring,
+//!   descriptors above stderr closed at its exec, and `oom_score_adj` 1000. podhost's own
+//!   environment stays unreadable to it (podhost is non-dumpable, see
+//!   `confine::harden_process`; the init and a forked supervisor are too).
+//! * "The command exited 1" and "podhost failed to run it" cannot be confused: the first is
+//!   the shell's status (reaped here, or on the report socket), the second an error.
 //!
 //! Local use's read-only system (a session whose holder would build a view alone: podhost is
 //! root, or in a user namespace of its own, see `probe::assume_own_namespaces`): this process
 //! enters fresh mount and IPC namespaces and builds the same view itself (`session::view`)
-//! before it forks the supervisor. In a user namespace of its own a view that fails half-built
+//! before it starts the command. In a user namespace of its own a view that fails half-built
 //! is an error, not a fallback: the process cannot go back to the host's mount namespace,
 //! which its user namespace does not own.
 //!
-//! Non-goals: sessions with a user or PID namespace, a network, a disk, a cgroup or a quota
-//! (their holder forks a supervisor; such an executor uses
+//! Non-goals: sessions with a user namespace, a network, a disk, a cgroup or a quota (their
+//! holder forks a supervisor; such an executor uses
 //! [`Executor::execute`](super::Executor::execute)); more than one command.
 
 use std::fs::File;
@@ -54,10 +75,11 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::Pid;
 
 use super::capture::StreamCapture;
-use super::protocol::{SessionRequest, Status};
+use super::nsinit::Init;
+use super::protocol::{Request, SessionRequest, Status};
 use super::session::view;
 use super::spawn::{EXIT_CANCELLED, EXIT_TIMED_OUT};
-use super::supervise::{self, handled_signals};
+use super::supervise::{self, LINGER, ShellParent, TERM_GRACE, handled_signals};
 use super::{ExecConfig, ExecError, ExecOutput, ExecRequest};
 
 /// How long the output pipes may stay open once no descendant is left (only a process stuck in
@@ -74,6 +96,8 @@ const FIRST_READ: usize = 4 * 1024;
 const KILL_CAP: Duration = Duration::from_secs(10);
 /// The pause between those kills.
 const SWEEP_PAUSE: Duration = Duration::from_millis(10);
+/// How often podhost looks whether what a command left in its PID namespace has ended.
+const POLL_STEP: Duration = Duration::from_millis(2);
 /// Reads of one pipe per wake-up, so a writer that never pauses cannot starve the signals.
 const READS_PER_WAKE: usize = 16;
 
@@ -92,9 +116,10 @@ enum Stop {
     Signal(Signal),
 }
 
-/// Runs `req` to its end under a supervisor forked from this process (see the module doc).
-/// `req.cancel` is not watched: the stop signals are. `Err` is a fault of podhost or a command
-/// that could not start.
+/// Runs `req` to its end (see the module doc): in a PID namespace of its own where this
+/// process built the view, else under a supervisor forked from this process. `req.cancel` is
+/// not watched: the stop signals are. `Err` is a fault of podhost or a command that could not
+/// start.
 pub fn execute(
     config: &ExecConfig,
     view: Option<&SessionRequest>,
@@ -103,8 +128,8 @@ pub fn execute(
     let request = super::spawn::request(config, &req)?;
     default_dispositions();
     let signals = handled_signals();
-    // From here on the stop signals wait to be read, so none is lost before the fork; the
-    // supervisor inherits them blocked and waits for them itself.
+    // From here on the stop signals wait to be read, so none is lost before the command
+    // starts; a supervisor inherits them blocked and waits for them itself.
     signals.thread_block().map_err(io::Error::from)?;
     let signalfd = SignalFd::with_flags(&signals, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
         .map_err(io::Error::from)?;
@@ -113,32 +138,35 @@ pub fn execute(
     // supervisor binary); a failure leaves the kernel's own choice.
     let _ = std::fs::write("/proc/self/oom_score_adj", "1000");
     // The read-only system of local use: this process enters it, as a session holder would.
-    if let Some(session) = view {
-        enter_view(session)?;
+    let walled = match view {
+        Some(session) => enter_view(session)?,
+        None => false,
+    };
+    let mut watch = Watch::new(signalfd, &req);
+    if walled
+        && request.confine.cgroup_procs.is_empty()
+        && let Some(status) = in_namespace(&request, &mut watch)?
+    {
+        return outcome(watch, Some(status), "");
     }
     // What a supervisor killed outright leaves comes here, to be killed (see `leftovers`).
     super::reaper::become_subreaper()?;
     let (out_r, out_w) = super::sys::pipe()?;
     let (err_r, err_w) = super::sys::pipe()?;
     let (report_r, report_w) = UnixStream::pair()?;
-    let supervisor = fork_supervisor(&request, out_w, err_w, report_w, signalfd.as_fd())?;
-    let mut watch = Watch {
-        signals: signalfd,
-        pipes: [Some(nonblocking(out_r)?), Some(nonblocking(err_r)?)],
-        captures: [
-            StreamCapture::new(req.stream_chars),
-            StreamCapture::new(req.stream_chars),
-        ],
-        deadline: Instant::now() + req.timeout,
-        stopped: None,
-        hurried: false,
-        buf: vec![0; FIRST_READ],
-    };
+    let supervisor = fork_supervisor(&request, out_w, err_w, report_w, watch.signals.as_fd())?;
+    watch.pipes = [Some(nonblocking(out_r)?), Some(nonblocking(err_r)?)];
     let ended = watch.supervised(supervisor);
     // podhost's only child was the supervisor; any other is an orphan it left.
     leftovers();
     watch.drain(DRAIN_BOUND);
     let status = read_status(report_r);
+    outcome(watch, status, &ended.to_string())
+}
+
+/// The command's outcome from how it ended (`status`: the supervisor's report, `None` when it
+/// made none; `ended`: how the supervisor itself ended) and what `watch` saw.
+fn outcome(watch: Watch, status: Option<Status>, ended: &str) -> Result<OneShot, ExecError> {
     let stopped = watch.stopped;
     let [out, err] = watch.captures;
     let (exit_code, timed_out, cancelled) = match (status, stopped) {
@@ -172,6 +200,48 @@ pub fn execute(
             _ => None,
         },
     })
+}
+
+/// Runs the command in a PID namespace of its own whose init is podhost's (see `nsinit`): no
+/// supervisor process, the kernel kills the tree. How it ended, or `None` where the kernel
+/// refuses the namespace or its `/proc` (nothing of the attempt is left then: the caller forks
+/// a supervisor).
+fn in_namespace(request: &Request, watch: &mut Watch) -> Result<Option<Status>, ExecError> {
+    let refused = |why: &dyn std::fmt::Display| {
+        tracing::debug!("no PID namespace for the command ({why}): a supervisor runs it");
+    };
+    if crate::failpoint_fails!("oneshot.pid_namespace_refused") {
+        refused(&"the failpoint oneshot.pid_namespace_refused");
+        return Ok(None);
+    }
+    let mut init = match Init::start(crate::failpoint_fails!("oneshot.proc_refused")) {
+        Ok(init) => init,
+        Err(e) => {
+            refused(&e);
+            return Ok(None);
+        }
+    };
+    // While the init mounts the namespace's /proc. A session keyring of the command's own,
+    // never podhost's: this process has no use for its caller's.
+    super::confine::join_session_keyring().map_err(|e| ExecError::Start {
+        message: format!("could not join a fresh session keyring: {e}"),
+    })?;
+    let (out_r, out_w) = super::sys::pipe()?;
+    let (err_r, err_w) = super::sys::pipe()?;
+    // Before the command's rules are made: Landlock's rules hold the /proc they were opened on.
+    if let Err(e) = init.enter() {
+        drop(init);
+        refused(&format_args!("its /proc, or joining it: {e}"));
+        return Ok(None);
+    }
+    let shell = supervise::spawn_shell(request, ShellParent::Namespace, Some([out_w, err_w]))
+        .map_err(|e| ExecError::Start {
+            message: format!("could not start {} -c …: {e}", request.shell.display()),
+        })?;
+    watch.pipes = [Some(nonblocking(out_r)?), Some(nonblocking(err_r)?)];
+    let status = watch.namespaced(shell, init);
+    watch.drain(DRAIN_BOUND);
+    status.map(Some)
 }
 
 /// Forks the command's supervisor: it runs `supervise::in_fork` with the output pipes as its
@@ -282,8 +352,8 @@ fn default_dispositions() {
 /// is the probe: if the kernel refuses the namespaces or a step of the view, this process
 /// goes back to the namespaces it came from (and its working directory), and the command runs
 /// without the view, as where a probe had found none. Where the level was probed, a failure
-/// is the command's start failing.
-fn enter_view(session: &SessionRequest) -> Result<(), ExecError> {
+/// is the command's start failing. Whether the view was built.
+fn enter_view(session: &SessionRequest) -> Result<bool, ExecError> {
     let failed = |e: super::sys::StepError| ExecError::Session {
         message: format!("could not build the command view: {e}"),
     };
@@ -312,7 +382,7 @@ fn enter_view(session: &SessionRequest) -> Result<(), ExecError> {
         prepared.build()
     };
     if !super::probe::namespaces_assumed() {
-        return make().and_then(|()| build()).map_err(failed);
+        return make().and_then(|()| build()).map(|()| true).map_err(failed);
     }
     let refused = |e: super::sys::StepError| {
         tracing::debug!(
@@ -331,26 +401,26 @@ fn enter_view(session: &SessionRequest) -> Result<(), ExecError> {
     // Refused at once: nothing changed.
     if let Err(e) = make() {
         refused(e);
-        return Ok(());
+        return Ok(false);
     }
-    if let Err(e) = build() {
-        let Some(home) = home else {
-            return Err(ExecError::Session {
-                message: format!(
-                    "could not build the command view ({e}); in a user namespace of its own, \
-                     podhost cannot return to the host's mount namespace"
-                ),
-            });
-        };
-        home.go_back().map_err(|back| ExecError::Session {
+    let Err(e) = build() else {
+        return Ok(true);
+    };
+    let Some(home) = home else {
+        return Err(ExecError::Session {
             message: format!(
-                "could not build the command view ({e}), nor return to podhost's namespaces: \
-                 {back}"
+                "could not build the command view ({e}); in a user namespace of its own, \
+                 podhost cannot return to the host's mount namespace"
             ),
-        })?;
-        refused(e);
-    }
-    Ok(())
+        });
+    };
+    home.go_back().map_err(|back| ExecError::Session {
+        message: format!(
+            "could not build the command view ({e}), nor return to podhost's namespaces: {back}"
+        ),
+    })?;
+    refused(e);
+    Ok(false)
 }
 
 /// The mount and IPC namespaces and the working directory this process had before
@@ -396,6 +466,16 @@ impl Home {
             }
         }
         Ok(())
+    }
+}
+
+/// A shell's exit status as a supervisor reports it.
+fn shell_status(status: ExitStatus) -> Status {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => Status::Exited(code),
+        (None, Some(sig)) => Status::Signaled(sig),
+        (None, None) => Status::Killed,
     }
 }
 
@@ -469,6 +549,74 @@ struct Watch {
 }
 
 impl Watch {
+    /// Watches `signals` and `req`'s deadline; the pipes are set once the command starts.
+    fn new(signals: SignalFd, req: &ExecRequest) -> Watch {
+        Watch {
+            signals,
+            pipes: [None, None],
+            captures: [
+                StreamCapture::new(req.stream_chars),
+                StreamCapture::new(req.stream_chars),
+            ],
+            deadline: Instant::now() + req.timeout,
+            stopped: None,
+            hurried: false,
+            buf: vec![0; FIRST_READ],
+        }
+    }
+
+    /// Reads the output and keeps the deadline and the stop signals until nothing of the
+    /// command runs in its PID namespace (`init`'s), as a supervisor would: what the shell
+    /// leaves gets [`LINGER`] to end by itself; then, or at the first stop, SIGTERM to every
+    /// process there, and [`TERM_GRACE`] (cut short by a second stop signal) before the init's
+    /// end kills them all. How the shell ended (`Killed` when a stop came while it or what it
+    /// left still ran); `Err` when the init ended before podhost ended it (something outside
+    /// killed it, and the kernel the whole namespace): a fault, not the command's end.
+    fn namespaced(&mut self, shell: Pid, mut init: Init) -> Result<Status, ExecError> {
+        let mut status = None;
+        let (mut linger, mut termed, mut by_stop) = (None, None, false);
+        loop {
+            if status.is_none() {
+                status = try_wait(shell).map(shell_status);
+            }
+            // The init still running after the list showed no child means the list was true
+            // (its death would have killed the command too).
+            if let Some(status) = status.take_if(|_| !init.children_left() && init.alive()) {
+                // Nothing of the command is left: the init ends with this process.
+                init.detach();
+                return Ok(if by_stop { Status::Killed } else { status });
+            }
+            if !init.alive() {
+                init.end(status.is_none().then_some(shell.as_raw()), KILL_CAP);
+                return Err(ExecError::Supervisor {
+                    message: "the init of the command's PID namespace ended before the command \
+                              did"
+                    .to_owned(),
+                });
+            }
+            let now = Instant::now();
+            if status.is_some() && linger.is_none() {
+                linger = Some(now + LINGER);
+            }
+            if termed.is_none() && (self.stopped.is_some() || linger.is_some_and(|l| now >= l)) {
+                by_stop = self.stopped.is_some();
+                init.term_all();
+                termed = Some(now);
+            }
+            if self.hurried || termed.is_some_and(|t| now >= t + TERM_GRACE) {
+                break;
+            }
+            // The shell's end wakes the wait (SIGCHLD); what it left is looked at every
+            // `POLL_STEP`.
+            self.wait((status.is_some() || termed.is_some()).then_some(POLL_STEP));
+        }
+        init.end(status.is_none().then_some(shell.as_raw()), KILL_CAP);
+        Ok(match (by_stop, status) {
+            (false, Some(status)) => status,
+            _ => Status::Killed,
+        })
+    }
+
     /// Reads the output and keeps the deadline and the stop signals until the supervisor has
     /// ended: SIGTERM to it at the first stop (it kills the tree and reports), SIGKILL at a
     /// second stop signal. How it ended.
@@ -486,18 +634,23 @@ impl Watch {
                 killed = true;
                 let _ = kill(supervisor, Signal::SIGKILL);
             }
-            self.wait();
+            self.wait(None);
         }
     }
 
-    /// Waits once for a signal, output or the deadline, and takes what came.
-    fn wait(&mut self) {
+    /// Waits once for a signal, output or the deadline (for at most `cap`), and takes what
+    /// came.
+    fn wait(&mut self, cap: Option<Duration>) {
         let now = Instant::now();
         if self.stopped.is_none() && now >= self.deadline {
             self.stopped = Some(Stop::TimedOut);
             return;
         }
         let limit = self.stopped.is_none().then(|| self.deadline - now);
+        let limit = match (limit, cap) {
+            (Some(l), Some(c)) => Some(l.min(c)),
+            (l, c) => l.or(c),
+        };
         let (signalled, ready) = self.poll(limit, true);
         self.read_ready(ready);
         if signalled {

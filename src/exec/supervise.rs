@@ -36,6 +36,7 @@ use std::ffi::OsStr;
 use std::io::{self, Read, Write};
 use std::os::fd::AsFd;
 use std::os::fd::AsRawFd;
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -53,9 +54,9 @@ use super::protocol::{MAX_REQUEST_BYTES, Request, Status};
 use super::vspawn;
 
 /// How long descendants left behind by the shell may take to end on their own.
-const LINGER: Duration = Duration::from_millis(100);
+pub(crate) const LINGER: Duration = Duration::from_millis(100);
 /// How long SIGTERMed descendants get before SIGKILL.
-const TERM_GRACE: Duration = Duration::from_millis(200);
+pub(crate) const TERM_GRACE: Duration = Duration::from_millis(200);
 /// The pause between SIGKILL sweeps (a SIGCHLD ends it early).
 const SWEEP_PAUSE: Duration = Duration::from_millis(10);
 /// After this long of SIGKILL sweeps the supervisor gives up: what is left is stuck in the
@@ -318,7 +319,7 @@ impl Supervisor {
         if self.start != Start::Forked {
             let _ = setsid();
         }
-        match spawn_shell(req, self.me) {
+        match spawn_shell(req, ShellParent::Supervisor(self.me), None) {
             Ok(pid) => self.shell = Some(pid),
             Err(e) => {
                 return Status::Error(format!("could not start {} -c …: {e}", req.shell.display()));
@@ -404,22 +405,44 @@ impl Supervisor {
     }
 }
 
-/// Starts `<shell> -c <command>` in its own process group, stdin from /dev/null, stdout and stderr
-/// ours (podhost's pipes), with the request's environment, directory and limits. The shell is
+/// Who starts a command's shell, and so what the shell does before its exec.
+#[derive(Clone, Copy)]
+pub(crate) enum ShellParent {
+    /// A supervisor, this process (its pid): the shell is a process group in the supervisor's
+    /// session and dies with it.
+    Supervisor(Pid),
+    /// podhost itself, outside the PID namespace it made for the shell (`podhost tool`, see
+    /// `exec::nsinit`): the shell starts a session of its own; the namespace's init kills it if
+    /// podhost dies.
+    Namespace,
+}
+
+/// Starts `<shell> -c <command>` as `parent` asks, stdin from /dev/null, stdout and stderr
+/// `output` or else ours (podhost's pipes), with the request's environment, directory and limits. The shell is
 /// started as `posix_spawn` would (see `vspawn`): no copy of this process is made only to be
 /// replaced.
-fn spawn_shell(req: &Request, supervisor: Pid) -> Result<Pid, String> {
+pub(crate) fn spawn_shell(
+    req: &Request,
+    parent: ShellParent,
+    output: Option<[OwnedFd; 2]>,
+) -> Result<Pid, String> {
     let limits = Prepared::new(&req.limits);
     // Opened and compiled here, before the clone: the child only makes system calls.
     let confine = confine::Prepared::new(&req.confine)
         .map_err(|e| format!("could not confine the command: {e}"))?;
-    let image = vspawn::Image::new(
+    let mut image = vspawn::Image::new(
         &req.shell,
         [OsStr::new("-c"), OsStr::new(&req.command)],
         req.env.iter().map(|(k, v)| (OsStr::new(k), OsStr::new(v))),
         &req.cwd,
     )
     .map_err(|e| e.to_string())?;
+    if let ShellParent::Namespace = parent {
+        image = image.in_own_session();
+    }
+    if let Some([stdout, stderr]) = output {
+        image = image.with_output(stdout, stderr);
+    }
     // Runs in the child before the exec: system calls only (rt_sigaction, sigprocmask,
     // setrlimit, set*id, prctl, getppid, capset, landlock_restrict_self, seccomp) on values
     // prepared above, nothing allocated (see `vspawn`'s invariants).
@@ -432,10 +455,12 @@ fn spawn_shell(req: &Request, supervisor: Pid) -> Result<Pid, String> {
         limits.apply()?;
         // Before the parent-death signal: a credential change clears it.
         confine.switch_user()?;
-        // If the supervisor is killed outright, take the shell with it.
-        prctl::set_pdeathsig(Signal::SIGKILL)?;
-        if getppid() != supervisor {
-            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        if let ShellParent::Supervisor(supervisor) = parent {
+            // If the supervisor is killed outright, take the shell with it.
+            prctl::set_pdeathsig(Signal::SIGKILL)?;
+            if getppid() != supervisor {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
         }
         prctl::set_no_new_privs()?;
         // Last: the seccomp filter needs no_new_privs, and nothing after it may need what

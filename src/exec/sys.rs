@@ -936,6 +936,35 @@ pub fn read_byte(fd: RawFd) -> io::Result<Option<u8>> {
     }
 }
 
+/// Detaches the mount at `path` (`umount2` with `MNT_DETACH`).
+pub fn unmount_detached(path: &CStr) -> io::Result<()> {
+    // SAFETY: a NUL-terminated path, live for the call.
+    if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Reads from `fd` (a pipe) until `buf` is full or the pipe ends; how much was read.
+pub fn read_exact_or_end(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        // SAFETY: the rest of `buf` is writable and live for the call.
+        let n = unsafe { libc::read(fd, buf[got..].as_mut_ptr().cast(), buf.len() - got) };
+        match n {
+            0 => break,
+            n if n > 0 => got += n as usize,
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(got)
+}
+
 /// The events pending on `fd` now (`poll` with a zero timeout); 0 for none.
 pub fn poll_now(fd: RawFd, events: libc::c_short) -> libc::c_short {
     let mut pfd = libc::pollfd {
@@ -945,6 +974,20 @@ pub fn poll_now(fd: RawFd, events: libc::c_short) -> libc::c_short {
     };
     // SAFETY: one live pollfd and a zero timeout.
     let rc = unsafe { libc::poll(&mut pfd, 1, 0) };
+    if rc > 0 { pfd.revents } else { 0 }
+}
+
+/// Waits up to `timeout` for `events` on `fd`; the events pending then (0 for none).
+pub fn poll_for(fd: RawFd, events: libc::c_short, timeout: std::time::Duration) -> libc::c_short {
+    let mut pfd = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    // Rounded up, so a wait never ends just before its deadline.
+    let ms = libc::c_int::try_from(timeout.as_micros().div_ceil(1000)).unwrap_or(libc::c_int::MAX);
+    // SAFETY: one live pollfd.
+    let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
     if rc > 0 { pfd.revents } else { 0 }
 }
 

@@ -3,7 +3,7 @@
 //! that child before the exec.
 //!
 //! Owns: the clone, the child's fixed steps (stdin from `/dev/null`, working directory, process
-//! group), the caller's pre-exec steps, the exec, and getting the child's failure back.
+//! group or session), the caller's pre-exec steps, the exec, and getting the child's failure back.
 //!
 //! Why not `std::process::Command`: with a pre-exec closure it forks, copying the supervisor's
 //! page tables and turning every page either side writes next into a copy, then throws the copy
@@ -52,6 +52,10 @@ pub struct Image {
     envp_ptrs: Vec<*const libc::c_char>,
     cwd: CString,
     stdin: OwnedFd,
+    /// A session of the child's own (`setsid`), not only a process group.
+    session: bool,
+    /// The child's stdout and stderr, when not the caller's own.
+    output: Option<[OwnedFd; 2]>,
 }
 
 impl Image {
@@ -97,7 +101,23 @@ impl Image {
             envp_ptrs,
             cwd: c(cwd.as_os_str().as_bytes())?,
             stdin,
+            session: false,
+            output: None,
         })
+    }
+
+    /// The child's stdout and stderr are `stdout` and `stderr` (closed here once the child has
+    /// exec'ed), not the caller's own.
+    pub fn with_output(mut self, stdout: OwnedFd, stderr: OwnedFd) -> Image {
+        self.output = Some([stdout, stderr]);
+        self
+    }
+
+    /// The child starts a session of its own (`setsid`: its own process group, no controlling
+    /// terminal) instead of only a process group in the caller's session.
+    pub fn in_own_session(mut self) -> Image {
+        self.session = true;
+        self
     }
 }
 
@@ -132,12 +152,14 @@ const STEP_CWD: i32 = 2;
 const STEP_GROUP: i32 = 3;
 const STEP_PRE_EXEC: i32 = 4;
 const STEP_EXEC: i32 = 5;
+const STEP_OUTPUT: i32 = 6;
 
 fn step_name(step: i32) -> &'static str {
     match step {
         STEP_STDIN => "stdin",
         STEP_CWD => "working directory",
-        _ => "process group",
+        STEP_OUTPUT => "stdout and stderr",
+        _ => "process group or session",
     }
 }
 
@@ -216,15 +238,26 @@ extern "C" fn entry(arg: *mut libc::c_void) -> libc::c_int {
         // destructors of memory it shares).
         unsafe { libc::_exit(127) }
     };
-    // SAFETY: dup2, chdir and setpgid on values the image owns.
+    // SAFETY: dup2, chdir and setpgid or setsid on values the image owns.
     unsafe {
         if libc::dup2(image.stdin.as_raw_fd(), libc::STDIN_FILENO) < 0 {
             return fail(STEP_STDIN, super::sys::errno());
         }
+        if let Some([out, err]) = &image.output
+            && (libc::dup2(out.as_raw_fd(), libc::STDOUT_FILENO) < 0
+                || libc::dup2(err.as_raw_fd(), libc::STDERR_FILENO) < 0)
+        {
+            return fail(STEP_OUTPUT, super::sys::errno());
+        }
         if libc::chdir(image.cwd.as_ptr()) != 0 {
             return fail(STEP_CWD, super::sys::errno());
         }
-        if libc::setpgid(0, 0) != 0 {
+        let grouped = if image.session {
+            libc::setsid() >= 0
+        } else {
+            libc::setpgid(0, 0) == 0
+        };
+        if !grouped {
             return fail(STEP_GROUP, super::sys::errno());
         }
     }

@@ -631,7 +631,9 @@ fn an_unprivileged_podhost_tool_runs_its_command_in_the_read_only_system() {
         &json!({"command": format!(
             "f={0}; {{ chmod 777 $f; touch -d 2001-01-01 $f; echo x >> $f; }} 2>&1 \
              | sed 's/^.*: //'; [ \"$(readlink /proc/self/ns/mnt)\" != '{1}' ] && echo own view; \
-             grep CapEff /proc/self/status; cat /proc/$(cut -d' ' -f4 /proc/$PPID/stat)/comm",
+             grep CapEff /proc/self/status; \
+             if [ $PPID = 0 ]; then p=1; else p=$(cut -d' ' -f4 /proc/$PPID/stat); fi; \
+             cat /proc/$p/comm",
             owned.display(),
             ours.display()
         )}),
@@ -661,7 +663,8 @@ fn an_unprivileged_podhost_tool_runs_its_command_in_the_read_only_system() {
         &json!({
             "exitCode": 0,
             // Built by podhost itself, in a user namespace of its own (no session holder
-            // between it and the supervisor), and the command holds no capability in it.
+            // between it and the supervisor, or the PID namespace's init, pid 1), and the
+            // command holds no capability in it.
             "stdout": format!(
                 "{}own view\nCapEff:\t0000000000000000\npodhost\n",
                 "Read-only file system\n".repeat(3)

@@ -1,6 +1,7 @@
 //! podhost's own process, attacked from a command it runs (the real binary, `podhost tool`):
 //! its environment and memory through `/proc`, ptrace, and signals. The command finds podhost as
-//! the parent of its supervisor (`$PPID`).
+//! the parent of its supervisor (`$PPID`), or, in a PID namespace of its own, as that
+//! namespace's init, which shares podhost's memory (see `against_podhost`).
 
 use std::ffi::OsString;
 use std::path::Path;
@@ -17,16 +18,32 @@ const ENV: [(&str, &str); 2] = [
     ("PODHOST_CANARY_SETTING", "canary-visible"),
 ];
 
-/// Shell that sets `$P` to podhost's pid — the first process named `podhost` above the
-/// command's supervisor (a session holder, where there is one, lies between them) — then runs
-/// `body`; pids are printed as `PID`.
+/// Shell that sets `$P` to podhost's pid and `$S` to the command's supervisor's, then runs
+/// `body`; pids are printed as `PID` and `SUP`. Under a supervisor (a session holder, where
+/// there is one, lies between it and podhost), podhost is the first process named `podhost`
+/// above it. In a PID namespace of its own (`podhost tool` where it builds the view; `$PPID`
+/// is 0 there, podhost being outside), both are the namespace's init, pid 1, which shares
+/// podhost's memory and environment: its first line says which.
 fn against_podhost(body: &str) -> serde_json::Value {
     json!({ "command": format!(
-        "P=$(cut -d' ' -f4 /proc/$PPID/stat); \
-         while [ \"$(cat /proc/$P/comm)\" != podhost ] && [ \"$P\" -gt 1 ]; do \
-           P=$(cut -d' ' -f4 /proc/$P/stat); done; \
-         {{ {body}; }} 2>&1 | sed \"s/$P/PID/g; s/$PPID/SUP/g\""
+        "if [ $PPID = 0 ]; then echo pid-namespace; P=1; S=1; else echo supervisor; \
+           P=$(cut -d' ' -f4 /proc/$PPID/stat); \
+           while [ \"$(cat /proc/$P/comm)\" != podhost ] && [ \"$P\" -gt 1 ]; do \
+             P=$(cut -d' ' -f4 /proc/$P/stat); done; S=$PPID; fi; \
+         {{ {body}; }} 2>&1 | sed \"s#/proc/$P/#/proc/PID/#g; s#($P)#(PID)#g; \
+           s#/proc/$S/#/proc/SUP/#g; s#($S)#(SUP)#g\""
     )})
+}
+
+/// The output of an [`against_podhost`] command, and `expected` as it reads there: where the
+/// command ran in a PID namespace of its own, its supervisor is podhost's init too (`PID`).
+fn as_run(stdout: &str, expected: &str) -> (String, String) {
+    let (mode, rest) = stdout.split_once('\n').unwrap_or((stdout, ""));
+    match mode {
+        "pid-namespace" => (rest.to_owned(), expected.replace("SUP", "PID")),
+        "supervisor" => (rest.to_owned(), expected.to_owned()),
+        other => panic!("no mode line: {other}"),
+    }
 }
 
 /// Python that tries PTRACE_ATTACH on each pid given after it and prints the errno name (or
@@ -54,20 +71,21 @@ fn podhosts_environment_and_memory_are_closed_to_its_commands() {
         &host.tool_args(),
         &against_podhost(
             "cat /proc/$P/comm; cat /proc/$P/environ; cat /proc/$P/mem; cat /proc/$P/maps; \
-             readlink /proc/$P/cwd || echo no cwd; cat /proc/$PPID/environ; echo end",
+             readlink /proc/$P/cwd || echo no cwd; cat /proc/$S/environ; echo end",
         ),
         None,
     );
-    assert_eq!(
-        stdout,
+    let (got, expected) = as_run(
+        &stdout,
         "podhost\n\
          cat: /proc/PID/environ: Permission denied\n\
          cat: /proc/PID/mem: Permission denied\n\
          cat: /proc/PID/maps: Permission denied\n\
          no cwd\n\
          cat: /proc/SUP/environ: Permission denied\n\
-         end\n"
+         end\n",
     );
+    assert_eq!(got, expected);
 }
 
 #[test]
@@ -75,10 +93,11 @@ fn ptrace_of_podhost_and_of_the_supervisor_fails() {
     let host = Host::new();
     let stdout = run_as(
         &host.tool_args(),
-        &against_podhost(&format!("{PTRACE} $P $PPID")),
+        &against_podhost(&format!("{PTRACE} $P $S")),
         None,
     );
-    assert_eq!(stdout, "EPERM\nEPERM\n");
+    let (got, expected) = as_run(&stdout, "EPERM\nEPERM\n");
+    assert_eq!(got, expected);
 }
 
 /// Landlock's signal scoping (ABI 6): a command cannot signal podhost or its supervisor, and
@@ -88,16 +107,17 @@ fn commands_cannot_signal_podhost_or_their_supervisor() {
     let host = Host::new();
     let stdout = run_as(
         &host.tool_args(),
-        &against_podhost("kill -TERM $P; kill -KILL $P; kill -KILL $PPID; echo alive"),
+        &against_podhost("kill -TERM $P; kill -KILL $P; kill -KILL $S; echo alive"),
         None,
     );
-    assert_eq!(
-        stdout,
+    let (got, expected) = as_run(
+        &stdout,
         "/bin/bash: line 1: kill: (PID) - Operation not permitted\n\
          /bin/bash: line 1: kill: (PID) - Operation not permitted\n\
          /bin/bash: line 1: kill: (SUP) - Operation not permitted\n\
-         alive\n"
+         alive\n",
     );
+    assert_eq!(got, expected);
 }
 
 /// Without Landlock, non-dumpable alone closes podhost to a command of the same (unprivileged)
@@ -118,13 +138,14 @@ fn without_landlock_non_dumpable_still_closes_podhost_to_the_same_user() {
         )),
         Some(&podhost),
     );
-    assert_eq!(
-        stdout,
+    let (got, expected) = as_run(
+        &stdout,
         "65534\n\
          cat: /proc/PID/environ: Permission denied\n\
          cat: /proc/PID/mem: Permission denied\n\
-         EPERM\n"
+         EPERM\n",
     );
+    assert_eq!(got, expected);
 }
 
 /// A secret read from podhost's environment is overwritten in the initial environment block

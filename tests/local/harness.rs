@@ -170,6 +170,22 @@ pub fn alive(pid: i32) -> bool {
     }
 }
 
+/// The pids (in this test's PID namespace) of the processes running with `dir` as their
+/// working directory: a command started there and what it started, whatever PID namespace
+/// podhost gave them (the pids a command prints of itself are its namespace's).
+pub fn running_in(dir: &Path) -> Vec<i32> {
+    let dir = std::fs::canonicalize(dir).unwrap();
+    let mut pids: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|&pid: &i32| {
+            std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd == dir) && alive(pid)
+        })
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
 /// Waits until none of `pids` runs, within [`T`]; returns those still running then.
 pub async fn wait_gone(pids: &[i32]) -> Vec<i32> {
     let _ = tokio::time::timeout(T, async {

@@ -1,8 +1,12 @@
-//! `podhost tool bash` runs its one command under a supervisor forked from its own process (no
-//! second program to load, no control socket): what that path owns — killing the whole tree on a
-//! stop signal and on the timeout (also a tree that ignores SIGTERM), killing what the command
-//! left behind before podhost exits, the command's stdin at its end, and podhost's environment
-//! closed to the command.
+//! `podhost tool bash` runs its one command in a PID namespace of its own, whose init is
+//! podhost's (where podhost builds the command's view: root, or a user namespace of its own),
+//! else under a supervisor forked from its own process (no second program to load, no control
+//! socket): what those paths own — killing the whole tree on a stop signal and on the timeout
+//! (also a tree that ignores SIGTERM), killing what the command left behind before podhost
+//! exits, the command's stdin at its end, and podhost's environment closed to the command.
+//!
+//! The pids a command prints are its own namespace's: the tests find its processes on the host
+//! by their working directory, the workspace ([`running_in`]).
 
 use std::process::Stdio;
 
@@ -10,11 +14,15 @@ use nix::sys::signal::Signal;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use crate::harness::{alive, finish, podhost, signal, wait_for_line};
+use crate::harness::{alive, finish, podhost, running_in, signal, wait_for_line, wait_gone};
 
 /// A command that ignores SIGTERM (so do its children), starts a background child that would
 /// outlive it, records both pids and never exits.
 const STUBBORN: &str = "trap '' TERM; sleep 300 & echo $! $$ > pids; while :; do sleep 1; done";
+
+/// The failpoint that refuses a one-shot command its PID namespace: it runs under a forked
+/// supervisor, as where the kernel gives no namespace.
+const NO_PID_NAMESPACE: &str = "oneshot.pid_namespace_refused=fail";
 
 fn pids(text: &str) -> Vec<i32> {
     text.split_whitespace()
@@ -42,19 +50,61 @@ async fn sigterm_kills_a_tree_that_ignores_sigterm_and_prints_the_outcome() {
     let child = tool(dir.path(), &json!({"command": STUBBORN}))
         .spawn()
         .unwrap();
-    let started = pids(&wait_for_line(&dir.path().join("pids")).await);
-    assert!(started.iter().all(|&p| alive(p)));
+    assert_eq!(
+        pids(&wait_for_line(&dir.path().join("pids")).await).len(),
+        2
+    );
+    // The shell, its `sleep 300` and its loop's `sleep 1`, at least.
+    let started = running_in(dir.path());
+    assert!(started.len() >= 2, "{started:?}");
     signal(&child, Signal::SIGTERM);
     let out = finish(child).await;
     // Killed before podhost exited: no deadline to wait for.
     let left: Vec<i32> = started.iter().copied().filter(|&p| alive(p)).collect();
-    assert_eq!((out.code, left), (143, vec![]), "{}", out.stderr);
+    assert_eq!(
+        (out.code, left, running_in(dir.path())),
+        (143, vec![], vec![]),
+        "{}",
+        out.stderr
+    );
     let outcome: Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(
         outcome,
         json!({"kind": "failed", "code": "sandbox.cancelled",
                "message": "Stopped by SIGTERM: the call was cancelled and its processes killed."})
     );
+}
+
+/// podhost killed outright (SIGKILL: nothing of it runs again) takes the command's whole tree
+/// with it: the kernel ends the namespace's init, which ends every process there; or the
+/// supervisor's parent-death signal makes it kill the tree.
+#[tokio::test]
+async fn sigkill_of_podhost_tool_kills_the_whole_tree() {
+    for failpoint in [None, Some(NO_PID_NAMESPACE)] {
+        let dir = tempfile::tempdir().unwrap();
+        let command = format!("setsid sleep 300 & {STUBBORN}");
+        let mut cmd = tool(dir.path(), &json!({ "command": command }));
+        if let Some(f) = failpoint {
+            cmd.env("PODHOST_FAILPOINTS", f);
+        }
+        let child = cmd.spawn().unwrap();
+        assert_eq!(
+            pids(&wait_for_line(&dir.path().join("pids")).await).len(),
+            2
+        );
+        let started = running_in(dir.path());
+        assert!(started.len() >= 3, "{failpoint:?}: {started:?}");
+        signal(&child, Signal::SIGKILL);
+        let out = finish(child).await;
+        // Killed by a signal: no exit code.
+        assert_eq!(out.code, -1, "{failpoint:?}");
+        assert_eq!(
+            wait_gone(&started).await,
+            Vec::<i32>::new(),
+            "{failpoint:?}"
+        );
+        assert_eq!(running_in(dir.path()), Vec::<i32>::new(), "{failpoint:?}");
+    }
 }
 
 #[tokio::test]
@@ -67,9 +117,14 @@ async fn the_timeout_kills_a_tree_that_ignores_sigterm() {
             .unwrap(),
     )
     .await;
+    // The tree was started, and nothing of it runs once podhost has answered.
     let started = pids(&std::fs::read_to_string(dir.path().join("pids")).unwrap());
-    let left: Vec<i32> = started.iter().copied().filter(|&p| alive(p)).collect();
-    assert_eq!((out.code, left), (0, vec![]), "{}", out.stderr);
+    assert_eq!(
+        (out.code, started.len(), running_in(dir.path())),
+        (0, 2, vec![]),
+        "{}",
+        out.stderr
+    );
     assert_eq!(
         output(&out.stdout),
         json!({
@@ -79,27 +134,30 @@ async fn the_timeout_kills_a_tree_that_ignores_sigterm() {
     );
 }
 
+/// What a command leaves behind is killed before podhost answers, in its PID namespace or
+/// under a supervisor.
 #[tokio::test]
 async fn what_the_command_leaves_behind_does_not_outlive_podhost_tool() {
-    let dir = tempfile::tempdir().unwrap();
-    // A plain background child, one in a session of its own, and a double fork.
-    let command = "sleep 100 & echo $! >> pids; setsid sleep 100 & echo $! >> pids; \
-                   ( sleep 100 & echo $! >> pids ) ; echo started";
-    let out = finish(
-        tool(dir.path(), &json!({"command": command}))
-            .spawn()
-            .unwrap(),
-    )
-    .await;
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    assert_eq!(
-        output(&out.stdout),
-        json!({"exitCode": 0, "stdout": "started\n", "stderr": ""})
-    );
-    let left = pids(&std::fs::read_to_string(dir.path().join("pids")).unwrap());
-    assert_eq!(left.len(), 3);
-    let alive_now: Vec<i32> = left.into_iter().filter(|&p| alive(p)).collect();
-    assert_eq!(alive_now, Vec::<i32>::new());
+    for failpoint in [None, Some(NO_PID_NAMESPACE)] {
+        let dir = tempfile::tempdir().unwrap();
+        // A plain background child, one in a session of its own, and a double fork.
+        let command = "sleep 100 & echo $! >> pids; setsid sleep 100 & echo $! >> pids; \
+                       ( sleep 100 & echo $! >> pids ) ; echo started";
+        let mut cmd = tool(dir.path(), &json!({"command": command}));
+        if let Some(f) = failpoint {
+            cmd.env("PODHOST_FAILPOINTS", f);
+        }
+        let out = finish(cmd.spawn().unwrap()).await;
+        assert_eq!(out.code, 0, "{failpoint:?}: {}", out.stderr);
+        assert_eq!(
+            output(&out.stdout),
+            json!({"exitCode": 0, "stdout": "started\n", "stderr": ""}),
+            "{failpoint:?}"
+        );
+        let left = pids(&std::fs::read_to_string(dir.path().join("pids")).unwrap());
+        assert_eq!(left.len(), 3, "{failpoint:?}");
+        assert_eq!(running_in(dir.path()), Vec::<i32>::new(), "{failpoint:?}");
+    }
 }
 
 #[tokio::test]
@@ -122,33 +180,94 @@ async fn a_command_reading_stdin_gets_its_end_at_once() {
     );
 }
 
+/// podhost's environment is closed to the command: in a PID namespace of its own (its parent
+/// podhost is outside it: `$PPID` is 0), the namespace's init shares podhost's memory and is
+/// not dumpable; under a supervisor (a fork of podhost, its parent), so is the supervisor.
 #[tokio::test]
 async fn the_command_cannot_read_podhosts_environment() {
     const SECRET: &str = "oneshot-secret-51f0";
+    for failpoint in [None, Some(NO_PID_NAMESPACE)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = tool(
+            dir.path(),
+            &json!({"command": "p=$PPID; [ $p = 0 ] && p=1; echo $PPID; cat /proc/$p/comm; \
+                                cut -d' ' -f4 /proc/$p/stat; tr '\\0' '\\n' < /proc/$p/environ; \
+                                env | grep -c ONESHOT_TOKEN; true"}),
+        );
+        cmd.env("ONESHOT_TOKEN", SECRET);
+        if let Some(f) = failpoint {
+            cmd.env("PODHOST_FAILPOINTS", f);
+        }
+        let child = cmd.spawn().unwrap();
+        let podhost_pid = child.id().unwrap();
+        let out = finish(child).await;
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        assert!(!out.stdout.contains(SECRET), "{}", out.stdout);
+        let got = output(&out.stdout);
+        let stdout = got["stdout"].as_str().unwrap();
+        let parent = stdout.lines().next().unwrap();
+        // The credential-like variable was withheld from the command's own environment too.
+        let expected = if parent == "0" {
+            // The init is pid 1; its parent, podhost, is outside the namespace (0).
+            assert_eq!(failpoint, None, "{got}");
+            json!({
+                "exitCode": 0, "stdout": "0\npodhost\n0\n0\n",
+                "stderr": "/bin/bash: line 1: /proc/1/environ: Permission denied\n"
+            })
+        } else {
+            if failpoint.is_none() {
+                println!("no PID namespace for podhost tool's command here: a supervisor runs it");
+            }
+            json!({
+                "exitCode": 0, "stdout": format!("{parent}\npodhost\n{podhost_pid}\n0\n"),
+                "stderr": format!("/bin/bash: line 1: /proc/{parent}/environ: Permission denied\n")
+            })
+        };
+        assert_eq!(got, expected, "{failpoint:?}");
+    }
+}
+
+/// The outcome of `command` run by `podhost tool bash` with `failpoint`: the command's stdout.
+async fn stdout_of(command: &str, failpoint: Option<&str>) -> String {
     let dir = tempfile::tempdir().unwrap();
-    let mut cmd = tool(
-        dir.path(),
-        &json!({"command": "echo $PPID; cat /proc/$PPID/comm; cut -d' ' -f4 /proc/$PPID/stat; \
-                            tr '\\0' '\\n' < /proc/$PPID/environ; \
-                            env | grep -c ONESHOT_TOKEN; true"}),
-    );
-    cmd.env("ONESHOT_TOKEN", SECRET);
-    let child = cmd.spawn().unwrap();
-    let podhost_pid = child.id().unwrap();
-    let out = finish(child).await;
+    let mut cmd = tool(dir.path(), &json!({ "command": command }));
+    if let Some(f) = failpoint {
+        cmd.env("PODHOST_FAILPOINTS", f);
+    }
+    let out = finish(cmd.spawn().unwrap()).await;
     assert_eq!(out.code, 0, "{}", out.stderr);
-    assert!(!out.stdout.contains(SECRET), "{}", out.stdout);
-    // The command's parent is its supervisor, a fork of podhost (podhost its parent): its
-    // environment, podhost's, is closed to the command, and the credential-like variable was
-    // withheld from the command's own.
     let got = output(&out.stdout);
-    let stdout = got["stdout"].as_str().unwrap();
-    let supervisor = stdout.lines().next().unwrap();
-    assert_eq!(
-        got,
-        json!({
-            "exitCode": 0, "stdout": format!("{supervisor}\npodhost\n{podhost_pid}\n0\n"),
-            "stderr": format!("/bin/bash: line 1: /proc/{supervisor}/environ: Permission denied\n")
-        })
-    );
+    assert_eq!(got["exitCode"], 0, "{got}");
+    got["stdout"].as_str().unwrap().to_owned()
+}
+
+/// A root podhost tool (which builds the command's view itself) runs the command in a PID
+/// namespace of its own: its `/proc` shows its own processes only, with their own pids, and
+/// `kill` by a pid read there reaches the right process. Where the kernel refuses the namespace
+/// or its `/proc`, a supervisor runs the command with the host's `/proc`, never a failed call.
+#[tokio::test]
+async fn a_root_podhost_tool_runs_its_command_in_a_pid_namespace_of_its_own() {
+    let command = "echo $$ $PPID; cat /proc/1/comm; sleep 30 & \
+                   pkill -x sleep; wait $!; echo sleep ended $?; ls -d /proc/[0-9]* | wc -l";
+    if !nix::unistd::geteuid().is_root() {
+        println!(
+            "not root: podhost tool's command gets a PID namespace only where it builds a view"
+        );
+        return;
+    }
+    let got = stdout_of(command, None).await;
+    let lines: Vec<&str> = got.lines().collect();
+    // The shell is pid 2 (the init is 1), its parent outside; pkill found the sleep by its
+    // namespace's /proc, and the processes there are the init, the shell and `ls` (and `wc`).
+    assert_eq!(lines[..3], ["2 0", "podhost", "sleep ended 143"], "{got}");
+    let listed: usize = lines[3].trim().parse().unwrap();
+    assert!((3..=4).contains(&listed), "{got}");
+    for f in [NO_PID_NAMESPACE, "oneshot.proc_refused=fail"] {
+        let got = stdout_of("echo $PPID; ls -d /proc/[0-9]* | wc -l", Some(f)).await;
+        let mut lines = got.lines();
+        assert_ne!(lines.next(), Some("0"), "{f}: {got}");
+        // The host's /proc: at least this test's own processes besides the command's.
+        let listed: usize = lines.next().unwrap().trim().parse().unwrap();
+        assert!(listed > 4, "{f}: {got}");
+    }
 }

@@ -7,12 +7,23 @@ use pretty_assertions::assert_eq;
 use serde_json::json;
 
 use crate::harness::{
-    KEY, T, alive, finish, podhost, run_cmd, schema_problems, signal, wait_for_line, wait_gone,
+    KEY, T, alive, finish, podhost, run_cmd, running_in, schema_problems, signal, wait_for_line,
+    wait_gone,
 };
 use crate::openai_fake::{FakeModel, Reply};
 
 /// A command that starts a background child and records both pids.
 const TREE: &str = "sleep 300 & echo $! $$ > pids; wait";
+
+/// The processes of [`TREE`] run by `podhost tool` in `dir`, once it has started: found by their
+/// working directory, since the pids it records are those of its own PID namespace there.
+async fn started_in(dir: &std::path::Path) -> Vec<i32> {
+    assert_eq!(pids(&wait_for_line(&dir.join("pids")).await).len(), 2);
+    let started = running_in(dir);
+    // The shell and its `sleep 300`.
+    assert_eq!(started.len(), 2, "{started:?}");
+    started
+}
 
 fn pids(text: &str) -> Vec<i32> {
     text.split_whitespace()
@@ -106,7 +117,7 @@ async fn ctrl_c_stops_podhost_tool_with_130_and_its_outcome() {
     let mut cmd = podhost(&["tool", "bash", "--input", &input, "--workspace"]);
     cmd.arg(dir.path());
     let child = cmd.spawn().unwrap();
-    let started = pids(&wait_for_line(&dir.path().join("pids")).await);
+    let started = started_in(dir.path()).await;
     signal(&child, Signal::SIGINT);
     let out = finish(child).await;
     assert_eq!(out.code, 130, "{}", out.stderr);
@@ -132,7 +143,7 @@ async fn sigterm_stops_podhost_tool_with_143_and_its_output_so_far() {
     let mut cmd = podhost(&["tool", "bash", "--input", &input, "--workspace"]);
     cmd.arg(dir.path());
     let child = cmd.spawn().unwrap();
-    let started = pids(&wait_for_line(&dir.path().join("pids")).await);
+    let started = started_in(dir.path()).await;
     signal(&child, Signal::SIGTERM);
     let out = finish(child).await;
     assert_eq!(out.code, 143, "{}", out.stderr);

@@ -527,12 +527,15 @@ async fn an_environment_too_large_to_exec_is_a_start_failure() {
 #[test]
 fn nothing_of_podhosts_environment_reaches_a_command_or_its_supervisor() {
     // The supervisor's environment is empty; a confined command (or a root one, which has fewer
-    // capabilities than its supervisor) cannot even open it, which prints nothing as well.
+    // capabilities than its supervisor) cannot even open it, which prints nothing as well. In a
+    // PID namespace of its own (its parent podhost outside, `$PPID` 0), the process above the
+    // command is the namespace's init, pid 1, which shares podhost's memory: closed the same way.
     let dir = tempfile::tempdir().unwrap();
     let unique = format!("PODHOST_LEAK_CHECK_{}", std::process::id());
     let input = json!({
         "command": "env | cut -d= -f1 | sort | tr '\\n' ' '; \
-                    echo; tr '\\0' '\\n' 2>/dev/null < /proc/$PPID/environ | wc -c"
+                    echo; p=$PPID; [ $p = 0 ] && p=1; \
+                    tr '\\0' '\\n' 2>/dev/null < /proc/$p/environ | wc -c"
     });
     let env = [
         (unique.as_str(), "leaked"),
@@ -562,7 +565,9 @@ fn nothing_of_podhosts_environment_reaches_a_command_or_its_supervisor() {
 /// answering; podhost says the command's supervisor failed, as a fault of its own (exit 1).
 /// (The kill comes from here: a confined command cannot signal its supervisor, which is
 /// outside its Landlock domain.) Once with the read-only system (a session holder forks the
-/// supervisor, where the kernel allows a mount namespace), once without.
+/// supervisor, where the kernel allows a mount namespace; or `podhost tool` runs the command in
+/// a PID namespace of its own, whose init is killed here instead: the kernel kills the rest),
+/// once without.
 #[test]
 fn a_supervisor_killed_outright_leaves_nothing_behind() {
     use nix::sys::signal::{Signal, kill};
@@ -575,20 +580,27 @@ fn a_supervisor_killed_outright_leaves_nothing_behind() {
             &format!("echo $PPID > supervisor; setsid sleep {m} & touch started; wait"),
             &[("PODHOST_READ_ONLY_SYSTEM", read_only)],
         );
-        let supervisor: i32 = std::fs::read_to_string(dir.path().join("supervisor"))
+        let parent: i32 = std::fs::read_to_string(dir.path().join("supervisor"))
             .unwrap()
             .trim()
             .parse()
             .unwrap();
+        // 0: the shell's parent, podhost, is outside its PID namespace.
+        let supervisor = match parent {
+            0 => namespace_init(podhost.id()),
+            pid => pid,
+        };
         let held = std::fs::read(format!("/proc/{supervisor}/cmdline"))
             .is_ok_and(|c| String::from_utf8_lossy(&c).contains("__session"));
         kill(Pid::from_raw(supervisor), Signal::SIGKILL).unwrap();
         let out = podhost.wait_with_output().unwrap();
         // podhost reaps (and so knows the end of) its own child only.
-        let ended = if held {
-            "it ended"
+        let ended = if parent == 0 {
+            "the init of the command's PID namespace ended before the command did"
+        } else if held {
+            "it ended without reporting how the command ended"
         } else {
-            "it ended (signal: 9 (SIGKILL))"
+            "it ended (signal: 9 (SIGKILL)) without reporting how the command ended"
         };
         assert_eq!(
             (out.status.code(), String::from_utf8(out.stderr).unwrap()),
@@ -596,13 +608,31 @@ fn a_supervisor_killed_outright_leaves_nothing_behind() {
                 Some(1),
                 format!(
                     "podhost tool: podhost could not run bash: the command supervisor failed: \
-                     {ended} without reporting how the command ended\n"
+                     {ended}\n"
                 )
             ),
             "read-only system {read_only}"
         );
         assert_none_left(&m);
     }
+}
+
+/// The init of the PID namespace a child of `podhost` (a pid) runs its command in: the child
+/// that is pid 1 of its own namespace.
+fn namespace_init(podhost: u32) -> i32 {
+    let children =
+        std::fs::read_to_string(format!("/proc/{podhost}/task/{podhost}/children")).unwrap();
+    children
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .find(|pid: &i32| {
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .unwrap()
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))
+                .is_some_and(|ids| ids.split_whitespace().last() == Some("1"))
+        })
+        .unwrap_or_else(|| panic!("no child of podhost is a namespace's init: {children}"))
 }
 
 fn start_podhost_tool(workspace: &Path, command: &str) -> std::process::Child {

@@ -127,7 +127,8 @@ fn a_missing_workspace_is_refused() {
     );
 }
 
-/// The command line of the process that ran a `podhost tool bash` command (its supervisor), as
+/// The command line of the process that ran a `podhost tool bash` command (its supervisor, or
+/// the init of its PID namespace, pid 1, where its parent podhost is outside: `$PPID` 0), as
 /// the command sees it, with `podhost` run from `bin` and the read-only system `read_only`
 /// (`on`, `off`).
 fn supervisor_of_a_command(bin: &std::path::Path, read_only: &str) -> String {
@@ -137,7 +138,10 @@ fn supervisor_of_a_command(bin: &std::path::Path, read_only: &str) -> String {
         .args(["tool", "bash", "--workspace"])
         .arg(dir.path())
         .arg("--input")
-        .arg(json!({"command": "tr '\\0' ' ' < /proc/$PPID/cmdline"}).to_string())
+        .arg(
+            json!({"command": "p=$PPID; [ $p = 0 ] && p=1; tr '\\0' ' ' < /proc/$p/cmdline"})
+                .to_string(),
+        )
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{out:?}");
@@ -159,9 +163,10 @@ fn installed(beside: &[&str]) -> (tempfile::TempDir, std::path::PathBuf) {
     (dir, podhost)
 }
 
-/// `podhost tool bash`'s command runs under a supervisor forked from podhost (its command line
-/// podhost's), whether `podhost-exec` lies beside it or not, with the read-only system off or
-/// on (which podhost builds in its own process, as root or in a user namespace of its own).
+/// `podhost tool bash`'s command runs under a supervisor forked from podhost, or (with the
+/// read-only system, which podhost builds in its own process, as root or in a user namespace of
+/// its own) in a PID namespace whose init shares podhost's memory: either way its command line
+/// is podhost's, whether `podhost-exec` lies beside it or not.
 fn expected_parent(podhost: &std::path::Path) -> String {
     format!("{} tool bash --workspace ", podhost.display())
 }
