@@ -74,7 +74,8 @@ pub struct Init {
 
 /// How the init's argument packs its two descriptors and one flag into a number: the command
 /// pipe in the low [`FD_BITS`], the `/proc` report pipe in the next, then the flag.
-const FD_BITS: u32 = 31;
+/// (31 bits on the 64-bit architectures the init runs on.)
+const FD_BITS: u32 = usize::BITS / 2 - 1;
 /// The flag: act as if the kernel refused the `/proc` mount (the failpoint
 /// `oneshot.proc_refused`).
 const REFUSE_PROC: usize = 1 << (2 * FD_BITS);
@@ -101,9 +102,9 @@ impl Init {
         // 16-byte aligned, growing down.
         let top = (stack.as_mut_ptr() as usize + STACK) & !15;
         // SAFETY: `entry` runs on `stack`, which this value keeps until the init is reaped; it
-        // makes raw system calls only and touches no memory but its stack (see the module's
-        // invariants), so running beside this process in its address space is sound. The
-        // argument is a number, not a pointer.
+        // makes raw system calls only and touches no memory but its stack and constants (see
+        // the module's invariants), so running beside this process in its address space is
+        // sound. The argument is a number, not a pointer.
         let pid = unsafe {
             libc::clone(
                 entry,

@@ -418,9 +418,9 @@ pub(crate) enum ShellParent {
 }
 
 /// Starts `<shell> -c <command>` as `parent` asks, stdin from /dev/null, stdout and stderr
-/// `output` or else ours (podhost's pipes), with the request's environment, directory and limits. The shell is
-/// started as `posix_spawn` would (see `vspawn`): no copy of this process is made only to be
-/// replaced.
+/// `output` or else ours (podhost's pipes), with the request's environment, directory and
+/// limits. The shell is started as `posix_spawn` would (see `vspawn`): no copy of this process
+/// is made only to be replaced.
 pub(crate) fn spawn_shell(
     req: &Request,
     parent: ShellParent,

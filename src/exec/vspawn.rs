@@ -3,7 +3,8 @@
 //! that child before the exec.
 //!
 //! Owns: the clone, the child's fixed steps (stdin from `/dev/null`, working directory, process
-//! group or session), the caller's pre-exec steps, the exec, and getting the child's failure back.
+//! group or session, stdout and stderr), the caller's pre-exec steps, the exec, and getting the
+//! child's failure back.
 //!
 //! Why not `std::process::Command`: with a pre-exec closure it forks, copying the supervisor's
 //! page tables and turning every page either side writes next into a copy, then throws the copy
@@ -106,8 +107,8 @@ impl Image {
         })
     }
 
-    /// The child's stdout and stderr are `stdout` and `stderr` (closed here once the child has
-    /// exec'ed), not the caller's own.
+    /// The child's stdout and stderr are `stdout` and `stderr`, not the caller's own (this
+    /// process's copies close with the image).
     pub fn with_output(mut self, stdout: OwnedFd, stderr: OwnedFd) -> Image {
         self.output = Some([stdout, stderr]);
         self
@@ -356,6 +357,31 @@ mod tests {
         let missing = Image::new(Path::new("no-such-shell"), [], [], dir.path()).unwrap();
         let err = spawn(&missing, &mut || Ok(())).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
+    }
+
+    #[test]
+    fn a_child_in_its_own_session_writes_where_it_is_told() {
+        let dir = tempfile::tempdir().unwrap();
+        let (read, write) = crate::exec::sys::pipe().unwrap();
+        let (err_read, err_write) = crate::exec::sys::pipe().unwrap();
+        // Its pid, the session (field 6 of a stat) of a child of it and its own: all one in a
+        // session of its own; on stdout, and a word on stderr.
+        let script = "echo $$ $(cut -d' ' -f6 /proc/self/stat) $(cut -d' ' -f6 /proc/$$/stat); \
+                      echo apart >&2";
+        let img = image("/bin/sh", &["-c", script], dir.path())
+            .in_own_session()
+            .with_output(write, err_write);
+        let pid = spawn(&img, &mut || Ok(())).unwrap();
+        // This process's copies of the write ends close with the image.
+        drop(img);
+        assert_eq!(exit_code(pid), 0);
+        let out = std::io::read_to_string(std::fs::File::from(read)).unwrap();
+        let err = std::io::read_to_string(std::fs::File::from(err_read)).unwrap();
+        let fields: Vec<&str> = out.split_whitespace().collect();
+        // The shell's session is its pid, and its children's too; not this process's.
+        assert_eq!(fields, [fields[0]; 3], "{out}");
+        assert_ne!(fields[0], nix::unistd::getsid(None).unwrap().to_string());
+        assert_eq!(err, "apart\n");
     }
 
     #[test]
