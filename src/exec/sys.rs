@@ -967,14 +967,7 @@ pub fn read_exact_or_end(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
 
 /// The events pending on `fd` now (`poll` with a zero timeout); 0 for none.
 pub fn poll_now(fd: RawFd, events: libc::c_short) -> libc::c_short {
-    let mut pfd = libc::pollfd {
-        fd,
-        events,
-        revents: 0,
-    };
-    // SAFETY: one live pollfd and a zero timeout.
-    let rc = unsafe { libc::poll(&mut pfd, 1, 0) };
-    if rc > 0 { pfd.revents } else { 0 }
+    poll_for(fd, events, std::time::Duration::ZERO)
 }
 
 /// Waits up to `timeout` for `events` on `fd`; the events pending then (0 for none).

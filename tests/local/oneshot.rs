@@ -75,6 +75,23 @@ async fn sigterm_kills_a_tree_that_ignores_sigterm_and_prints_the_outcome() {
     );
 }
 
+/// `podhost tool bash` running `command` (one that ends by writing [`STUBBORN`]'s pids) in
+/// `dir`, with `failpoint`, once those pids are written: the child, and the processes running
+/// in `dir` then.
+async fn start_stubborn(
+    dir: &std::path::Path,
+    command: &str,
+    failpoint: Option<&str>,
+) -> (tokio::process::Child, Vec<i32>) {
+    let mut cmd = tool(dir, &json!({ "command": command }));
+    if let Some(f) = failpoint {
+        cmd.env("PODHOST_FAILPOINTS", f);
+    }
+    let child = cmd.spawn().unwrap();
+    assert_eq!(pids(&wait_for_line(&dir.join("pids")).await).len(), 2);
+    (child, running_in(dir))
+}
+
 /// podhost killed outright (SIGKILL: nothing of it runs again) takes the command's whole tree
 /// with it: the kernel ends the namespace's init, which ends every process there; or the
 /// supervisor's parent-death signal makes it kill the tree.
@@ -83,16 +100,7 @@ async fn sigkill_of_podhost_tool_kills_the_whole_tree() {
     for failpoint in [None, Some(NO_PID_NAMESPACE)] {
         let dir = tempfile::tempdir().unwrap();
         let command = format!("setsid sleep 300 & {STUBBORN}");
-        let mut cmd = tool(dir.path(), &json!({ "command": command }));
-        if let Some(f) = failpoint {
-            cmd.env("PODHOST_FAILPOINTS", f);
-        }
-        let child = cmd.spawn().unwrap();
-        assert_eq!(
-            pids(&wait_for_line(&dir.path().join("pids")).await).len(),
-            2
-        );
-        let started = running_in(dir.path());
+        let (child, started) = start_stubborn(dir.path(), &command, failpoint).await;
         assert!(started.len() >= 3, "{failpoint:?}: {started:?}");
         signal(&child, Signal::SIGKILL);
         let out = finish(child).await;
@@ -104,6 +112,41 @@ async fn sigkill_of_podhost_tool_kills_the_whole_tree() {
             "{failpoint:?}"
         );
         assert_eq!(running_in(dir.path()), Vec::<i32>::new(), "{failpoint:?}");
+    }
+}
+
+/// A second stop signal while the tree is being stopped kills it at once, without the rest of
+/// its grace: nothing of the tree is left, in its PID namespace or under a supervisor, and the
+/// outcome is the stop podhost read first (sent together, the two may be read in either
+/// order), its exit code and its message agreeing.
+#[tokio::test]
+async fn a_second_stop_signal_kills_the_tree_and_keeps_the_first_ones_outcome() {
+    for failpoint in [None, Some(NO_PID_NAMESPACE)] {
+        let dir = tempfile::tempdir().unwrap();
+        let (child, started) = start_stubborn(dir.path(), STUBBORN, failpoint).await;
+        assert!(started.len() >= 2, "{failpoint:?}: {started:?}");
+        signal(&child, Signal::SIGTERM);
+        signal(&child, Signal::SIGINT);
+        let out = finish(child).await;
+        let left: Vec<i32> = started.iter().copied().filter(|&p| alive(p)).collect();
+        assert_eq!(
+            (left, running_in(dir.path())),
+            (vec![], vec![]),
+            "{failpoint:?}"
+        );
+        let first = match out.code {
+            143 => "SIGTERM",
+            130 => "SIGINT",
+            other => panic!("{failpoint:?}: exit {other}: {}", out.stderr),
+        };
+        let outcome: Value = serde_json::from_str(&out.stdout).unwrap();
+        assert_eq!(
+            outcome,
+            json!({"kind": "failed", "code": "sandbox.cancelled", "message": format!(
+                "Stopped by {first}: the call was cancelled and its processes killed."
+            )}),
+            "{failpoint:?}"
+        );
     }
 }
 
