@@ -41,8 +41,12 @@ pub fn run_tool(args: &ToolArgs) -> i32 {
     // session holder, would be on the command's path. As root with CAP_SYS_ADMIN (see
     // exec::probe::assume_root_namespaces); else in a user namespace of its own, entered now,
     // while this process may still write its id maps (see exec::probe::assume_own_namespaces).
-    if config.exec.confine.local_view_wanted() && !exec::probe::assume_root_namespaces() {
-        exec::probe::assume_own_namespaces();
+    if config.exec.confine.local_view_wanted()
+        && (exec::probe::assume_root_namespaces() || exec::probe::assume_own_namespaces())
+    {
+        // The command's namespaces and their /proc are made on another CPU while the rest of
+        // the call is prepared (see exec::oneshot::start_early).
+        exec::oneshot::start_early();
     }
     // Before the hardening: not as root, the confinement probes the namespaces of the read-only
     // system in forks of this process, which must write their user namespace's id maps, and

@@ -1,25 +1,30 @@
 //! The init of `podhost tool bash`'s PID namespace: a process that shares podhost's memory,
-//! mounts the namespace's `/proc`, holds the namespace open while the command runs, and takes
-//! every process of it down with itself when podhost dies (see `exec::oneshot`).
+//! makes the command's mount and IPC namespaces and mounts its `/proc` while podhost prepares
+//! the call, holds the namespaces open while the command runs, and takes every process of them
+//! down with itself when podhost dies (see `exec::oneshot`).
 //!
 //! Owns: starting the init (`clone(CLONE_VM | CLONE_NEWPID)`: PID 1 of a new namespace), what
-//! it does (mount `/proc`, then nothing but wait), moving podhost's next children into its
-//! namespace (`setns`, only once the `/proc` is there: no way back is needed, which a
-//! user namespace of podhost's own would not allow), and what podhost asks of it: SIGTERM to every process of the
-//! namespace, whether any is left, whether the init still runs, and its end, which kills them
-//! all.
+//! it does (make the namespaces, mount `/proc`, then nothing but wait), moving podhost into its
+//! mount and IPC namespaces ([`Init::join`]) and podhost's next children into its PID namespace
+//! ([`Init::enter`], only once the `/proc` is there: no way back is needed, which a user
+//! namespace of podhost's own would not allow), and what podhost asks of it: SIGTERM to every
+//! process of the namespace, whether any is left, whether the init still runs, and its end,
+//! which kills them all.
 //!
 //! How it works:
 //! * The kernel does the killing. When a namespace's init ends, every process in it gets
 //!   SIGKILL, and the init is reaped only once they are all gone. `kill(-1, …)` from the init
 //!   reaches every process of its namespace and no other. So the tree is whole however it was
 //!   made (`setsid`, double forks, a process that ignores SIGTERM), and no `/proc` walk is
-//!   needed to find it.
-//! * The init mounts a `/proc` of its namespace over the caller's (in the caller's own mount
-//!   namespace, which it shares), read-only, as the rest of the command's view: the command sees
-//!   its own processes with their own pids, and none of the host's. It does so first, while
-//!   podhost prepares the command; podhost waits for it before it opens the command's Landlock
-//!   rules, which hold the `/proc` they were opened on.
+//!   needed to find the tree.
+//! * The init's first work is on the other CPU. podhost starts it as soon as it knows its
+//!   command gets a view (`oneshot::start_early`); the init then makes fresh mount and IPC
+//!   namespaces (`unshare`, the copy of the host's mount tree included), makes every mount
+//!   there private, and mounts a `/proc` of its PID namespace over the host's (read-only,
+//!   `nosuid`, `nodev`, `noexec`), while podhost reads its configuration and prepares the
+//!   call. podhost then joins those namespaces with one `setns` on the init's pidfd and builds
+//!   the view there (`session::view`): the command sees its own processes with their own pids,
+//!   and none of the host's.
 //! * The init dies with podhost: its parent-death signal is SIGKILL. If podhost died before
 //!   that was set, the init learns it from its command pipe, whose only writer was podhost: it
 //!   reads the pipe's end and returns.
@@ -34,6 +39,8 @@
 //!   constants. Its descriptors are its own (no `CLONE_FILES`): it closes all but its two
 //!   pipes, so it holds neither podhost's standard streams nor any copy of the command's output
 //!   pipes.
+//! * It mounts nothing in a mount namespace it did not make: a refused `unshare`, or a refused
+//!   private propagation, and it mounts no `/proc` (which would cover the host's, or reach it).
 //! * Processes of the namespace cannot end it: the kernel drops every signal they send to their
 //!   namespace's init that it has no handler for, SIGKILL included. Its memory is podhost's,
 //!   which is not dumpable, so no command can trace it or read its `/proc` files of memory and
@@ -60,20 +67,45 @@ const TERM_ALL: u8 = b'T';
 /// namespace) when dropped.
 pub struct Init {
     pid: libc::pid_t,
+    /// The init's pidfd (`CLONE_PIDFD`): how this process joins its namespaces and sees it end.
+    pidfd: OwnedFd,
     /// The write end of the init's command pipe.
     commands: OwnedFd,
-    /// The read end of the pipe the init says on whether it mounted `/proc`; its end is the
-    /// init's (the kernel closes the init's descriptors as it starts to exit).
-    mounted: OwnedFd,
-    /// `/proc/1/task/1/children` of the namespace's `/proc`, once mounted.
+    /// The read end of the pipe the init reports on (a [`Report`]); its end is the init's (the
+    /// kernel closes the init's descriptors as it starts to exit).
+    reports: OwnedFd,
+    /// The report, once read.
+    report: Option<Report>,
+    /// `/proc/1/task/1/children` of the namespace's `/proc`, once entered.
     children: Option<File>,
     /// The init's stack, freed only once the init is reaped.
     stack: Vec<u8>,
     reaped: bool,
 }
 
+/// What the init says once it has made its namespaces and mounted `/proc`: two errnos, 0 for
+/// done.
+#[derive(Clone, Copy, Debug)]
+struct Report {
+    /// The kernel's refusal of the mount and IPC namespaces, or of their private propagation.
+    made: i32,
+    /// Why there is no `/proc` of the namespace: the kernel's refusal of the mount (`made`'s
+    /// errno when no mount was tried).
+    proc_fs: i32,
+}
+
+/// Why this process is not in the init's mount and IPC namespaces ([`Init::join`]).
+#[derive(Debug)]
+pub enum NotJoined {
+    /// The kernel refused to make them (its errno): it would refuse this process too.
+    Refused(i32),
+    /// The init ended before it said, or this kernel cannot join namespaces by a pidfd
+    /// (before Linux 5.8): nothing changed for this process, which may make them itself.
+    Failed(io::Error),
+}
+
 /// How the init's argument packs its two descriptors and one flag into a number: the command
-/// pipe in the low [`FD_BITS`], the `/proc` report pipe in the next, then the flag.
+/// pipe in the low [`FD_BITS`], the report pipe in the next, then the flag.
 /// (31 bits on the 64-bit architectures the init runs on.)
 const FD_BITS: u32 = usize::BITS / 2 - 1;
 /// The flag: act as if the kernel refused the `/proc` mount (the failpoint
@@ -81,19 +113,19 @@ const FD_BITS: u32 = usize::BITS / 2 - 1;
 const REFUSE_PROC: usize = 1 << (2 * FD_BITS);
 
 impl Init {
-    /// Starts the init in a new PID namespace, which first mounts that namespace's `/proc` over
-    /// the one there (read-only, `nosuid`, `nodev`, `noexec`; see [`enter`](Self::enter)), or
-    /// acts as if the kernel had refused it when `refuse_proc`. The caller is single-threaded
-    /// and has a mount namespace of its own, which the init shares: until
-    /// [`enter`](Self::enter) returns, it must not look at `/proc`. `Err` on another
-    /// architecture or where the kernel refuses the namespace: nothing was started.
+    /// Starts the init in a new PID namespace. Beside this process, it makes fresh mount and
+    /// IPC namespaces and mounts its PID namespace's `/proc` there (see the module doc), or
+    /// acts as if the kernel had refused the mount when `refuse_proc`; [`join`](Self::join)
+    /// and [`enter`](Self::enter) take what it made. The caller is single-threaded (the init
+    /// dies with the thread that started it). `Err` on another architecture or where the kernel
+    /// refuses the namespace: nothing was started.
     #[allow(unsafe_code)]
     pub fn start(refuse_proc: bool) -> io::Result<Init> {
         if !cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
             return Err(io::Error::from(io::ErrorKind::Unsupported));
         }
         let (read, write) = super::sys::pipe()?;
-        let (mounted, report) = super::sys::pipe()?;
+        let (reports, report) = super::sys::pipe()?;
         let mut arg = read.as_raw_fd() as usize | (report.as_raw_fd() as usize) << FD_BITS;
         if refuse_proc {
             arg |= REFUSE_PROC;
@@ -101,51 +133,100 @@ impl Init {
         let mut stack: Vec<u8> = Vec::with_capacity(STACK);
         // 16-byte aligned, growing down.
         let top = (stack.as_mut_ptr() as usize + STACK) & !15;
+        let mut pidfd: libc::c_int = -1;
         // SAFETY: `entry` runs on `stack`, which this value keeps until the init is reaped; it
         // makes raw system calls only and touches no memory but its stack and constants (see
         // the module's invariants), so running beside this process in its address space is
-        // sound. The argument is a number, not a pointer.
+        // sound. The argument is a number, not a pointer; the kernel writes the pidfd into
+        // `pidfd` (the parent-tid argument, which CLONE_PIDFD takes) before clone returns.
         let pid = unsafe {
             libc::clone(
                 entry,
                 top as *mut libc::c_void,
-                libc::CLONE_VM | libc::CLONE_NEWPID | libc::SIGCHLD,
+                libc::CLONE_VM | libc::CLONE_NEWPID | libc::CLONE_PIDFD | libc::SIGCHLD,
                 arg as *mut libc::c_void,
+                &raw mut pidfd,
             )
         };
         if pid < 0 {
             return Err(io::Error::last_os_error());
         }
+        // SAFETY: a close-on-exec descriptor the kernel just made for this process.
+        let pidfd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(pidfd) };
+        elsewhere(pid);
         Ok(Init {
             pid,
+            pidfd,
             commands: write,
-            mounted,
+            reports,
+            report: None,
             children: None,
             stack,
             reaped: false,
         })
     }
 
-    /// Waits for the init to mount its namespace's `/proc`, then makes this process's next
-    /// children be born in the init's namespace (`setns`). `Err` with the kernel's refusal of
-    /// the mount, of the list of the init's children (a kernel without such lists) or of the
-    /// `setns`: nothing changed for this process then (its `/proc` is the host's again).
+    /// The init's report, waited for the first time.
+    fn report(&mut self) -> io::Result<Report> {
+        if let Some(report) = self.report {
+            return Ok(report);
+        }
+        let mut words = [0u8; 8];
+        let n = super::sys::read_exact_or_end(self.reports.as_raw_fd(), &mut words)?;
+        if n < words.len() {
+            return Err(io::Error::other(
+                "the init ended before it made the command's namespaces",
+            ));
+        }
+        let word =
+            |i: usize| i32::from_ne_bytes([words[i], words[i + 1], words[i + 2], words[i + 3]]);
+        let report = Report {
+            made: word(0),
+            proc_fs: word(4),
+        };
+        self.report = Some(report);
+        Ok(report)
+    }
+
+    /// Moves this process into the mount and IPC namespaces the init made, once it has said
+    /// so (with its `/proc` mounted there, or refused): one `setns` on its pidfd. This
+    /// process's root and working directory become the namespace's root. Needs a
+    /// single-threaded caller (the kernel refuses a mount namespace to a process that shares
+    /// its file-system context).
+    #[allow(unsafe_code)]
+    pub fn join(&mut self) -> Result<(), NotJoined> {
+        let report = self.report().map_err(NotJoined::Failed)?;
+        if report.made != 0 {
+            return Err(NotJoined::Refused(report.made));
+        }
+        // SAFETY: setns on a descriptor owned here.
+        let rc = unsafe {
+            libc::setns(
+                self.pidfd.as_raw_fd(),
+                libc::CLONE_NEWNS | libc::CLONE_NEWIPC,
+            )
+        };
+        if rc != 0 {
+            return Err(NotJoined::Failed(io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
+    /// Makes this process's next children be born in the init's PID namespace (`setns`), once
+    /// this process has [joined](Self::join) its mount namespace and the init has mounted the
+    /// namespace's `/proc` there. `Err` with the kernel's refusal of the mount, of the list of
+    /// the init's children (a kernel without such lists) or of the `setns`: nothing changed for
+    /// this process then, and its `/proc` is the host's again.
     #[allow(unsafe_code)]
     pub fn enter(&mut self) -> io::Result<()> {
-        let mut errno = [0u8; 4];
-        let n = super::sys::read_exact_or_end(self.mounted.as_raw_fd(), &mut errno)?;
-        if n < errno.len() {
-            return Err(io::Error::other("the init ended before it mounted /proc"));
-        }
-        match i32::from_ne_bytes(errno) {
-            0 => {}
-            e => return Err(io::Error::from_raw_os_error(e)),
+        let report = self.report()?;
+        if report.proc_fs != 0 {
+            return Err(io::Error::from_raw_os_error(report.proc_fs));
         }
         let entered = (|| {
             let children = File::open("/proc/1/task/1/children")?;
-            let namespace = File::open("/proc/1/ns/pid")?;
             // SAFETY: setns on a descriptor owned here.
-            if unsafe { libc::setns(namespace.as_raw_fd(), libc::CLONE_NEWPID) } != 0 {
+            if unsafe { libc::setns(self.pidfd.as_raw_fd(), libc::CLONE_NEWPID) } != 0 {
                 return Err(io::Error::last_os_error());
             }
             Ok(children)
@@ -164,9 +245,10 @@ impl Init {
     }
 
     /// Whether the init still runs: it ends only when podhost ends it, unless something outside
-    /// killed it (then the kernel kills every process of the namespace).
+    /// killed it (then the kernel kills every process of the namespace). Asked only once its
+    /// report was read ([`enter`](Self::enter)), which would look like its end before.
     pub fn alive(&self) -> bool {
-        super::sys::poll_now(self.mounted.as_raw_fd(), libc::POLLIN) == 0
+        super::sys::poll_now(self.reports.as_raw_fd(), libc::POLLIN) == 0
     }
 
     /// SIGTERM to every process of the namespace but the init.
@@ -203,8 +285,6 @@ impl Init {
             return;
         }
         super::sys::kill_now(self.pid);
-        // Readable once the init has ended, which is once the namespace is empty.
-        let ended = super::sys::pidfd_open(self.pid).ok();
         let mut other = reap_too;
         let until = Instant::now() + cap;
         loop {
@@ -231,12 +311,8 @@ impl Init {
                 Some(_) => Duration::from_millis(1),
                 None => until - now,
             };
-            match &ended {
-                Some(fd) => {
-                    super::sys::poll_for(fd.as_raw_fd(), libc::POLLIN, step);
-                }
-                None => std::thread::sleep(step.min(Duration::from_millis(1))),
-            }
+            // Readable once the init has ended, which is once the namespace is empty.
+            super::sys::poll_for(self.pidfd.as_raw_fd(), libc::POLLIN, step);
         }
         self.reaped = true;
     }
@@ -248,15 +324,63 @@ impl Drop for Init {
     }
 }
 
-/// The init: mounts its namespace's `/proc` and says how that went, closes every descriptor
-/// but its two pipes, has its orphans reaped by the kernel, dies with its parent, and runs
-/// each command it reads until the pipe's end. `arg` packs its descriptors (see [`FD_BITS`]).
-/// Raw system calls only (see the module's invariants).
+/// Moves `pid` (the init, just started) off this process's CPU, onto the others it may run on:
+/// the kernel queues a new process on its parent's CPU, where it would wait until this process
+/// sleeps, instead of doing its work beside it on an idle one. Nothing where this process may
+/// run on one CPU only.
+#[allow(unsafe_code)]
+fn elsewhere(pid: libc::pid_t) {
+    // SAFETY: sched_getcpu reads the current CPU; the set is a plain bit array written by the
+    // kernel, then read and passed back to it.
+    unsafe {
+        let here = libc::sched_getcpu();
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if here < 0 || libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return;
+        }
+        libc::CPU_CLR(here as usize, &mut set);
+        if libc::CPU_COUNT(&set) > 0 {
+            libc::sched_setaffinity(pid, size_of::<libc::cpu_set_t>(), &set);
+        }
+    }
+}
+
+/// The init: makes its mount and IPC namespaces and mounts its PID namespace's `/proc` there,
+/// says how that went, closes every descriptor but its two pipes, has its orphans reaped by the
+/// kernel, dies with its parent, and runs each command it reads until the pipe's end. `arg`
+/// packs its descriptors (see [`FD_BITS`]). Raw system calls only (see the module's
+/// invariants).
 extern "C" fn entry(arg: *mut libc::c_void) -> libc::c_int {
     let arg = arg as usize;
     let mask = (1 << FD_BITS) - 1;
     let (pipe, report) = (arg & mask, (arg >> FD_BITS) & mask);
-    let mounted = if arg & REFUSE_PROC != 0 {
+    let mut made = raw::syscall(
+        libc::SYS_unshare as usize,
+        [
+            (libc::CLONE_NEWNS | libc::CLONE_NEWIPC) as usize,
+            0,
+            0,
+            0,
+            0,
+        ],
+    );
+    if made == 0 {
+        // Before any mount: nothing mounted here may propagate to the namespace it came from.
+        made = raw::syscall(
+            libc::SYS_mount as usize,
+            [
+                0,
+                c"/".as_ptr() as usize,
+                0,
+                (libc::MS_REC | libc::MS_PRIVATE) as usize,
+                0,
+            ],
+        );
+    }
+    let mounted = if made != 0 {
+        // Not in a mount namespace of its own: no mount at all.
+        made
+    } else if arg & REFUSE_PROC != 0 {
         -libc::EPERM as isize
     } else {
         raw::syscall(
@@ -270,12 +394,12 @@ extern "C" fn entry(arg: *mut libc::c_void) -> libc::c_int {
             ],
         )
     };
-    // 0, or the errno of the refusal.
-    let errno = (-mounted.min(0)) as i32;
-    let bytes = errno.to_ne_bytes();
+    // 0, or the errno of the refusal, for each.
+    let errno = |ret: isize| (-ret.min(0)) as i32;
+    let words: [i32; 2] = [errno(made), errno(mounted)];
     raw::syscall(
         libc::SYS_write as usize,
-        [report, bytes.as_ptr() as usize, bytes.len(), 0, 0],
+        [report, words.as_ptr() as usize, size_of_val(&words), 0, 0],
     );
     // All descriptors but the two pipes: podhost's standard streams and anything else it held.
     // The report pipe stays open while the init lives: its end tells podhost the init ended.

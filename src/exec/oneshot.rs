@@ -6,22 +6,26 @@
 //! SIGQUIT, waited for on a `signalfd`, never by handlers) and the bounded capture of stdout
 //! and stderr ([`StreamCapture`], the same caps as the bash tool's).
 //!
-//! * **In a PID namespace**, where this process built the command's view (see below): it
-//!   starts the init of a new PID namespace ([`nsinit`](super::nsinit), a process sharing this
-//!   one's memory), which mounts the namespace's `/proc` (read-only) over the host's; then it
-//!   moves its next children into that namespace and starts the shell itself, as a supervisor
-//!   would (`supervise::spawn_shell`: a session of its own, confined). It then does what the
-//!   supervisor does: what the shell left gets a moment to end, then SIGTERM to every process
-//!   of the namespace, a grace, and the init's end, which kills them all.
+//! * **In a PID namespace**, where this process builds the command's view (see below): the
+//!   init of a new PID namespace ([`nsinit`](super::nsinit), a process sharing this one's
+//!   memory), started as soon as the call is known to need it ([`start_early`]), makes the
+//!   command's mount and IPC namespaces and mounts the PID namespace's `/proc` (read-only) there,
+//!   on another CPU, while this process prepares the call; this process then joins those
+//!   namespaces, builds the view in them, moves its next children into the PID namespace and
+//!   starts the shell itself, as a supervisor would (`supervise::spawn_shell`: a session of its
+//!   own, confined). It then does what the supervisor does: what the shell left gets a moment
+//!   to end, then SIGTERM to every process of the namespace, a grace, and the init's end, which
+//!   kills them all.
 //! * **Under a forked supervisor** everywhere else (no view, the kernel refuses the PID
 //!   namespace or its `/proc`, a request with cgroups): the supervisor runs the supervisor
 //!   binary's own code (`supervise::in_fork`: the shell in a session of its own, confined, every
 //!   descendant reaped and killed before it reports).
 //!
 //! ```text
-//! podhost tool ──clone(VM, NEWPID)──► init (pid 1: mounts /proc; kill(-1) on request; its end
-//!   │                                   ends the namespace)
-//!   └──setns, vspawn, confine, exec──► <shell> -c <command> (pid 2) ──► …
+//! podhost tool ──clone(VM, NEWPID)──► init (pid 1: makes the mount and IPC namespaces, mounts
+//!   │                                   /proc; kill(-1) on request; its end ends the namespace)
+//!   ├──setns(init: mount, IPC), builds the view
+//!   └──setns(init: PID), vspawn, confine, exec──► <shell> -c <command> (pid 2) ──► …
 //! podhost tool ──fork──► supervisor ──vspawn, confine, exec──► <shell> -c <command> ──► …
 //!   │  poll: signalfd (SIGCHLD, stop signals), stdout and stderr pipes, the deadline
 //!   └─ a stop (the timeout, a signal) → SIGTERM to the tree (by the init, or by the
@@ -53,10 +57,10 @@
 //!
 //! Local use's read-only system (a session whose holder would build a view alone: podhost is
 //! root, or in a user namespace of its own, see `probe::assume_own_namespaces`): this process
-//! enters fresh mount and IPC namespaces and builds the same view itself (`session::view`)
-//! before it starts the command. In a user namespace of its own a view that fails half-built
-//! is an error, not a fallback: the process cannot go back to the host's mount namespace,
-//! which its user namespace does not own.
+//! enters fresh mount and IPC namespaces (the init's, or made here where there is no init) and
+//! builds the same view itself (`session::view`) before it starts the command. In a user
+//! namespace of its own a view that fails half-built is an error, not a fallback: the process
+//! cannot go back to the host's mount namespace, which its user namespace does not own.
 //!
 //! Non-goals: sessions with a user namespace, a network, a disk, a cgroup or a quota (their
 //! holder forks a supervisor; such an executor uses
@@ -67,6 +71,7 @@ use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::process::ExitStatus;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -75,7 +80,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::Pid;
 
 use super::capture::StreamCapture;
-use super::nsinit::Init;
+use super::nsinit::{Init, NotJoined};
 use super::protocol::{Request, SessionRequest, Status};
 use super::session::view;
 use super::spawn::{EXIT_CANCELLED, EXIT_TIMED_OUT};
@@ -125,7 +130,20 @@ pub fn execute(
     view: Option<&SessionRequest>,
     req: ExecRequest,
 ) -> Result<OneShot, ExecError> {
+    // The init of the command's namespaces: started ahead of the call (`start_early`), or now.
+    let mut init = match (take_early(), view) {
+        (early, None) => {
+            drop(early);
+            None
+        }
+        (Some(early), Some(_)) => Some(early),
+        (None, Some(_)) => start_init(),
+    };
     let request = super::spawn::request(config, &req)?;
+    if !request.confine.cgroup_procs.is_empty() {
+        // A supervisor moves such a command into its groups: the namespaces are made here.
+        init = None;
+    }
     default_dispositions();
     let signals = handled_signals();
     // From here on the stop signals wait to be read, so none is lost before the command
@@ -139,16 +157,19 @@ pub fn execute(
     let _ = std::fs::write("/proc/self/oom_score_adj", "1000");
     // The read-only system of local use: this process enters it, as a session holder would.
     let walled = match view {
-        Some(session) => enter_view(session)?,
+        Some(session) => enter_view(session, &mut init)?,
         None => false,
     };
     let mut watch = Watch::new(signalfd, &req);
     if walled
-        && request.confine.cgroup_procs.is_empty()
-        && let Some(status) = in_namespace(&request, &mut watch)?
+        && let Some(init) = init.take()
+        && let Some(status) = in_namespace(&request, &mut watch, init)?
     {
         return outcome(watch, Some(status), "");
     }
+    // An init whose namespaces were not joined ends before the supervisor is forked: podhost's
+    // only child is then the supervisor (see `leftovers`).
+    drop(init);
     // What a supervisor killed outright leaves comes here, to be killed (see `leftovers`).
     super::reaper::become_subreaper()?;
     let (out_r, out_w) = super::sys::pipe()?;
@@ -162,6 +183,48 @@ pub fn execute(
     watch.drain(DRAIN_BOUND);
     let status = read_status(report_r);
     outcome(watch, status, &ended.to_string())
+}
+
+/// The init [`start_early`] started, until [`execute`] takes it.
+static EARLY: Mutex<Option<Init>> = Mutex::new(None);
+
+/// Starts the init of the command's namespaces now (see `nsinit`), so that the kernel makes
+/// them and mounts their `/proc` on another CPU while this process reads the rest of its
+/// configuration and prepares the call; [`execute`] takes it. For `podhost tool bash` once it
+/// knows its command gets a view this process builds itself (root, or a user namespace of its
+/// own). Where the kernel refuses the init, nothing is started and [`execute`] makes the
+/// namespaces itself. Call it single-threaded; a call with no use for the init ends it with
+/// [`end_early`], or leaves it to end with podhost.
+pub fn start_early() {
+    if let Some(init) = start_init() {
+        *EARLY.lock().unwrap_or_else(PoisonError::into_inner) = Some(init);
+    }
+}
+
+/// Ends the init [`start_early`] started, if [`execute`] did not take it: the whole namespace
+/// with it, and podhost's only children are then its own commands' supervisors.
+pub fn end_early() {
+    drop(take_early());
+}
+
+fn take_early() -> Option<Init> {
+    EARLY.lock().unwrap_or_else(PoisonError::into_inner).take()
+}
+
+/// The init of a command's namespaces, or `None` where the kernel (or a failpoint) refuses it:
+/// a supervisor runs the command then.
+fn start_init() -> Option<Init> {
+    let refused = |why: &dyn std::fmt::Display| {
+        tracing::debug!("no PID namespace for the command ({why}): a supervisor runs it");
+        None
+    };
+    if crate::failpoint_fails!("oneshot.pid_namespace_refused") {
+        return refused(&"the failpoint oneshot.pid_namespace_refused");
+    }
+    match Init::start(crate::failpoint_fails!("oneshot.proc_refused")) {
+        Ok(init) => Some(init),
+        Err(e) => refused(&e),
+    }
 }
 
 /// The command's outcome from how it ended (`status`: the supervisor's report, `None` when it
@@ -202,36 +265,28 @@ fn outcome(watch: Watch, status: Option<Status>, ended: &str) -> Result<OneShot,
     })
 }
 
-/// Runs the command in a PID namespace of its own whose init is podhost's (see `nsinit`): no
-/// supervisor process, the kernel kills the tree. How it ended, or `None` where the kernel
-/// refuses the namespace or its `/proc` (nothing of the attempt is left then: the caller forks
-/// a supervisor).
-fn in_namespace(request: &Request, watch: &mut Watch) -> Result<Option<Status>, ExecError> {
-    let refused = |why: &dyn std::fmt::Display| {
-        tracing::debug!("no PID namespace for the command ({why}): a supervisor runs it");
-    };
-    if crate::failpoint_fails!("oneshot.pid_namespace_refused") {
-        refused(&"the failpoint oneshot.pid_namespace_refused");
-        return Ok(None);
-    }
-    let mut init = match Init::start(crate::failpoint_fails!("oneshot.proc_refused")) {
-        Ok(init) => init,
-        Err(e) => {
-            refused(&e);
-            return Ok(None);
-        }
-    };
-    // While the init mounts the namespace's /proc. A session keyring of the command's own,
-    // never podhost's: this process has no use for its caller's.
+/// Runs the command in the PID namespace of `init`, whose mount and IPC namespaces this
+/// process joined (see `nsinit`): no supervisor process, the kernel kills the tree. How it
+/// ended, or `None` where the kernel refused the namespace's `/proc` or the namespace itself
+/// (nothing of the attempt is left then: the caller forks a supervisor).
+fn in_namespace(
+    request: &Request,
+    watch: &mut Watch,
+    mut init: Init,
+) -> Result<Option<Status>, ExecError> {
+    // A session keyring of the command's own, never podhost's: this process has no use for its
+    // caller's.
     super::confine::join_session_keyring().map_err(|e| ExecError::Start {
         message: format!("could not join a fresh session keyring: {e}"),
     })?;
     let (out_r, out_w) = super::sys::pipe()?;
     let (err_r, err_w) = super::sys::pipe()?;
-    // Before the command's rules are made: Landlock's rules hold the /proc they were opened on.
     if let Err(e) = init.enter() {
         drop(init);
-        refused(&format_args!("its /proc, or joining it: {e}"));
+        tracing::debug!(
+            "no PID namespace for the command (its /proc, or joining it: {e}): a supervisor \
+             runs it"
+        );
         return Ok(None);
     }
     let shell = supervise::spawn_shell(request, ShellParent::Namespace, Some([out_w, err_w]))
@@ -346,32 +401,23 @@ fn default_dispositions() {
 }
 
 /// Moves this process into fresh mount and IPC namespaces and builds the session's view there
-/// (see `session::view`), before the command's Landlock rules are opened in it.
+/// (see `session::view`), before the command's Landlock rules are opened in it. The namespaces
+/// are `init`'s, made beside this process (see `nsinit`), or made here where there is no init
+/// or this process cannot join its namespaces (then `init` is emptied: its PID namespace has no
+/// `/proc` where this process is).
 ///
 /// Where the level was assumed rather than probed (`probe::assume_root_namespaces`), this
 /// is the probe: if the kernel refuses the namespaces or a step of the view, this process
 /// goes back to the namespaces it came from (and its working directory), and the command runs
 /// without the view, as where a probe had found none. Where the level was probed, a failure
 /// is the command's start failing. Whether the view was built.
-fn enter_view(session: &SessionRequest) -> Result<bool, ExecError> {
+fn enter_view(session: &SessionRequest, init: &mut Option<Init>) -> Result<bool, ExecError> {
     let failed = |e: super::sys::StepError| ExecError::Session {
         message: format!("could not build the command view: {e}"),
     };
     // In a user namespace of this process's own, device nodes can only be bound, not made.
     let prepared =
         view::prepare(&session.view, false, super::sys::in_own_user_namespace()).map_err(failed)?;
-    let make = || {
-        if crate::failpoint_fails!("oneshot.view_refused") {
-            return Err(super::sys::StepError::new(
-                "make the command's namespaces (the failpoint oneshot.view_refused)",
-                libc::EPERM,
-            ));
-        }
-        super::sys::unshare(
-            "make the command's namespaces",
-            libc::CLONE_NEWNS | libc::CLONE_NEWIPC,
-        )
-    };
     let build = || {
         if crate::failpoint_fails!("oneshot.view_fails") {
             return Err(super::sys::StepError::new(
@@ -382,7 +428,10 @@ fn enter_view(session: &SessionRequest) -> Result<bool, ExecError> {
         prepared.build()
     };
     if !super::probe::namespaces_assumed() {
-        return make().and_then(|()| build()).map(|()| true).map_err(failed);
+        return make(init)
+            .and_then(|()| build())
+            .map(|()| true)
+            .map_err(failed);
     }
     let refused = |e: super::sys::StepError| {
         tracing::debug!(
@@ -399,7 +448,7 @@ fn enter_view(session: &SessionRequest) -> Result<bool, ExecError> {
         })?)
     };
     // Refused at once: nothing changed.
-    if let Err(e) = make() {
+    if let Err(e) = make(init) {
         refused(e);
         return Ok(false);
     }
@@ -421,6 +470,32 @@ fn enter_view(session: &SessionRequest) -> Result<bool, ExecError> {
     })?;
     refused(e);
     Ok(false)
+}
+
+/// Moves this process into fresh mount and IPC namespaces: `init`'s, or, where there is none
+/// or this process cannot join its namespaces, made here (`init` is emptied then). `Err`: the
+/// kernel refused them, and nothing changed.
+fn make(init: &mut Option<Init>) -> Result<(), super::sys::StepError> {
+    const STEP: &str = "make the command's namespaces";
+    if crate::failpoint_fails!("oneshot.view_refused") {
+        return Err(super::sys::StepError::new(
+            "make the command's namespaces (the failpoint oneshot.view_refused)",
+            libc::EPERM,
+        ));
+    }
+    if let Some(beside) = init.as_mut() {
+        match beside.join() {
+            Ok(()) => return Ok(()),
+            Err(NotJoined::Refused(errno)) => return Err(super::sys::StepError::new(STEP, errno)),
+            Err(NotJoined::Failed(e)) => {
+                tracing::debug!(
+                    "could not join the namespaces of the command's init ({e}): made here"
+                );
+                *init = None;
+            }
+        }
+    }
+    super::sys::unshare(STEP, libc::CLONE_NEWNS | libc::CLONE_NEWIPC)
 }
 
 /// The mount and IPC namespaces and the working directory this process had before

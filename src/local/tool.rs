@@ -135,6 +135,8 @@ pub fn main(config: ToolConfig) -> i32 {
     if let Some(result) = call.run_here() {
         return exit_code("tool", result);
     }
+    // The init started for a command run here has no use (see exec::oneshot::start_early).
+    crate::exec::oneshot::end_early();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
