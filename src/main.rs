@@ -93,6 +93,20 @@ fn standard_fds_open() -> bool {
     true
 }
 
+/// Replaces the C library's own: where the running program lives, for `$ORIGIN` in the paths
+/// of libraries it loads at run time. A static glibc asks it of every process before `main`
+/// (`_dl_non_dynamic_init`), a `readlink` of `/proc/self/exe`, about 15 µs of each tool call,
+/// for an answer this binary never uses: it loads no library by a path with `$ORIGIN` (its
+/// only run-time loading is the C library's own NSS modules, by their plain names). The
+/// answer here is the C library's own for "unknown" (a `$ORIGIN` in such a path then names
+/// nothing). A static link takes this definition instead of the library's (whose object
+/// defines nothing else); a dynamic one leaves it unused, the loader keeping its own.
+#[allow(unsafe_code)]
+#[unsafe(no_mangle)]
+extern "C" fn _dl_get_origin() -> *const c_char {
+    usize::MAX as *const c_char
+}
+
 /// The exit status `code` stands for: std keeps it private, so it is found by comparison.
 fn status(code: ExitCode) -> c_int {
     (0..=u8::MAX)
