@@ -284,6 +284,29 @@ async fn stdout_of(command: &str, failpoint: Option<&str>) -> String {
     got["stdout"].as_str().unwrap().to_owned()
 }
 
+/// The command and what it starts are the first the OOM killer takes (`oom_score_adj` 1000),
+/// whichever way it runs; in a PID namespace its init too, which shares podhost's memory.
+#[tokio::test]
+async fn the_command_is_the_first_the_oom_killer_takes() {
+    let got = stdout_of(
+        "cat /proc/self/oom_score_adj; sh -c 'cat /proc/self/oom_score_adj'",
+        None,
+    )
+    .await;
+    assert_eq!(got, "1000\n1000\n");
+    if nix::unistd::geteuid().is_root() {
+        // pid 1 of the command's namespace is podhost's init.
+        assert_eq!(stdout_of("cat /proc/1/oom_score_adj", None).await, "1000\n");
+    }
+    for f in [NO_PID_NAMESPACE, "oneshot.proc_refused=fail"] {
+        assert_eq!(
+            stdout_of("cat /proc/self/oom_score_adj", Some(f)).await,
+            "1000\n",
+            "{f}"
+        );
+    }
+}
+
 /// A root podhost tool (which builds the command's view itself) runs the command in a PID
 /// namespace of its own: its `/proc` shows its own processes only, with their own pids, and
 /// `kill` by a pid read there reaches the right process. Where the kernel refuses the namespace
