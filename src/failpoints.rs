@@ -70,6 +70,7 @@ pub const SANDBOX: &[&str] = &[
     "oneshot.view_fails",
     "oneshot.pid_namespace_refused",
     "oneshot.proc_refused",
+    "oneshot.ahead_refused",
 ];
 
 /// The probe of the namespaces commands may get (`kill` there shows which calls probe): a

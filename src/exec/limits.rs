@@ -47,6 +47,16 @@ impl Prepared {
         Prepared { calls }
     }
 
+    /// Each `setrlimit` call as the kernel's resource number and the value, for a child that
+    /// makes them with raw system calls (`exec::ahead`).
+    pub fn calls(&self) -> Vec<(u32, u64)> {
+        self.calls
+            .iter()
+            .flatten()
+            .map(|(resource, value)| (*resource as u32, *value))
+            .collect()
+    }
+
     /// Sets every limit (soft = hard = the value). Async-signal-safe: runs between fork and exec.
     pub fn apply(&self) -> io::Result<()> {
         for (resource, value) in self.calls.iter().flatten() {

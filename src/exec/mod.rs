@@ -36,12 +36,14 @@
 //! * [`oneshot`]: `podhost tool bash`'s one command, with no async runtime and no supervisor
 //!   program; it reads the pipes and keeps the timeout and the stop signals itself. Where it
 //!   built the command's view, the shell is its own child in a PID namespace whose init
-//!   ([`nsinit`]) shares its memory: the kernel kills the tree. Elsewhere its supervisor is a
-//!   fork of podhost running the same code (`supervise::in_fork`), with no control socket:
+//!   ([`nsinit`]) shares its memory: the kernel kills the tree. That child is started before
+//!   the view is built and sheds what it must on its own ([`ahead`]) while the view is built.
+//!   Elsewhere its supervisor is a fork of podhost running the same code
+//!   (`supervise::in_fork`), with no control socket:
 //!
 //! ```text
 //! podhost tool ──clone(VM, NEWPID)──► init (pid 1), then setns into its namespace
-//!      └──vspawn, confine, exec──► <shell> -c <command> (pid 2) ──► …
+//!      └──clone(VM): sheds, filter; Landlock, exec──► <shell> -c <command> (pid 2) ──► …
 //! podhost tool ──fork──► supervisor ──vspawn, confine, exec──► <shell> -c <command> ──► …
 //! ```
 //!
@@ -71,6 +73,7 @@
 //! confinement reads the probe's level ([`confine`] → [`probe`]), never the session that builds
 //! at it.
 
+pub(crate) mod ahead;
 pub(crate) mod capture;
 pub mod cgroup;
 pub mod confine;

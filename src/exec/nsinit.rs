@@ -324,12 +324,12 @@ impl Drop for Init {
     }
 }
 
-/// Moves `pid` (the init, just started) off this process's CPU, onto the others it may run on:
-/// the kernel queues a new process on its parent's CPU, where it would wait until this process
-/// sleeps, instead of doing its work beside it on an idle one. Nothing where this process may
-/// run on one CPU only.
+/// Moves `pid` (a process just started beside this one) off this process's CPU, onto the
+/// others it may run on: the kernel queues a new process on its parent's CPU, where it would
+/// wait until this process sleeps, instead of doing its work beside it on an idle one. Nothing
+/// where this process may run on one CPU only.
 #[allow(unsafe_code)]
-fn elsewhere(pid: libc::pid_t) {
+pub(super) fn elsewhere(pid: libc::pid_t) {
     // SAFETY: sched_getcpu reads the current CPU; the set is a plain bit array written by the
     // kernel, then read and passed back to it.
     unsafe {
@@ -456,7 +456,7 @@ extern "C" fn entry(arg: *mut libc::c_void) -> libc::c_int {
 /// System calls without the C library: its wrappers set `errno`, which the init would share
 /// with podhost's main thread.
 #[allow(unsafe_code)]
-mod raw {
+pub(super) mod raw {
     /// System call `nr` with five arguments; the kernel's return value (a negative errno on
     /// failure).
     #[cfg(target_arch = "x86_64")]

@@ -11,11 +11,15 @@
 //!   memory), started as soon as the call is known to need it ([`start_early`]), makes the
 //!   command's mount and IPC namespaces and mounts the PID namespace's `/proc` (read-only) there,
 //!   on another CPU, while this process prepares the call; this process then joins those
-//!   namespaces, builds the view in them, moves its next children into the PID namespace and
-//!   starts the shell itself, as a supervisor would (`supervise::spawn_shell`: a session of its
-//!   own, confined). It then does what the supervisor does: what the shell left gets a moment
-//!   to end, then SIGTERM to every process of the namespace, a grace, and the init's end, which
-//!   kills them all.
+//!   namespaces and moves its next children into the PID namespace. It starts the command's
+//!   child there before it builds the view ([`ahead`](super::ahead)): on another CPU the child
+//!   sheds what a supervisor's child would (a session of its own, signals, limits, root's
+//!   capabilities, the system-call filter) while this process builds the view and the Landlock
+//!   ruleset, which it then hands the child to enforce before its exec. (A command that changes
+//!   user or holds no capability starts as a supervisor would start it, once the view is
+//!   built: `supervise::spawn_shell`.) It then does what the supervisor does: what the shell
+//!   left gets a moment to end, then SIGTERM to every process of the namespace, a grace, and
+//!   the init's end, which kills them all.
 //! * **Under a forked supervisor** everywhere else (no view, the kernel refuses the PID
 //!   namespace or its `/proc`, a request with cgroups): the supervisor runs the supervisor
 //!   binary's own code (`supervise::in_fork`: the shell in a session of its own, confined, every
@@ -24,8 +28,10 @@
 //! ```text
 //! podhost tool ──clone(VM, NEWPID)──► init (pid 1: makes the mount and IPC namespaces, mounts
 //!   │                                   /proc; kill(-1) on request; its end ends the namespace)
-//!   ├──setns(init: mount, IPC), builds the view
-//!   └──setns(init: PID), vspawn, confine, exec──► <shell> -c <command> (pid 2) ──► …
+//!   ├──setns(init: mount, IPC; then PID)
+//!   ├──clone(VM)──► child (pid 2: sheds, filter; waits) ··· ruleset ──► Landlock, exec ──► <shell>
+//!   └──builds the view and the ruleset, sends it (SCM_RIGHTS)
+//!         -c <command> (pid 2) ──► …
 //! podhost tool ──fork──► supervisor ──vspawn, confine, exec──► <shell> -c <command> ──► …
 //!   │  poll: signalfd (SIGCHLD, stop signals), stdout and stderr pipes, the deadline
 //!   └─ a stop (the timeout, a signal) → SIGTERM to the tree (by the init, or by the
@@ -68,7 +74,7 @@
 
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::process::ExitStatus;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -80,6 +86,7 @@ use nix::sys::signal::{SigSet, Signal, kill};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::Pid;
 
+use super::ahead::Ahead;
 use super::capture::StreamCapture;
 use super::nsinit::{Init, NotJoined};
 use super::protocol::{Request, SessionRequest, Status};
@@ -156,19 +163,17 @@ pub fn execute(
     cloexec_stray_fds();
     // The read-only system of local use: this process enters it, as a session holder would.
     let walled = match view {
-        Some(session) => enter_view(session, &mut init)?,
-        None => false,
+        Some(session) => enter_view(session, &request, &mut init)?,
+        None => Walled::No,
     };
-    let mut watch = Watch::new(signalfd, &req);
-    if walled
-        && let Some(init) = init.take()
-        && let Some(status) = in_namespace(&request, &mut watch, init)?
-    {
-        return outcome(watch, Some(status), "");
-    }
     // An init whose namespaces were not joined ends before the supervisor is forked: podhost's
     // only child is then the supervisor (see `leftovers`).
     drop(init);
+    let mut watch = Watch::new(signalfd, &req);
+    if let Walled::Beside(beside) = walled {
+        let status = in_namespace(&request, &mut watch, beside)?;
+        return outcome(watch, Some(status), "");
+    }
     // What a supervisor killed outright leaves comes here, to be killed (see `leftovers`).
     super::reaper::become_subreaper()?;
     let (out_r, out_w) = super::sys::pipe()?;
@@ -277,38 +282,127 @@ fn outcome(watch: Watch, status: Option<Status>, ended: &str) -> Result<OneShot,
     })
 }
 
-/// Runs the command in the PID namespace of `init`, whose mount and IPC namespaces this
-/// process joined (see `nsinit`): no supervisor process, the kernel kills the tree. How it
-/// ended, or `None` where the kernel refused the namespace's `/proc` or the namespace itself
-/// (nothing of the attempt is left then: the caller forks a supervisor).
-fn in_namespace(
-    request: &Request,
-    watch: &mut Watch,
-    mut init: Init,
-) -> Result<Option<Status>, ExecError> {
-    // A session keyring of the command's own, never podhost's: this process has no use for its
-    // caller's.
-    super::confine::join_session_keyring().map_err(|e| ExecError::Start {
-        message: format!("could not join a fresh session keyring: {e}"),
-    })?;
-    let (out_r, out_w) = super::sys::pipe()?;
-    let (err_r, err_w) = super::sys::pipe()?;
-    if let Err(e) = init.enter() {
-        drop(init);
-        tracing::debug!(
-            "no PID namespace for the command (its /proc, or joining it: {e}): a supervisor \
-             runs it"
-        );
-        return Ok(None);
-    }
-    let shell = supervise::spawn_shell(request, ShellParent::Namespace, Some([out_w, err_w]))
-        .map_err(|e| ExecError::Start {
-            message: format!("could not start {} -c …: {e}", request.shell.display()),
+/// Whether, and how, the command got its view ([`enter_view`]).
+enum Walled {
+    /// None: a supervisor runs the command under Landlock alone.
+    No,
+    /// Built in namespaces this process made: a supervisor runs the command in them.
+    Here,
+    /// Built in the init's namespaces, its PID namespace entered: the command runs there.
+    Beside(Beside),
+}
+
+/// What runs the command in the init's PID namespace (see `nsinit`), once this process has
+/// joined its mount and IPC namespaces and moved its next children into its PID namespace.
+struct Beside {
+    init: Init,
+    start: Start,
+    /// The read ends of the command's stdout and stderr.
+    output: [OwnedFd; 2],
+}
+
+/// How the command's shell starts.
+enum Start {
+    /// Its child, started before the view is built, waits for the Landlock ruleset (see
+    /// `exec::ahead`).
+    Ahead(Ahead),
+    /// From `supervise::spawn_shell` once the view is built (a command that changes user or
+    /// holds no capability), with these write ends of its stdout and stderr.
+    Here([OwnedFd; 2]),
+}
+
+impl Beside {
+    /// In the init's namespaces, before the view is built: a session keyring of the command's
+    /// own, its output pipes, the init's PID namespace for this process's next children, and
+    /// the command's child started ahead. `None` where the kernel refuses the namespace's
+    /// `/proc` or the namespace itself (`init` has ended then, and nothing else changed: the
+    /// caller's supervisor runs the command).
+    fn enter(request: &Request, mut init: Init) -> Result<Option<Beside>, ExecError> {
+        // A session keyring of the command's own, never podhost's: this process has no use for
+        // its caller's.
+        super::confine::join_session_keyring().map_err(|e| ExecError::Start {
+            message: format!("could not join a fresh session keyring: {e}"),
         })?;
+        let (out_r, out_w) = super::sys::pipe()?;
+        let (err_r, err_w) = super::sys::pipe()?;
+        if let Err(e) = init.enter() {
+            drop(init);
+            tracing::debug!(
+                "no PID namespace for the command (its /proc, or joining it: {e}): a supervisor \
+                 runs it"
+            );
+            return Ok(None);
+        }
+        let failed = |e: &dyn std::fmt::Display| ExecError::Start {
+            message: format!("could not start {} -c …: {e}", request.shell.display()),
+        };
+        let shedding = if crate::failpoint_fails!("oneshot.ahead_refused") {
+            None
+        } else {
+            super::confine::Shedding::new(&request.confine)
+                .map_err(|e| failed(&format_args!("could not confine the command: {e}")))?
+        };
+        let start = match shedding {
+            Some(shedding) => {
+                let image = supervise::shell_image(request)
+                    .map_err(|e| failed(&e))?
+                    .in_own_session()
+                    .with_output(out_w, err_w);
+                let limits = super::limits::Prepared::new(&request.limits).calls();
+                Start::Ahead(Ahead::start(image, limits, shedding).map_err(|e| failed(&e))?)
+            }
+            None => Start::Here([out_w, err_w]),
+        };
+        Ok(Some(Beside {
+            init,
+            start,
+            output: [out_r, err_r],
+        }))
+    }
+
+    /// Gives the attempt up when the view cannot be built: the command's child and the init
+    /// end (and with them the PID namespace), and this process's next children are born in its
+    /// own PID namespace again.
+    #[allow(unsafe_code)]
+    fn abandon(self) -> io::Result<()> {
+        drop(self.start);
+        drop(self.init);
+        let own = super::sys::pidfd_open(std::process::id() as libc::pid_t)?;
+        // SAFETY: setns on a descriptor owned here.
+        if unsafe { libc::setns(own.as_raw_fd(), libc::CLONE_NEWPID) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// Runs the command in the init's PID namespace (see [`Beside`]): no supervisor process, the
+/// kernel kills the tree. How it ended.
+fn in_namespace(request: &Request, watch: &mut Watch, beside: Beside) -> Result<Status, ExecError> {
+    let Beside {
+        init,
+        start,
+        output: [out_r, err_r],
+    } = beside;
+    let failed = |e: &dyn std::fmt::Display| ExecError::Start {
+        message: format!("could not start {} -c …: {e}", request.shell.display()),
+    };
+    let shell = match start {
+        Start::Ahead(ahead) => {
+            // Now that the view is built: the rules hold the files they were opened on.
+            let confine = super::confine::Prepared::new(&request.confine)
+                .map_err(|e| failed(&format_args!("could not confine the command: {e}")))?;
+            Pid::from_raw(ahead.go(confine.ruleset()).map_err(|e| failed(&e))?)
+        }
+        Start::Here(output) => {
+            supervise::spawn_shell(request, ShellParent::Namespace, Some(output))
+                .map_err(|e| failed(&e))?
+        }
+    };
     watch.pipes = [Some(nonblocking(out_r)?), Some(nonblocking(err_r)?)];
     let status = watch.namespaced(shell, init);
     watch.drain(DRAIN_BOUND);
-    status.map(Some)
+    status
 }
 
 /// Forks the command's supervisor: it runs `supervise::in_fork` with the output pipes as its
@@ -415,15 +509,20 @@ fn default_dispositions() {
 /// Moves this process into fresh mount and IPC namespaces and builds the session's view there
 /// (see `session::view`), before the command's Landlock rules are opened in it. The namespaces
 /// are `init`'s, made beside this process (see `nsinit`), or made here where there is no init
-/// or this process cannot join its namespaces (then `init` is emptied: its PID namespace has no
-/// `/proc` where this process is).
+/// or this process cannot join its namespaces. In the init's, before the view is built, this
+/// process enters its PID namespace and starts the command's child ([`Beside::enter`]), which
+/// sheds what the command must not have while the view is built.
 ///
 /// Where the level was assumed rather than probed (`probe::assume_root_namespaces`), this
 /// is the probe: if the kernel refuses the namespaces or a step of the view, this process
 /// goes back to the namespaces it came from (and its working directory), and the command runs
 /// without the view, as where a probe had found none. Where the level was probed, a failure
-/// is the command's start failing. Whether the view was built.
-fn enter_view(session: &SessionRequest, init: &mut Option<Init>) -> Result<bool, ExecError> {
+/// is the command's start failing.
+fn enter_view(
+    session: &SessionRequest,
+    request: &Request,
+    init: &mut Option<Init>,
+) -> Result<Walled, ExecError> {
     let failed = |e: super::sys::StepError| ExecError::Session {
         message: format!("could not build the command view: {e}"),
     };
@@ -439,12 +538,7 @@ fn enter_view(session: &SessionRequest, init: &mut Option<Init>) -> Result<bool,
         }
         prepared.build()
     };
-    if !super::probe::namespaces_assumed() {
-        return make(init)
-            .and_then(|()| build())
-            .map(|()| true)
-            .map_err(failed);
-    }
+    let assumed = super::probe::namespaces_assumed();
     let refused = |e: super::sys::StepError| {
         tracing::debug!(
             "no read-only system for the command: {e}; Landlock alone confines its writes"
@@ -452,21 +546,36 @@ fn enter_view(session: &SessionRequest, init: &mut Option<Init>) -> Result<bool,
     };
     // In a user namespace of its own, this process could not go back to the host's mount
     // namespace, which that user namespace does not own: nothing to note.
-    let home = if super::sys::in_own_user_namespace() {
+    let home = if !assumed || super::sys::in_own_user_namespace() {
         None
     } else {
         Some(Home::here().map_err(|e| ExecError::Session {
             message: format!("could not note this process's namespaces: {e}"),
         })?)
     };
-    // Refused at once: nothing changed.
-    if let Err(e) = make(init) {
-        refused(e);
-        return Ok(false);
+    match make(init) {
+        Ok(()) => {}
+        // Refused at once: nothing changed.
+        Err(e) if assumed => {
+            refused(e);
+            return Ok(Walled::No);
+        }
+        Err(e) => return Err(failed(e)),
     }
-    let Err(e) = build() else {
-        return Ok(true);
+    let beside = match init.take() {
+        Some(init) => Beside::enter(request, init)?,
+        None => None,
     };
+    let Err(e) = build() else {
+        return Ok(match beside {
+            Some(beside) => Walled::Beside(beside),
+            None => Walled::Here,
+        });
+    };
+    let abandoned = beside.map_or(Ok(()), Beside::abandon);
+    if !assumed {
+        return Err(failed(e));
+    }
     let Some(home) = home else {
         return Err(ExecError::Session {
             message: format!(
@@ -475,13 +584,15 @@ fn enter_view(session: &SessionRequest, init: &mut Option<Init>) -> Result<bool,
             ),
         });
     };
-    home.go_back().map_err(|back| ExecError::Session {
-        message: format!(
-            "could not build the command view ({e}), nor return to podhost's namespaces: {back}"
-        ),
-    })?;
+    abandoned
+        .and_then(|()| home.go_back())
+        .map_err(|back| ExecError::Session {
+            message: format!(
+                "could not build the command view ({e}), nor return to podhost's namespaces: {back}"
+            ),
+        })?;
     refused(e);
-    Ok(false)
+    Ok(Walled::No)
 }
 
 /// Moves this process into fresh mount and IPC namespaces: `init`'s, or, where there is none

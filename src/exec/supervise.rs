@@ -430,13 +430,7 @@ pub(crate) fn spawn_shell(
     // Opened and compiled here, before the clone: the child only makes system calls.
     let confine = confine::Prepared::new(&req.confine)
         .map_err(|e| format!("could not confine the command: {e}"))?;
-    let mut image = vspawn::Image::new(
-        &req.shell,
-        [OsStr::new("-c"), OsStr::new(&req.command)],
-        req.env.iter().map(|(k, v)| (OsStr::new(k), OsStr::new(v))),
-        &req.cwd,
-    )
-    .map_err(|e| e.to_string())?;
+    let mut image = shell_image(req).map_err(|e| e.to_string())?;
     if let ShellParent::Namespace = parent {
         image = image.in_own_session();
     }
@@ -469,6 +463,17 @@ pub(crate) fn spawn_shell(
     };
     let pid = vspawn::spawn(&image, &mut pre_exec).map_err(|e| e.to_string())?;
     Ok(Pid::from_raw(pid))
+}
+
+/// `<shell> -c <command>` of `req`: its environment and working directory, its stdin
+/// `/dev/null`.
+pub(crate) fn shell_image(req: &Request) -> std::io::Result<vspawn::Image> {
+    vspawn::Image::new(
+        &req.shell,
+        [OsStr::new("-c"), OsStr::new(&req.command)],
+        req.env.iter().map(|(k, v)| (OsStr::new(k), OsStr::new(v))),
+        &req.cwd,
+    )
 }
 
 /// Sets every signal's disposition to the default, as a freshly started program expects: an

@@ -1047,7 +1047,7 @@ pub struct CapHeader {
 }
 
 #[repr(C)]
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct CapData {
     pub effective: u32,
     pub permitted: u32,

@@ -44,19 +44,19 @@ const CHILD_STACK: usize = 256 * 1024;
 
 /// What the child execs, prepared before the clone.
 pub struct Image {
-    path: CString,
+    pub(super) path: CString,
     /// The strings `argv_ptrs` points into, kept alive with it.
     _argv: Vec<CString>,
-    argv_ptrs: Vec<*const libc::c_char>,
+    pub(super) argv_ptrs: Vec<*const libc::c_char>,
     /// The strings `envp_ptrs` points into.
     _envp: Vec<CString>,
-    envp_ptrs: Vec<*const libc::c_char>,
-    cwd: CString,
-    stdin: OwnedFd,
+    pub(super) envp_ptrs: Vec<*const libc::c_char>,
+    pub(super) cwd: CString,
+    pub(super) stdin: OwnedFd,
     /// A session of the child's own (`setsid`), not only a process group.
-    session: bool,
+    pub(super) session: bool,
     /// The child's stdout and stderr, when not the caller's own.
-    output: Option<[OwnedFd; 2]>,
+    pub(super) output: Option<[OwnedFd; 2]>,
 }
 
 impl Image {

@@ -337,3 +337,80 @@ async fn a_root_podhost_tool_runs_its_command_in_a_pid_namespace_of_its_own() {
         assert!(listed > 4, "{f}: {got}");
     }
 }
+
+/// The failpoint that starts the command's child only once its view is built, as through a
+/// supervisor's code, instead of ahead of it (`exec::ahead`).
+const NOT_AHEAD: &str = "oneshot.ahead_refused=fail";
+
+/// A command's child started ahead of its view, which sheds its session, signals, limits,
+/// capabilities and installs its filter before the Landlock ruleset exists, ends up exactly as
+/// walled as one started after the view: the same credentials, filter, signal state, limits,
+/// descriptors, CPUs, Landlock domain (it cannot signal its init) and system-call refusals.
+#[tokio::test]
+async fn a_child_started_ahead_of_its_view_is_walled_as_one_started_after() {
+    let command = "echo $$ $PPID; \
+        grep -E '^(Cap|NoNewPrivs|Seccomp|SigBlk|SigIgn|Cpus_allowed_list)' /proc/self/status; \
+        ulimit -n -u -c -f; ls /proc/self/fd; \
+        kill -0 1 2>/dev/null; echo signal the init: $?; \
+        unshare -U true 2>/dev/null; echo unshare: $?; \
+        touch /usr/x 2>/dev/null; echo write outside: $?; \
+        touch ./inside && echo write inside: $?";
+    let ahead = stdout_of(command, None).await;
+    let after = stdout_of(command, Some(NOT_AHEAD)).await;
+    assert_eq!(ahead, after);
+    for line in [
+        "NoNewPrivs:\t1",
+        "Seccomp:\t2",
+        "CapAmb:\t0000000000000000",
+        "CapInh:\t0000000000000000",
+        "SigBlk:\t0000000000000000",
+        "SigIgn:\t0000000000000000",
+        "write inside: 0",
+    ] {
+        assert!(ahead.lines().any(|l| l == line), "{line:?} in {ahead}");
+    }
+    for refused in ["unshare: 0", "write outside: 0"] {
+        assert!(
+            !ahead.lines().any(|l| l == refused),
+            "{refused:?} in {ahead}"
+        );
+    }
+    if nix::unistd::geteuid().is_root() {
+        // In its PID namespace; Landlock's scoping keeps it from signalling the init.
+        assert!(ahead.starts_with("2 0\n"), "{ahead}");
+        assert!(ahead.contains("signal the init: 1\n"), "{ahead}");
+    }
+}
+
+/// A shell that cannot be started is the call's start failing, with the kernel's reason, the
+/// same whether its child was started ahead of the view or after.
+#[tokio::test]
+async fn a_shell_that_cannot_start_fails_the_start_with_the_kernels_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_a_program = dir.path().join("a-directory");
+    std::fs::create_dir(&not_a_program).unwrap();
+    for (shell, reason) in [
+        (
+            std::path::PathBuf::from("/nonexistent/sh"),
+            "No such file or directory",
+        ),
+        (not_a_program, "Permission denied"),
+    ] {
+        let mut outcomes = Vec::new();
+        for failpoint in [None, Some(NOT_AHEAD)] {
+            let mut cmd = tool(dir.path(), &json!({"command": "true"}));
+            cmd.arg("--shell").arg(&shell);
+            if let Some(f) = failpoint {
+                cmd.env("PODHOST_FAILPOINTS", f);
+            }
+            let out = finish(cmd.spawn().unwrap()).await;
+            assert_eq!(out.code, 0, "{}", out.stderr);
+            let outcome: Value = serde_json::from_str(&out.stdout).unwrap();
+            assert_eq!(outcome["code"], "sandbox.start_failed", "{outcome}");
+            let message = outcome["message"].as_str().unwrap().to_owned();
+            assert!(message.contains(reason), "{message}");
+            outcomes.push(message);
+        }
+        assert_eq!(outcomes[0], outcomes[1]);
+    }
+}

@@ -161,6 +161,58 @@ fn cap_last_cap() -> u32 {
     })
 }
 
+/// What a command's child started ahead of its view (`exec::ahead`) applies on its own, before
+/// its Landlock ruleset exists: the system-call filter and, for a command that runs as root, the
+/// capabilities it sheds (as [`Prepared`] would have it shed them).
+#[derive(Debug)]
+pub struct Shedding {
+    /// The system-call filter, with the network denied when the request says so.
+    pub filter: BpfProgram,
+    /// The capabilities to drop from the bounding set (all but [`ROOT_KEEPS`]).
+    pub bounding: Vec<u32>,
+    /// The sets to `capset` once they are dropped (the inheritable set cut to [`ROOT_KEEPS`]);
+    /// `None`: the command does not run as root, and sheds nothing.
+    pub caps: Option<[CapData; 2]>,
+}
+
+impl Shedding {
+    /// `c`'s shedding; `None` for a command that changes user or holds no capability at all,
+    /// whose credentials change in ways its filter, installed first, would refuse.
+    pub fn new(c: &Confine) -> Result<Option<Self>, ConfineError> {
+        if c.user.is_some() || c.no_capabilities {
+            return Ok(None);
+        }
+        let filter = syscalls::command_filter(c.deny_network)?;
+        if !nix::unistd::geteuid().is_root() {
+            return Ok(Some(Shedding {
+                filter,
+                bounding: Vec::new(),
+                caps: None,
+            }));
+        }
+        let mut caps = capget().map_err(|e| ConfineError::Seccomp(e.to_string()))?;
+        for (d, m) in caps.iter_mut().zip(root_keeps_mask()) {
+            d.inheritable &= m;
+        }
+        Ok(Some(Shedding {
+            filter,
+            bounding: (0..=cap_last_cap())
+                .filter(|c| !ROOT_KEEPS.contains(c))
+                .collect(),
+            caps: Some(caps),
+        }))
+    }
+}
+
+/// [`ROOT_KEEPS`] as the two words of a capability set.
+fn root_keeps_mask() -> [u32; 2] {
+    let mut mask = [0u32; 2];
+    for cap in ROOT_KEEPS {
+        mask[(cap / 32) as usize] |= 1 << (cap % 32);
+    }
+    mask
+}
+
 impl Prepared {
     /// Builds the Landlock ruleset (opening every rule's path now) and the system-call filter.
     pub fn new(c: &Confine) -> Result<Self, ConfineError> {
@@ -277,14 +329,15 @@ impl Prepared {
             );
         }
         let mut data = capget()?;
-        let mut mask = [0u32; 2];
-        for cap in ROOT_KEEPS {
-            mask[(cap / 32) as usize] |= 1 << (cap % 32);
-        }
-        for (d, m) in data.iter_mut().zip(mask) {
+        for (d, m) in data.iter_mut().zip(root_keeps_mask()) {
             d.inheritable &= m;
         }
         capset(&data)
+    }
+
+    /// The Landlock ruleset, for a child started ahead of it (`exec::ahead`).
+    pub fn ruleset(&self) -> Option<&OwnedFd> {
+        self.ruleset.as_ref()
     }
 
     /// Sheds root's capabilities (see [`ROOT_KEEPS`]), then enforces the Landlock ruleset, then

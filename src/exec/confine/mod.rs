@@ -94,7 +94,7 @@ pub mod state;
 mod syscalls;
 pub mod users;
 
-pub use apply::{Prepared, ROOT_KEEPS, shed_bounding_set_ahead};
+pub use apply::{Prepared, ROOT_KEEPS, Shedding, shed_bounding_set_ahead};
 pub use harden::{Hardened, harden_process, is_non_dumpable, take_secret_env};
 pub use isolation::Isolation;
 pub use level::{Level, report_startup, reported};
