@@ -14,12 +14,12 @@
 //!   ambient and inheritable sets), `no_new_privs`, then the system-call filter. These are the
 //!   steps and values `supervise::spawn_shell` applies in a `vfork` child, but for Landlock,
 //!   and in an order that lets the filter go first: every later call of the child (`recvmsg`,
-//!   `landlock_restrict_self`, `close`, `dup3`, `chdir`, `sched_setaffinity`, `execve`, and
-//!   `write` and `exit` on failure) is one the filter lets through.
+//!   `landlock_restrict_self`, `close`, `dup3`, `chdir`, `execve`, and `write` and `exit` on
+//!   failure) is one the filter lets through.
 //! * Meanwhile podhost builds the view and the command's Landlock ruleset, and sends the ruleset
-//!   over a socket (`SCM_RIGHTS`): the child enforces it, takes its stdin, stdout and stderr,
-//!   enters its working directory (in the view, now built), takes back podhost's CPUs and execs
-//!   the shell.
+//!   over a socket (`SCM_RIGHTS`), having given the child back every CPU it may run on: the
+//!   child enforces the ruleset, takes its stdin, stdout and stderr, enters its working
+//!   directory (in the view, now built) and execs the shell.
 //! * A step that fails: the child writes which and the errno on a pipe and exits with 127; the
 //!   pipe's end with nothing written is the exec (it is close-on-exec).
 //!
@@ -42,7 +42,7 @@ use std::os::unix::net::UnixStream;
 use seccompiler::sock_filter;
 
 use super::confine::Shedding;
-use super::nsinit::raw;
+use super::nsinit::{Cpus, raw};
 use super::sys::{CAP_V3, CapHeader};
 use super::vspawn::Image;
 
@@ -116,8 +116,6 @@ struct Plan {
     /// `setrlimit` calls: resource and value (soft and hard).
     limits: Vec<(u32, u64)>,
     shedding: Shedding,
-    /// podhost's CPUs, the command's again before its exec.
-    cpus: libc::cpu_set_t,
     /// The child's end of the socket the ruleset comes on.
     ruleset: RawFd,
     /// The write end of the pipe the child reports a failed step on.
@@ -127,6 +125,8 @@ struct Plan {
 /// A command's child started ahead of its view, until it has exec'ed.
 pub struct Ahead {
     pid: libc::pid_t,
+    /// The CPUs it gets back when it is sent on its way: those of this process.
+    cpus: Option<Cpus>,
     /// podhost's end of the socket the ruleset goes on.
     ruleset: UnixStream,
     /// The read end of the pipe of failures; its end with nothing on it is the exec.
@@ -150,20 +150,11 @@ impl Ahead {
     pub fn start(image: Image, limits: Vec<(u32, u64)>, shedding: Shedding) -> io::Result<Ahead> {
         let (ours, theirs) = UnixStream::pair()?;
         let (failed, report) = super::sys::pipe()?;
-        // SAFETY: the set is a plain bit array the kernel writes.
-        let cpus = unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            set
-        };
         let theirs = OwnedFd::from(theirs);
         let plan = Box::new(Plan {
             image,
             limits,
             shedding,
-            cpus,
             ruleset: theirs.as_raw_fd(),
             failed: report.as_raw_fd(),
         });
@@ -183,9 +174,10 @@ impl Ahead {
         if pid < 0 {
             return Err(io::Error::last_os_error());
         }
-        super::nsinit::elsewhere(pid);
+        let cpus = super::nsinit::elsewhere(pid);
         Ok(Ahead {
             pid,
+            cpus,
             ruleset: ours,
             failed,
             theirs: Some([theirs, report]),
@@ -198,6 +190,10 @@ impl Ahead {
     /// built; returns its pid once it has exec'ed the shell. `Err`: a step failed (the child is
     /// reaped then) or it could not be reached; the error names the step.
     pub fn go(mut self, ruleset: Option<&OwnedFd>) -> io::Result<libc::pid_t> {
+        // Before this process waits for it: where the other CPUs are busy, it may run here.
+        if let Some(cpus) = self.cpus.take() {
+            super::nsinit::everywhere(self.pid, &cpus);
+        }
         let sent = send(&self.ruleset, ruleset.map(AsRawFd::as_raw_fd));
         self.theirs = None;
         let mut words = [0u8; 8];
@@ -397,18 +393,6 @@ fn steps(plan: &Plan) -> Result<(), (Step, isize)> {
             [image.cwd.as_ptr() as usize, 0, 0, 0, 0],
         ),
     )?;
-    // podhost's CPUs again (the child was moved off podhost's own); a refusal leaves it where
-    // it runs.
-    raw::syscall(
-        libc::SYS_sched_setaffinity as usize,
-        [
-            0,
-            size_of::<libc::cpu_set_t>(),
-            (&raw const plan.cpus) as usize,
-            0,
-            0,
-        ],
-    );
     let ret = raw::syscall(
         libc::SYS_execve as usize,
         [

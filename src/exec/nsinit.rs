@@ -67,6 +67,8 @@ const TERM_ALL: u8 = b'T';
 /// namespace) when dropped.
 pub struct Init {
     pid: libc::pid_t,
+    /// The CPUs to give back before this process first waits for it (see [`elsewhere`]).
+    cpus: Option<Cpus>,
     /// The init's pidfd (`CLONE_PIDFD`): how this process joins its namespaces and sees it end.
     pidfd: OwnedFd,
     /// The write end of the init's command pipe.
@@ -153,9 +155,10 @@ impl Init {
         }
         // SAFETY: a close-on-exec descriptor the kernel just made for this process.
         let pidfd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(pidfd) };
-        elsewhere(pid);
+        let cpus = elsewhere(pid);
         Ok(Init {
             pid,
+            cpus,
             pidfd,
             commands: write,
             reports,
@@ -170,6 +173,9 @@ impl Init {
     fn report(&mut self) -> io::Result<Report> {
         if let Some(report) = self.report {
             return Ok(report);
+        }
+        if let Some(cpus) = self.cpus.take() {
+            everywhere(self.pid, &cpus);
         }
         let mut words = [0u8; 8];
         let n = super::sys::read_exact_or_end(self.reports.as_raw_fd(), &mut words)?;
@@ -324,24 +330,42 @@ impl Drop for Init {
     }
 }
 
+/// CPUs a process may run on, as `sched_setaffinity` takes them.
+pub(super) struct Cpus(libc::cpu_set_t);
+
 /// Moves `pid` (a process just started beside this one) off this process's CPU, onto the
 /// others it may run on: the kernel queues a new process on its parent's CPU, where it would
-/// wait until this process sleeps, instead of doing its work beside it on an idle one. Nothing
-/// where this process may run on one CPU only.
+/// wait until this process sleeps, instead of doing its work beside it on an idle one. Returns
+/// the CPUs it had, for [`everywhere`] to give back before this process waits for it: where
+/// the other CPUs are busy, it may then run here, or on whichever CPU goes idle first. `None`
+/// (nothing changed) where this process may run on one CPU only.
 #[allow(unsafe_code)]
-pub(super) fn elsewhere(pid: libc::pid_t) {
-    // SAFETY: sched_getcpu reads the current CPU; the set is a plain bit array written by the
+pub(super) fn elsewhere(pid: libc::pid_t) -> Option<Cpus> {
+    // SAFETY: sched_getcpu reads the current CPU; the sets are plain bit arrays written by the
     // kernel, then read and passed back to it.
     unsafe {
         let here = libc::sched_getcpu();
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if here < 0 || libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return;
+        let mut all: libc::cpu_set_t = std::mem::zeroed();
+        if here < 0 || libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut all) != 0 {
+            return None;
         }
-        libc::CPU_CLR(here as usize, &mut set);
-        if libc::CPU_COUNT(&set) > 0 {
-            libc::sched_setaffinity(pid, size_of::<libc::cpu_set_t>(), &set);
+        let mut others = all;
+        libc::CPU_CLR(here as usize, &mut others);
+        if libc::CPU_COUNT(&others) == 0
+            || libc::sched_setaffinity(pid, size_of::<libc::cpu_set_t>(), &others) != 0
+        {
+            return None;
         }
+        Some(Cpus(all))
+    }
+}
+
+/// Gives `pid` back the CPUs [`elsewhere`] took from it; a refusal (it has ended) is nothing.
+#[allow(unsafe_code)]
+pub(super) fn everywhere(pid: libc::pid_t, cpus: &Cpus) {
+    // SAFETY: passes a plain bit array the kernel reads.
+    unsafe {
+        libc::sched_setaffinity(pid, size_of::<libc::cpu_set_t>(), &cpus.0);
     }
 }
 

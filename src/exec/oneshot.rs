@@ -171,7 +171,7 @@ pub fn execute(
     drop(init);
     let mut watch = Watch::new(signalfd, &req);
     if let Walled::Beside(beside) = walled {
-        let status = in_namespace(&request, &mut watch, beside)?;
+        let status = in_namespace(&request, &mut watch, *beside)?;
         return outcome(watch, Some(status), "");
     }
     // What a supervisor killed outright leaves comes here, to be killed (see `leftovers`).
@@ -289,7 +289,7 @@ enum Walled {
     /// Built in namespaces this process made: a supervisor runs the command in them.
     Here,
     /// Built in the init's namespaces, its PID namespace entered: the command runs there.
-    Beside(Beside),
+    Beside(Box<Beside>),
 }
 
 /// What runs the command in the init's PID namespace (see `nsinit`), once this process has
@@ -568,7 +568,7 @@ fn enter_view(
     };
     let Err(e) = build() else {
         return Ok(match beside {
-            Some(beside) => Walled::Beside(beside),
+            Some(beside) => Walled::Beside(Box::new(beside)),
             None => Walled::Here,
         });
     };
