@@ -291,9 +291,19 @@ extern "C" fn entry(arg: *mut libc::c_void) -> libc::c_int {
 /// The child's steps up to the exec, which returns only on failure: the step and the kernel's
 /// (negative) return value.
 fn steps(plan: &Plan) -> Result<(), (Step, isize)> {
-    let check = |step: Step, ret: isize| if ret < 0 { Err((step, ret)) } else { Ok(ret) };
-    let image = &plan.image;
-    if image.session {
+    shed_ahead(plan)?;
+    take_over(plan)
+}
+
+/// A failed step when the kernel's return value `ret` is negative.
+fn check(step: Step, ret: isize) -> Result<isize, (Step, isize)> {
+    if ret < 0 { Err((step, ret)) } else { Ok(ret) }
+}
+
+/// What the child sheds before its ruleset exists: its session, signal state, limits and
+/// capabilities, then the system-call filter.
+fn shed_ahead(plan: &Plan) -> Result<(), (Step, isize)> {
+    if plan.image.session {
         check(
             Step::Session,
             raw::syscall(libc::SYS_setsid as usize, [0; 5]),
@@ -365,6 +375,13 @@ fn steps(plan: &Plan) -> Result<(), (Step, isize)> {
             ],
         ),
     )?;
+    Ok(())
+}
+
+/// Once the view is built: the ruleset received and enforced, the standard descriptors and the
+/// working directory taken, the exec.
+fn take_over(plan: &Plan) -> Result<(), (Step, isize)> {
+    let image = &plan.image;
     if let Some(ruleset) = receive(plan.ruleset).map_err(|ret| (Step::Ruleset, ret))? {
         check(
             Step::Landlock,

@@ -369,15 +369,11 @@ pub(super) fn everywhere(pid: libc::pid_t, cpus: &Cpus) {
     }
 }
 
-/// The init: makes its mount and IPC namespaces and mounts its PID namespace's `/proc` there,
-/// says how that went, closes every descriptor but its two pipes, has its orphans reaped by the
-/// kernel, dies with its parent, and runs each command it reads until the pipe's end. `arg`
-/// packs its descriptors (see [`FD_BITS`]). Raw system calls only (see the module's
-/// invariants).
-extern "C" fn entry(arg: *mut libc::c_void) -> libc::c_int {
-    let arg = arg as usize;
-    let mask = (1 << FD_BITS) - 1;
-    let (pipe, report) = (arg & mask, (arg >> FD_BITS) & mask);
+/// The init's first work: fresh mount and IPC namespaces, every mount private, and its PID
+/// namespace's `/proc` (or an `EPERM` for it when `refuse_proc`). The kernel's return values
+/// (0 or a negative errno) for the namespaces and for `/proc`, which is not tried without them.
+/// Raw system calls only (see the module's invariants).
+fn make_namespaces(refuse_proc: bool) -> (isize, isize) {
     let mut made = raw::syscall(
         libc::SYS_unshare as usize,
         [
@@ -404,7 +400,7 @@ extern "C" fn entry(arg: *mut libc::c_void) -> libc::c_int {
     let mounted = if made != 0 {
         // Not in a mount namespace of its own: no mount at all.
         made
-    } else if arg & REFUSE_PROC != 0 {
+    } else if refuse_proc {
         -libc::EPERM as isize
     } else {
         raw::syscall(
@@ -418,6 +414,19 @@ extern "C" fn entry(arg: *mut libc::c_void) -> libc::c_int {
             ],
         )
     };
+    (made, mounted)
+}
+
+/// The init: makes its mount and IPC namespaces and mounts its PID namespace's `/proc` there,
+/// says how that went, closes every descriptor but its two pipes, has its orphans reaped by the
+/// kernel, dies with its parent, and runs each command it reads until the pipe's end. `arg`
+/// packs its descriptors (see [`FD_BITS`]). Raw system calls only (see the module's
+/// invariants).
+extern "C" fn entry(arg: *mut libc::c_void) -> libc::c_int {
+    let arg = arg as usize;
+    let mask = (1 << FD_BITS) - 1;
+    let (pipe, report) = (arg & mask, (arg >> FD_BITS) & mask);
+    let (made, mounted) = make_namespaces(arg & REFUSE_PROC != 0);
     // 0, or the errno of the refusal, for each.
     let errno = |ret: isize| (-ret.min(0)) as i32;
     let words: [i32; 2] = [errno(made), errno(mounted)];
