@@ -71,6 +71,8 @@ pub const SANDBOX: &[&str] = &[
     "oneshot.pid_namespace_refused",
     "oneshot.proc_refused",
     "oneshot.ahead_refused",
+    "oneshot.ahead_cwd_refused",
+    "oneshot.join_fails",
 ];
 
 /// The probe of the namespaces commands may get (`kill` there shows which calls probe): a

@@ -120,6 +120,9 @@ struct Plan {
     ruleset: RawFd,
     /// The write end of the pipe the child reports a failed step on.
     failed: RawFd,
+    /// Act as if the kernel refused the working directory (the failpoint
+    /// `oneshot.ahead_cwd_refused`): a step after the filter and the ruleset fails.
+    refuse_cwd: bool,
 }
 
 /// A command's child started ahead of its view, until it has exec'ed.
@@ -143,11 +146,17 @@ pub struct Ahead {
 
 impl Ahead {
     /// Starts the child of `image` (its stdin, stdout and stderr open, a session of its own),
-    /// which applies `limits` and `shedding` on its own, then waits for [`go`](Self::go). The
-    /// caller is single-threaded and already in the command's namespaces (the child is born in
-    /// them). `Err`: nothing was started.
+    /// which applies `limits` and `shedding` on its own, then waits for [`go`](Self::go); it
+    /// acts as if the kernel refused its working directory when `refuse_cwd`. The caller is
+    /// single-threaded and already in the command's namespaces (the child is born in them).
+    /// `Err`: nothing was started.
     #[allow(unsafe_code)]
-    pub fn start(image: Image, limits: Vec<(u32, u64)>, shedding: Shedding) -> io::Result<Ahead> {
+    pub fn start(
+        image: Image,
+        limits: Vec<(u32, u64)>,
+        shedding: Shedding,
+        refuse_cwd: bool,
+    ) -> io::Result<Ahead> {
         let (ours, theirs) = UnixStream::pair()?;
         let (failed, report) = super::sys::pipe()?;
         let theirs = OwnedFd::from(theirs);
@@ -157,6 +166,7 @@ impl Ahead {
             shedding,
             ruleset: theirs.as_raw_fd(),
             failed: report.as_raw_fd(),
+            refuse_cwd,
         });
         let mut stack: Vec<u8> = Vec::with_capacity(STACK);
         let top = (stack.as_mut_ptr() as usize + STACK) & !15;
@@ -196,10 +206,9 @@ impl Ahead {
         }
         let sent = send(&self.ruleset, ruleset.map(AsRawFd::as_raw_fd));
         self.theirs = None;
-        let mut words = [0u8; 8];
-        let n = super::sys::read_exact_or_end(self.failed.as_raw_fd(), &mut words)?;
+        let words = super::sys::read_two_words(self.failed.as_raw_fd())?;
         let pid = std::mem::replace(&mut self.pid, 0);
-        if n == 0 {
+        if words == Err(0) {
             // Exec'ed (having read the ruleset), or killed before it could say otherwise.
             if sent.is_err() {
                 let _ = super::sys::wait(pid, 0);
@@ -207,12 +216,9 @@ impl Ahead {
             return sent.map(|()| pid);
         }
         let _ = super::sys::wait(pid, 0);
-        let word =
-            |i: usize| i32::from_ne_bytes([words[i], words[i + 1], words[i + 2], words[i + 3]]);
-        let (step, errno) = if n == words.len() {
-            (Step::numbered(word(0)), word(4))
-        } else {
-            (Step::Exec, libc::EIO)
+        let (step, errno) = match words {
+            Ok([step, errno]) => (Step::numbered(step), errno),
+            Err(_) => (Step::Exec, libc::EIO),
         };
         let e = io::Error::from_raw_os_error(errno);
         if step == Step::Exec {
@@ -403,13 +409,15 @@ fn take_over(plan: &Plan) -> Result<(), (Step, isize)> {
         dup(out.as_raw_fd(), 1)?;
         dup(err.as_raw_fd(), 2)?;
     }
-    check(
-        Step::Cwd,
+    let entered = if plan.refuse_cwd {
+        -(libc::EPERM as isize)
+    } else {
         raw::syscall(
             libc::SYS_chdir as usize,
             [image.cwd.as_ptr() as usize, 0, 0, 0, 0],
-        ),
-    )?;
+        )
+    };
+    check(Step::Cwd, entered)?;
     let ret = raw::syscall(
         libc::SYS_execve as usize,
         [

@@ -177,19 +177,12 @@ impl Init {
         if let Some(cpus) = self.cpus.take() {
             everywhere(self.pid, &cpus);
         }
-        let mut words = [0u8; 8];
-        let n = super::sys::read_exact_or_end(self.reports.as_raw_fd(), &mut words)?;
-        if n < words.len() {
+        let Ok([made, proc_fs]) = super::sys::read_two_words(self.reports.as_raw_fd())? else {
             return Err(io::Error::other(
                 "the init ended before it made the command's namespaces",
             ));
-        }
-        let word =
-            |i: usize| i32::from_ne_bytes([words[i], words[i + 1], words[i + 2], words[i + 3]]);
-        let report = Report {
-            made: word(0),
-            proc_fs: word(4),
         };
+        let report = Report { made, proc_fs };
         self.report = Some(report);
         Ok(report)
     }

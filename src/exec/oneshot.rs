@@ -349,7 +349,10 @@ impl Beside {
                     .in_own_session()
                     .with_output(out_w, err_w);
                 let limits = super::limits::Prepared::new(&request.limits).calls();
-                Start::Ahead(Ahead::start(image, limits, shedding).map_err(|e| failed(&e))?)
+                let refuse_cwd = crate::failpoint_fails!("oneshot.ahead_cwd_refused");
+                Start::Ahead(
+                    Ahead::start(image, limits, shedding, refuse_cwd).map_err(|e| failed(&e))?,
+                )
             }
             None => Start::Here([out_w, err_w]),
         };
@@ -607,7 +610,14 @@ fn make(init: &mut Option<Init>) -> Result<(), super::sys::StepError> {
         ));
     }
     if let Some(beside) = init.as_mut() {
-        match beside.join() {
+        let joined = if crate::failpoint_fails!("oneshot.join_fails") {
+            Err(NotJoined::Failed(io::Error::from_raw_os_error(
+                libc::EINVAL,
+            )))
+        } else {
+            beside.join()
+        };
+        match joined {
             Ok(()) => return Ok(()),
             Err(NotJoined::Refused(errno)) => return Err(super::sys::StepError::new(STEP, errno)),
             Err(NotJoined::Failed(e)) => {

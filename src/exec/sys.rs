@@ -945,6 +945,19 @@ pub fn unmount_detached(path: &CStr) -> io::Result<()> {
     Ok(())
 }
 
+/// The two words a process beside this one writes on a pipe (`nsinit`'s report, `ahead`'s
+/// failure: two `i32`s in the machine's order), once read; `Err` with how many bytes came when
+/// the pipe ended before all eight did.
+pub fn read_two_words(fd: RawFd) -> io::Result<Result<[i32; 2], usize>> {
+    let mut bytes = [0u8; 8];
+    let n = read_exact_or_end(fd, &mut bytes)?;
+    if n < bytes.len() {
+        return Ok(Err(n));
+    }
+    let word = |i: usize| i32::from_ne_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+    Ok(Ok([word(0), word(4)]))
+}
+
 /// Reads from `fd` (a pipe) until `buf` is full or the pipe ends; how much was read.
 pub fn read_exact_or_end(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     let mut got = 0;

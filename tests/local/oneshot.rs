@@ -414,3 +414,58 @@ async fn a_shell_that_cannot_start_fails_the_start_with_the_kernels_reason() {
         assert_eq!(outcomes[0], outcomes[1]);
     }
 }
+
+/// Where podhost cannot join the namespaces its init made (an older kernel, or the init ended
+/// first), it makes them itself: the command still gets its read-only view, under a supervisor,
+/// and the unused init does not hold podhost up (its leftovers would, for seconds).
+#[tokio::test]
+async fn namespaces_podhost_cannot_join_are_made_here_with_the_view() {
+    if !nix::unistd::geteuid().is_root() {
+        println!(
+            "not root: podhost tool's command gets a PID namespace only where it builds a view"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = tool(
+        dir.path(),
+        &json!({"command": "echo $PPID; touch /usr/x 2>&1 | grep -c 'Read-only file system'"}),
+    );
+    cmd.env("PODHOST_FAILPOINTS", "oneshot.join_fails=fail");
+    let out = finish(cmd.spawn().unwrap()).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    // What the supervisor's leftovers sweep says of a process it waited for in vain.
+    assert!(!out.stderr.contains("still alive"), "{}", out.stderr);
+    let got = output(&out.stdout);
+    let stdout = got["stdout"].as_str().unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_ne!(
+        lines[0], "0",
+        "a supervisor, not the init's namespace: {stdout}"
+    );
+    assert_eq!(lines[1], "1", "the view is read-only: {stdout}");
+}
+
+/// A step of the child started ahead that fails after its filter and ruleset (its working
+/// directory) fails the call's start with the step and the kernel's reason; nothing of the
+/// attempt is left running.
+#[tokio::test]
+async fn a_failed_step_of_the_child_started_ahead_fails_the_start_and_leaves_nothing() {
+    if !nix::unistd::geteuid().is_root() {
+        println!("not root: no PID namespace, so no child started ahead of the view");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = tool(dir.path(), &json!({"command": "echo ran"}));
+    cmd.env("PODHOST_FAILPOINTS", "oneshot.ahead_cwd_refused=fail");
+    let out = finish(cmd.spawn().unwrap()).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let outcome: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(outcome["code"], "sandbox.start_failed", "{outcome}");
+    let message = outcome["message"].as_str().unwrap();
+    assert!(
+        message.ends_with("-c …: its working directory: Operation not permitted (os error 1)"),
+        "{message}"
+    );
+    assert_eq!(running_in(dir.path()), Vec::<i32>::new());
+}

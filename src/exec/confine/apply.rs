@@ -190,7 +190,10 @@ impl Shedding {
                 caps: None,
             }));
         }
-        let mut caps = capget().map_err(|e| ConfineError::Seccomp(e.to_string()))?;
+        let mut caps = capget().map_err(|e| ConfineError::User {
+            spec: "capabilities".to_owned(),
+            message: format!("could not read this process's capabilities: {e}"),
+        })?;
         for (d, m) in caps.iter_mut().zip(root_keeps_mask()) {
             d.inheritable &= m;
         }
